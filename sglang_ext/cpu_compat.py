@@ -1,0 +1,47 @@
+"""Everything SGLang 0.5.x needs to run on a machine without CUDA, in one place.
+
+Applied only when CUDA is absent (``apply()`` is a no-op otherwise):
+- ``SGLANG_USE_CPU_ENGINE=1`` so SGLang takes its CPU code paths (rotary embedding, memory pools);
+- the stand-in ``sgl_kernel`` package (``cpu_stubs/``) on ``sys.path`` and on ``PYTHONPATH`` so the
+  scheduler processes SGLang spawns find it too.
+The engine arguments a CPU engine needs (device, attention backend, ...) come from ``cpu_engine_kwargs()``.
+The torchvision import fix is an install step (``launch/setup_env.sh``), not a runtime patch.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+STUB_DIR = Path(__file__).resolve().parent / "cpu_stubs"
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def apply(force: bool = False) -> bool:
+    """Make SGLang importable and runnable on CPU; returns True if the CPU compatibility was applied."""
+    if cuda_available() and not force:
+        return False
+    os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
+    stub = str(STUB_DIR)
+    if stub not in sys.path:
+        sys.path.insert(0, stub)
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if stub not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([stub, *paths])
+    return True
+
+
+def cpu_engine_kwargs() -> dict:
+    """``sglang.Engine`` arguments that work on CPU (see ../shared/reference/sglang-on-cpu.md)."""
+    return dict(
+        device="cpu",
+        attention_backend="torch_native",
+        sampling_backend="pytorch",
+        disable_cuda_graph=True,
+        page_size=1,
+    )

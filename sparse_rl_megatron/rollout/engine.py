@@ -1,0 +1,65 @@
+"""What every rollout engine offers the trainer and the evaluator (reference HF engine, SGLang engine)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Protocol, Sequence, runtime_checkable
+
+import torch
+
+from sparse_rl_megatron.rollout.sample import Sample
+
+
+@dataclass
+class SamplingParams:
+    """How to sample responses."""
+
+    temperature: float = 1.0
+    """Softmax temperature; 0 means greedy."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1.0 = off)."""
+    top_k: int = 0
+    """Keep only the k most likely tokens (0 = off)."""
+    max_new_tokens: int = 256
+    """Largest number of response tokens."""
+    stop: list[str] = field(default_factory=list)
+    """Stop strings: generation of a sample ends once its text contains one of them."""
+    ignore_eos: bool = False
+    """Keep generating after EOS (benchmarks)."""
+    seed: int | None = None
+    """Seed of the sampler; the same seed gives the same samples."""
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"SamplingParams.top_k must be >= 0 (0 = off), got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """A generator of GRPO groups that can receive new weights."""
+
+    weight_version: int
+
+    def generate(
+        self, prompts: Sequence[str | list[int]], n: int, sampling: SamplingParams
+    ) -> list[Sample]:
+        """Sample ``n`` responses per prompt; returns ``len(prompts) * n`` samples, group-major
+        (all samples of prompt 0 first), with ``group_id`` = prompt index."""
+        ...
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Load HF-named full tensors (any subset of the model's parameters) and set the weight version."""
+        ...
+
+    def release_memory(self) -> None:
+        """Free what the engine can while the learner trains (KV cache, optionally weights)."""
+        ...
+
+    def resume_memory(self) -> None:
+        """Undo ``release_memory``."""
+        ...

@@ -1,0 +1,37 @@
+"""Shared test set-up: one torch thread (2-core machines are noisy), tiers by folder, shared-data path."""
+from __future__ import annotations
+
+import os
+import pathlib
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+# Tests read the real benchmark files from ../shared/data (see its README); override with SPARSE_RL_DATA.
+SHARED_DATA = pathlib.Path(os.environ.get("SPARSE_RL_DATA", ROOT.parent / "shared" / "data"))
+
+# Every test in tests/<tier>/ gets the marker <tier>, so `pytest -m unit` runs one tier.
+_TIERS = ("unit", "megatron", "sglang", "e2e")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        parts = pathlib.Path(str(item.fspath)).relative_to(ROOT / "tests").parts
+        if parts and parts[0] in _TIERS:
+            item.add_marker(getattr(pytest.mark, parts[0]))
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> pathlib.Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"shared data folder not found at {SHARED_DATA} (set SPARSE_RL_DATA)")
+    return SHARED_DATA
