@@ -1,0 +1,58 @@
+"""KV-cache compression for Sparse-RL rollouts: engine-agnostic, pure torch.
+
+The same functions run inside the HF reference engine (``rollout/hf_engine.py``) and, later, the SGLang
+attention backend (``sglang_ext/``), so both engines keep exactly the same tokens for the same sequence.
+The pieces are kept apart:
+
+- ``config.CompressionConfig``: method (scorer name or ``none``), budget B, window alpha, buffer W,
+  scope, scorer knobs; validated on construction.
+- ``scorers``: ``rkv``, ``snapkv``, ``streamingllm``, ``h2o`` (+ ``none``), chosen by name through
+  ``SCORERS``; each maps :class:`ScoreInputs` to a score per KV head for every candidate before the window.
+- ``selector.select_kept``: per KV head, top ``B - alpha`` by score (ties -> newer token) plus the alpha
+  newest, ascending order; ``gather_kept`` applies it to any per-head tensor.
+- ``schedule.CompressionSchedule``: when to compress and which tokens are candidates (budget scope).
+- ``digest.KeptDigest``: a hash of the kept logical positions, to compare engines.
+
+What an engine must pass for one compression of one layer of one sequence (``ScoreInputs``):
+
+- ``keys`` / ``values``: [n, Hkv, N, D] the N candidates of this layer, in the order the cache holds
+  them (oldest first; each head may hold different tokens after earlier compressions). Keys are
+  **post-RoPE**, as both HF's cache and SGLang's KV pool store them. Scope ``all``: every cached token of
+  the sequence; scope ``response``: the cached response tokens only (the prompt sits in front, untouched).
+- ``queries``: [n, Hq, alpha, D] the **post-RoPE queries of the alpha most recent tokens** of the sequence
+  (the tokens whose keys are the last alpha candidates), oldest first; after prefill these are the last
+  alpha prompt tokens' queries. Needed by ``rkv`` and ``snapkv``.
+- ``accumulated_attention``: [n, Hkv, N] (``h2o`` only) the sum over every query so far (prefill included)
+  of ``attention.attention_mass``, gathered along with the keys at each compression.
+- ``scaling``: the model's attention scale (default ``head_dim ** -0.5``).
+
+When (``schedule``): after the forward pass that wrote and attended the newest token, before the next token
+is appended: compress once the candidate count reaches B + W (decode), or more than B after prefill when
+``compress_prefill``. The result keeps B candidates per layer and KV head; logical positions (RoPE) never
+change, only the physical cache shrinks.
+"""
+from sparse_rl_megatron.compression.attention import attention_mass, window_importance
+from sparse_rl_megatron.compression.compress import choose_kept
+from sparse_rl_megatron.compression.config import DENSE_METHOD, CompressionConfig
+from sparse_rl_megatron.compression.digest import KeptDigest
+from sparse_rl_megatron.compression.redundancy import key_redundancy
+from sparse_rl_megatron.compression.schedule import CompressionSchedule
+from sparse_rl_megatron.compression.scorers import SCORERS, ScoreInputs, Scorer, get_scorer
+from sparse_rl_megatron.compression.selector import gather_kept, select_kept
+
+__all__ = [
+    "DENSE_METHOD",
+    "SCORERS",
+    "CompressionConfig",
+    "CompressionSchedule",
+    "KeptDigest",
+    "ScoreInputs",
+    "Scorer",
+    "attention_mass",
+    "choose_kept",
+    "gather_kept",
+    "get_scorer",
+    "key_redundancy",
+    "select_kept",
+    "window_importance",
+]

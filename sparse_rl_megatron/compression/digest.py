@@ -1,0 +1,42 @@
+"""A hash of every kept index set of one sequence, so two engines can show they kept the same tokens.
+
+Byte format (engines must feed it identically): for each compression event in order, for each layer in
+order, the kept *logical* token positions (position in prompt + response, 0-based) as a [Hkv, B] int64
+little-endian C-contiguous array, preceded by the 8-byte little-endian header ``event_index * 2**16 + layer``.
+The digest is the sha256 hex string; a sequence without events has digest ``None``.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+_LAYER_BITS = 16  # layers per event in the header; models have far fewer than 2**16 layers
+
+
+class KeptDigest:
+    """Incremental sha256 over (event, layer, kept positions)."""
+
+    def __init__(self) -> None:
+        self._hash = hashlib.sha256()
+        self.updates = 0
+
+    def update(self, event: int, layer: int, positions: torch.Tensor) -> None:
+        """Add one layer of one event. ``positions``: [Hkv, B] integer logical positions."""
+        if positions.dim() != 2:
+            raise ValueError(f"KeptDigest.update: positions must be [Hkv, B], got shape {tuple(positions.shape)}")
+        header = (event << _LAYER_BITS) + layer
+        self._hash.update(header.to_bytes(8, "little"))
+        arr = positions.detach().to(device="cpu", dtype=torch.int64).contiguous().numpy()
+        self._hash.update(arr.astype("<i8", copy=False).tobytes())
+        self.updates += 1
+
+    def copy(self) -> "KeptDigest":
+        """An independent digest with the same history (a GRPO group's samples share their prompt's events)."""
+        new = KeptDigest()
+        new._hash = self._hash.copy()
+        new.updates = self.updates
+        return new
+
+    def hexdigest(self) -> str | None:
+        return self._hash.hexdigest() if self.updates else None

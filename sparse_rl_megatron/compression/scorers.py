@@ -1,0 +1,127 @@
+"""Token scorers, chosen by name: ``rkv``, ``snapkv``, ``streamingllm``, ``h2o`` and ``none`` (dense).
+
+A scorer maps :class:`ScoreInputs` (one compression of one layer, for ``n`` sequences) to a score per KV
+head for every candidate *before* the observation window: ``[n, Hkv, N - alpha]`` float32, higher = keep.
+The selector (``selector.py``) then keeps the top ``B - alpha`` of them plus the alpha window tokens.
+
+Formulas: ``../shared/reference/algorithm.md`` (section "KV compression operators").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from sparse_rl_megatron.compression.attention import window_importance
+from sparse_rl_megatron.compression.redundancy import key_redundancy
+from sparse_rl_megatron.utils.registry import Registry
+
+if TYPE_CHECKING:
+    from sparse_rl_megatron.compression.config import CompressionConfig
+
+
+@dataclass
+class ScoreInputs:
+    """Everything a scorer may read for one compression of one layer (``n`` sequences at once).
+
+    N is the number of candidates (tokens that may be evicted), oldest first, in the order the cache holds
+    them; the last alpha of them are the observation window (always kept).
+    """
+
+    keys: torch.Tensor
+    """[n, Hkv, N, D] post-RoPE keys of the candidates (as HF and SGLang both cache them)."""
+    values: torch.Tensor
+    """[n, Hkv, N, D] values of the candidates."""
+    queries: torch.Tensor | None = None
+    """[n, Hq, alpha, D] post-RoPE queries of the alpha most recent tokens of the sequence, oldest first."""
+    accumulated_attention: torch.Tensor | None = None
+    """[n, Hkv, N] attention mass each candidate received so far (H2O only; see ``attention.attention_mass``)."""
+    scaling: float | None = None
+    """Attention softmax scale (default head_dim ** -0.5)."""
+
+    @property
+    def num_candidates(self) -> int:
+        return self.keys.shape[2]
+
+
+@dataclass(frozen=True)
+class Scorer:
+    """A named scoring rule and what it needs from the engine."""
+
+    name: str
+    fn: Callable[[ScoreInputs, "CompressionConfig"], torch.Tensor] | None
+    """(inputs, config) -> [n, Hkv, N - alpha] float32; None for the dense pass-through."""
+    needs_queries: bool = False
+    """The engine must keep the post-RoPE queries of the last alpha tokens per layer."""
+    needs_accumulated_attention: bool = False
+    """The engine must accumulate ``attention_mass`` of every query (prefill and decode) per cached token."""
+
+    @property
+    def compresses(self) -> bool:
+        return self.fn is not None
+
+    def __call__(self, inputs: ScoreInputs, config: "CompressionConfig") -> torch.Tensor:
+        if self.fn is None:
+            raise RuntimeError(f"scorer '{self.name}' is the dense pass-through: it never scores tokens")
+        n, hkv, length, _ = inputs.keys.shape
+        if length <= config.window:
+            raise ValueError(f"{self.name}: {length} candidates, need more than the window ({config.window})")
+        if self.needs_queries and inputs.queries is None:
+            raise ValueError(f"scorer '{self.name}' needs ScoreInputs.queries (the last alpha queries)")
+        if self.needs_accumulated_attention and inputs.accumulated_attention is None:
+            raise ValueError(f"scorer '{self.name}' needs ScoreInputs.accumulated_attention")
+        scores = self.fn(inputs, config)
+        expected = (n, hkv, length - config.window)
+        if tuple(scores.shape) != expected:
+            raise RuntimeError(f"scorer '{self.name}' returned shape {tuple(scores.shape)}, expected {expected}")
+        return scores.float()
+
+
+SCORERS: Registry[Scorer] = Registry("KV compression method")
+
+
+def _importance(inputs: ScoreInputs, config: "CompressionConfig") -> torch.Tensor:
+    return window_importance(
+        inputs.queries, inputs.keys, window=config.window, pool_kernel=config.pool_kernel,
+        gqa_pooling=config.gqa_pooling, scaling=inputs.scaling,
+    )
+
+
+def _rkv(inputs: ScoreInputs, config: "CompressionConfig") -> torch.Tensor:
+    """R-KV: ``lambda * importance - (1 - lambda) * redundancy`` (redundancy computed over all N keys)."""
+    redundancy = key_redundancy(inputs.keys, threshold=config.similarity_threshold)
+    past = inputs.num_candidates - config.window
+    return config.rkv_lambda * _importance(inputs, config) - (1.0 - config.rkv_lambda) * redundancy[..., :past]
+
+
+def _snapkv(inputs: ScoreInputs, config: "CompressionConfig") -> torch.Tensor:
+    """SnapKV: the window importance alone."""
+    return _importance(inputs, config)
+
+
+def _streamingllm(inputs: ScoreInputs, config: "CompressionConfig") -> torch.Tensor:
+    """StreamingLLM: the first ``sink_tokens`` candidates always win, then recency (newer = higher)."""
+    n, hkv, length, _ = inputs.keys.shape
+    past = length - config.window
+    scores = torch.arange(past, dtype=torch.float32, device=inputs.keys.device).expand(n, hkv, past).clone()
+    scores[..., : config.sink_tokens] = float("inf")
+    return scores
+
+
+def _h2o(inputs: ScoreInputs, config: "CompressionConfig") -> torch.Tensor:
+    """H2O: accumulated attention mass (heavy hitters); recency is covered by the alpha window."""
+    past = inputs.num_candidates - config.window
+    return inputs.accumulated_attention[..., :past].float()
+
+
+SCORERS.add("none", Scorer("none", None))
+SCORERS.add("rkv", Scorer("rkv", _rkv, needs_queries=True))
+SCORERS.add("snapkv", Scorer("snapkv", _snapkv, needs_queries=True))
+SCORERS.add("streamingllm", Scorer("streamingllm", _streamingllm))
+SCORERS.add("h2o", Scorer("h2o", _h2o, needs_accumulated_attention=True))
+
+
+def get_scorer(name: str) -> Scorer:
+    """The scorer registered under ``name`` (unknown names raise, listing the valid ones)."""
+    return SCORERS.get(name)

@@ -1,0 +1,251 @@
+"""The reference rollout engine: HF transformers modules, our compressed KV cache, batched GRPO groups.
+
+It runs anywhere torch runs (the CPU default) and is the oracle the SGLang plugin is tested against:
+compression goes through ``sparse_rl_megatron.compression`` exactly as documented there. Per chunk of
+rows (up to ``max_batch_size`` sequences) it prefills each distinct prompt once, copies the prompt's
+cache to its ``n`` samples, then decodes all rows in lockstep; finished rows leave the batch.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Iterable, Sequence
+
+import torch
+
+from sparse_rl_megatron.compression import CompressionConfig, CompressionSchedule
+from sparse_rl_megatron.rollout.engine import SamplingParams
+from sparse_rl_megatron.rollout.hf_forward import HFDecoder
+from sparse_rl_megatron.rollout.kv_cache import CompressedKVCache
+from sparse_rl_megatron.rollout.sample import CompressionInfo, Sample
+from sparse_rl_megatron.rollout.sampling import draw_uniforms, sample_tokens
+from sparse_rl_megatron.rollout.stopping import StopChecker
+from sparse_rl_megatron.rollout.weights import copy_named_tensors, read_hf_safetensors
+
+_SEED_RANGE = 2**62  # seeds drawn when SamplingParams.seed is None
+
+
+class HFRolloutEngine:
+    """A :class:`~sparse_rl_megatron.rollout.engine.RolloutEngine` on an HF causal LM (CPU or GPU).
+
+    Args:
+        model: an HF model directory or a ``PreTrainedModel`` (used in place; cast to ``dtype`` if needed).
+        tokenizer: a tokenizer, a directory to load one from, or None (then loaded from ``model`` if it is a
+            directory holding one; without a tokenizer prompts must be token ids and stop strings are refused).
+        compression: KV compression while sampling (None or method ``none`` = dense).
+        dtype: compute dtype of the weights and the KV cache.
+        max_batch_size: most sequences decoded together.
+        show_progress: a tqdm bar per chunk of rows.
+        weight_version: version of the loaded weights, stamped on every sample.
+    """
+
+    def __init__(self, model, tokenizer=None, *, compression: CompressionConfig | None = None,
+                 dtype: torch.dtype = torch.float32, max_batch_size: int = 64, show_progress: bool = True,
+                 weight_version: int = 0):
+        if max_batch_size < 1:
+            raise ValueError(f"HFRolloutEngine.max_batch_size must be >= 1; got {max_batch_size}")
+        if isinstance(model, (str, os.PathLike)):
+            from transformers import AutoModelForCausalLM
+
+            path = str(model)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+            if tokenizer is None and os.path.isfile(os.path.join(path, "tokenizer_config.json")):
+                tokenizer = path
+        if isinstance(tokenizer, (str, os.PathLike)):
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer), local_files_only=True)
+        if next(model.parameters()).dtype != dtype:
+            model = model.to(dtype)
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.compression = compression if compression is not None else CompressionConfig()
+        self.schedule = CompressionSchedule(self.compression)
+        self.dtype = dtype
+        self.max_batch_size = max_batch_size
+        self.show_progress = show_progress
+        self.weight_version = weight_version
+        self.decoder = HFDecoder(self.model)
+        self._released = False
+        self._newline_ids: torch.Tensor | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # ------------------------------------------------------------------------------------------- weights
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Load HF-named tensors (any subset) and set the weight version."""
+        copy_named_tensors(self.model, named_tensors)
+        self.weight_version = version
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int | None = None) -> None:
+        """Load a full HF state dict (every weight but tied aliases must be present)."""
+        copy_named_tensors(self.model, state_dict.items(), strict=True)
+        if version is not None:
+            self.weight_version = version
+
+    def load_hf_dir(self, path: str | os.PathLike, version: int | None = None) -> None:
+        """Load the weights of an HF directory (safetensors) into the model."""
+        self.load_weights(read_hf_safetensors(path), version=version)
+
+    def release_memory(self) -> None:
+        """Nothing persists between ``generate`` calls (KV caches are per call); refuse generation until resumed."""
+        self._released = True
+
+    def resume_memory(self) -> None:
+        self._released = False
+
+    # ------------------------------------------------------------------------------------------ generate
+    def generate(self, prompts: Sequence[str | list[int]], n: int, sampling: SamplingParams) -> list[Sample]:
+        """``n`` samples per prompt, group-major (all samples of prompt 0 first), ``group_id`` = prompt index."""
+        if self._released:
+            raise RuntimeError("HFRolloutEngine.generate called after release_memory(); call resume_memory() first")
+        if n < 1:
+            raise ValueError(f"generate: n must be >= 1; got {n}")
+        prompt_ids = [self._encode(p, i) for i, p in enumerate(prompts)]
+        seed = sampling.seed if sampling.seed is not None else int(torch.randint(_SEED_RANGE, ()).item())
+        stopper = StopChecker(eos_ids=self._eos_ids(), stop=sampling.stop, ignore_eos=sampling.ignore_eos,
+                              max_new_tokens=sampling.max_new_tokens, tokenizer=self.tokenizer)
+        rows = [(g, i) for g in range(len(prompt_ids)) for i in range(n)]
+        samples: list[Sample] = []
+        for start in range(0, len(rows), self.max_batch_size):
+            chunk = rows[start:start + self.max_batch_size]
+            samples.extend(self._generate_chunk(prompt_ids, prompts, chunk, sampling, seed, stopper))
+        return samples
+
+    def _encode(self, prompt: str | list[int], index: int) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError(f"prompt {index} is a string but the engine has no tokenizer; pass token ids")
+            ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        else:
+            ids = [int(t) for t in prompt]
+        if not ids:
+            raise ValueError(f"prompt {index} is empty (at least one token is needed)")
+        vocab = self.model.config.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise ValueError(f"prompt {index} has token ids outside [0, {vocab})")
+        return ids
+
+    def _eos_ids(self) -> list[int]:
+        ids: set[int] = set()
+        for source in (getattr(self.model, "generation_config", None), self.tokenizer):
+            eos = getattr(source, "eos_token_id", None) if source is not None else None
+            if eos is not None:
+                ids.update([eos] if isinstance(eos, int) else eos)
+        return sorted(ids)
+
+    def _newline_mask(self) -> torch.Tensor:
+        """[V] bool: tokens whose text contains a newline (for ``trigger_on_newline``)."""
+        if self._newline_ids is None:
+            if self.tokenizer is None:
+                raise ValueError("CompressionConfig.trigger_on_newline needs a tokenizer to find newline tokens")
+            vocab = self.model.config.vocab_size
+            texts = self.tokenizer.batch_decode([[i] for i in range(vocab)])
+            self._newline_ids = torch.tensor(["\n" in t for t in texts], dtype=torch.bool)
+        return self._newline_ids
+
+    def _new_cache(self, rows: int, capacity: int) -> CompressedKVCache:
+        d = self.decoder
+        return CompressedKVCache(
+            num_layers=d.num_layers, rows=rows, num_kv_heads=d.num_kv_heads, num_q_heads=d.num_q_heads,
+            head_dim=d.head_dim, capacity=capacity, dtype=self.dtype, config=self.compression,
+            scaling=d.scaling, device=self.device)
+
+    def _generate_chunk(self, prompt_ids, prompts, chunk, sampling: SamplingParams, seed: int,
+                        stopper: StopChecker) -> list[Sample]:
+        device = self.device
+        groups = sorted({g for g, _ in chunk})
+        lens = torch.tensor([len(prompt_ids[g]) for g in groups], device=device)
+        max_new = sampling.max_new_tokens
+        longest = int(lens.max()) + max_new
+        if self.decoder.max_positions is not None and longest > self.decoder.max_positions:
+            raise ValueError(
+                f"prompt ({int(lens.max())}) + max_new_tokens ({max_new}) exceeds the model's "
+                f"max_position_embeddings ({self.decoder.max_positions})")
+        capacity = max(self.schedule.capacity(int(p), max_new) for p in lens)
+        padded = torch.zeros(len(groups), int(lens.max()), dtype=torch.long, device=device)
+        for r, g in enumerate(groups):
+            padded[r, : len(prompt_ids[g])] = torch.tensor(prompt_ids[g], device=device)
+
+        cache = self._new_cache(len(groups), capacity)
+        logits = self.decoder.prefill(padded, lens, cache)
+        cache.maybe_compress_after_prefill()
+        expand = torch.tensor([groups.index(g) for g, _ in chunk], device=device)
+        cache.select_rows(expand)
+        logits = logits.index_select(0, expand)
+
+        uniforms = torch.stack([draw_uniforms(seed, g, i, max_new) for g, i in chunk])   # [R, max_new]
+        tokens: list[list[int]] = [[] for _ in chunk]
+        lp: list[list[float]] = [[] for _ in chunk]
+        lp_scaled: list[list[float]] = [[] for _ in chunk]
+        reasons: list[str | None] = [None] * len(chunk)
+        stats: dict[int, tuple[int, int, str | None]] = {}
+        active = list(range(len(chunk)))       # chunk indices of the cache rows, in row order
+        newline = self._newline_mask().to(device) if self.compression.trigger_on_newline and self.schedule.enabled else None
+        bar = self._progress(max_new, len(chunk))
+        with bar:
+            for step in range(max_new):
+                tok, lp1, lps = sample_tokens(logits, uniforms[active, step], sampling)
+                keep = []
+                for row, c in enumerate(active):
+                    tokens[c].append(int(tok[row]))
+                    lp[c].append(float(lp1[row]))
+                    lp_scaled[c].append(float(lps[row]))
+                    reasons[c] = stopper.check(tokens[c])
+                    if reasons[c] is None:
+                        keep.append(row)
+                    else:
+                        stats[c] = self._row_stats(cache, row)
+                bar.update(1)
+                if not keep:
+                    break
+                if len(keep) < len(active):
+                    index = torch.tensor(keep, device=device)
+                    cache.select_rows(index)
+                    tok = tok.index_select(0, index)
+                    active = [active[row] for row in keep]
+                logits = self.decoder.decode(tok, cache)
+                cache.maybe_compress_after_decode(None if newline is None else newline[tok])
+                if self.show_progress:
+                    bar.set_postfix(active=len(active), kv=int(cache.lens.max()))
+        return [self._make_sample(prompt_ids[g], prompts[g], g, i, tokens[c], lp[c], lp_scaled[c], reasons[c],
+                                  stats[c]) for c, (g, i) in enumerate(chunk)]
+
+    @staticmethod
+    def _row_stats(cache: CompressedKVCache, row: int) -> tuple[int, int, str | None]:
+        digest = cache.digests[row].hexdigest() if cache.digests is not None else None
+        return int(cache.events[row]), int(cache.peak[row]), digest
+
+    def _progress(self, total: int, rows: int):
+        if not self.show_progress:
+            return _NullBar()
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, desc=f"rollout x{rows} ({self.compression.describe()})", unit="tok", leave=False)
+
+    def _make_sample(self, prompt_ids, prompt, group, index, tokens, lp, lp_scaled, reason, stats) -> Sample:
+        events, peak, digest = stats
+        c = self.compression
+        info = CompressionInfo(
+            method=c.method, budget=None if c.is_dense else c.budget, window=0 if c.is_dense else c.window,
+            buffer=0 if c.is_dense else c.buffer, scope=c.scope, events=events, peak_kv_tokens=peak,
+            kept_digest=digest)
+        decode = self.tokenizer.decode if self.tokenizer is not None else None
+        return Sample(
+            prompt_ids=list(prompt_ids), response_ids=tokens,
+            sampler_logprobs=torch.tensor(lp, dtype=torch.float32),
+            sampler_logprobs_scaled=torch.tensor(lp_scaled, dtype=torch.float32),
+            response_text=decode(tokens, skip_special_tokens=True) if decode else "",
+            prompt_text=prompt if isinstance(prompt, str) else (decode(prompt_ids) if decode else ""),
+            finish_reason=reason or "length", group_id=group, index_in_group=index,
+            weight_version=self.weight_version, compression=info)
+
+
+class _NullBar(contextlib.nullcontext):
+    def update(self, *_):
+        pass
+
+    def set_postfix(self, **_):
+        pass

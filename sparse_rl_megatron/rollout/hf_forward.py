@@ -1,0 +1,115 @@
+"""A hand-written prefill / decode pass over an HF decoder-only model's own modules, on our KV cache.
+
+It calls the model's embedding, norms, projections, rotary embedding, MLPs and LM head directly and
+replaces only the attention's cache handling, so the per-row, per-head compressed cache
+(``kv_cache.CompressedKVCache``) needs no HF ``Cache`` subclass, and rows of different lengths decode
+together with a per-row mask while positions stay logical. Tests check it against ``model.generate`` and a
+full forward (fp32, <= 1e-5).
+
+Supported: the Llama-style families whose attention is ``q/k/v/o_proj`` + RoPE with full (not sliding)
+attention in every layer: ``qwen2``, ``llama``, ``mistral`` (and ``qwen3``'s q/k norms).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from sparse_rl_megatron.rollout.kv_cache import CompressedKVCache
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [b, H, q, D]; cos/sin: [b, q, D] (HF's rotate-half convention)."""
+    return x * cos[:, None] + _rotate_half(x) * sin[:, None]
+
+
+class HFDecoder:
+    """Prefill and decode steps of one HF causal LM over a :class:`CompressedKVCache`."""
+
+    def __init__(self, model: torch.nn.Module):
+        config = model.config
+        model_type = getattr(config, "model_type", None)
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"HFRolloutEngine: model_type '{model_type}' is not supported; valid: {', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
+        layer_types = getattr(config, "layer_types", None) or []
+        if any(t != "full_attention" for t in layer_types) or getattr(config, "use_sliding_window", False):
+            raise ValueError("HFRolloutEngine: sliding-window attention layers are not supported (full attention only)")
+        self.model = model
+        self.body = model.model
+        self.layers = list(self.body.layers[: config.num_hidden_layers])
+        attn = self.layers[0].self_attn
+        self.head_dim = attn.head_dim
+        self.scaling = float(attn.scaling)
+        self.num_q_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.gqa = self.num_q_heads != self.num_kv_heads
+        self.max_positions = getattr(config, "max_position_embeddings", None)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def _qkv(self, attn, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        b, q_len, _ = h.shape
+        shape = (b, q_len, -1, self.head_dim)
+        q = attn.q_proj(h).view(shape)
+        k = attn.k_proj(h).view(shape)
+        if hasattr(attn, "q_norm"):  # qwen3: per-head RMSNorm before RoPE
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+        v = attn.v_proj(h).view(shape).transpose(1, 2)
+        return _apply_rope(q, cos, sin), _apply_rope(k, cos, sin), v
+
+    def _attend(self, q, k, v, mask) -> torch.Tensor:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling, enable_gqa=self.gqa)
+        b, _, q_len, _ = out.shape
+        return out.transpose(1, 2).reshape(b, q_len, -1)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.lm_head(self.body.norm(hidden)).float()
+
+    @torch.no_grad()
+    def prefill(self, input_ids: torch.Tensor, prompt_lens: torch.Tensor, cache: CompressedKVCache) -> torch.Tensor:
+        """Run right-padded prompts. input_ids: [R, P]; prompt_lens: [R]. Returns [R, V] float32 logits of
+        each prompt's last token; the cache holds the prompts' K/V (positions 0..P_r-1)."""
+        rows, p = input_ids.shape
+        device = input_ids.device
+        positions = torch.arange(p, device=device).expand(rows, p)
+        valid = positions < prompt_lens[:, None]                                       # [R, P]
+        causal = torch.ones(p, p, dtype=torch.bool, device=device).tril()
+        mask = (causal[None] & valid[:, None, :])[:, None]                             # [R, 1, P, P]
+        x = self.body.embed_tokens(input_ids)
+        cos, sin = self.body.rotary_emb(x, positions)
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            q, k, v = self._qkv(attn, layer.input_layernorm(x), cos, sin)
+            cache.prefill_write(i, k, v, q, valid)
+            x = x + attn.o_proj(self._attend(q, k, v, mask))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        cache.finish_prefill(prompt_lens)
+        last = x[torch.arange(rows, device=device), prompt_lens - 1]
+        return self._logits(last)
+
+    @torch.no_grad()
+    def decode(self, tokens: torch.Tensor, cache: CompressedKVCache) -> torch.Tensor:
+        """Feed one token per row (tokens: [R]) at its logical position. Returns [R, V] float32 logits."""
+        positions = cache.next_pos[:, None]
+        x = self.body.embed_tokens(tokens[:, None])
+        cos, sin = self.body.rotary_emb(x, positions)
+        mask = cache.decode_mask()
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            q, k, v = self._qkv(attn, layer.input_layernorm(x), cos, sin)
+            keys, values = cache.decode_write(i, k, v, q, mask)
+            x = x + attn.o_proj(self._attend(q, keys, values, mask))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        cache.finish_decode()
+        return self._logits(x[:, 0])

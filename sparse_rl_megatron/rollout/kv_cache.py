@@ -1,0 +1,179 @@
+"""The reference engine's KV cache: R sequences, per layer and per KV head, compressed in place.
+
+Layout per layer: ``k``/``v`` [R, Hkv, capacity, D]. Row r holds ``lens[r]`` tokens in slots
+``[0, lens[r])``, in original order, the same count in every layer and head (the budget is uniform), but
+after a compression each (layer, head) may hold different tokens: ``pos`` [R, Hkv, capacity] records the
+logical position of every slot. RoPE is applied before caching with the true positions (``next_pos``),
+so the physical slot of a token never matters to attention. Slots ``>= lens[r]`` are stale and masked.
+
+Scoring state kept for the compression package (see ``compression/__init__.py``): the post-RoPE queries
+of the last alpha tokens (a ring per layer), and H2O's accumulated attention per slot.
+"""
+from __future__ import annotations
+
+import torch
+
+from sparse_rl_megatron.compression import (
+    CompressionConfig,
+    CompressionSchedule,
+    KeptDigest,
+    ScoreInputs,
+    attention_mass,
+    choose_kept,
+    gather_kept,
+    get_scorer,
+)
+
+
+class CompressedKVCache:
+    """K/V (and scoring state) of a batch of sequences; see the module docstring for the layout."""
+
+    def __init__(self, *, num_layers: int, rows: int, num_kv_heads: int, num_q_heads: int, head_dim: int,
+                 capacity: int, dtype: torch.dtype, config: CompressionConfig, scaling: float,
+                 device: torch.device | str = "cpu"):
+        self.config = config
+        self.schedule = CompressionSchedule(config)
+        scorer = get_scorer(config.method)
+        self.scaling = scaling
+        self.num_layers = num_layers
+        shape = (rows, num_kv_heads, capacity, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        track = self.schedule.enabled
+        self.pos = [torch.zeros(shape[:3], dtype=torch.long, device=device) for _ in range(num_layers)] if track else None
+        self.acc = ([torch.zeros(shape[:3], dtype=torch.float32, device=device) for _ in range(num_layers)]
+                    if scorer.needs_accumulated_attention else None)
+        self.qwin = ([torch.zeros(rows, num_q_heads, config.window, head_dim, dtype=dtype, device=device)
+                      for _ in range(num_layers)] if scorer.needs_queries else None)
+        self.qptr = 0
+        """Ring slot the next query goes to (the oldest); shared by all rows, which decode in lockstep."""
+        zeros = lambda: torch.zeros(rows, dtype=torch.long, device=device)  # noqa: E731
+        self.lens, self.cand_start, self.next_pos, self.peak, self.events = zeros(), zeros(), zeros(), zeros(), zeros()
+        self.digests = [KeptDigest() for _ in range(rows)] if track else None
+
+    @property
+    def rows(self) -> int:
+        return self.lens.shape[0]
+
+    # ----------------------------------------------------------------------------------------- prefill
+    def prefill_write(self, layer: int, k: torch.Tensor, v: torch.Tensor, q: torch.Tensor,
+                      valid: torch.Tensor) -> None:
+        """Store a right-padded prompt batch. k, v: [R, Hkv, P, D]; q: [R, Hq, P, D]; valid: [R, P] bool."""
+        p = k.shape[2]
+        self.k[layer][:, :, :p] = k
+        self.v[layer][:, :, :p] = v
+        if self.pos is not None:
+            self.pos[layer][:, :, :p] = torch.arange(p, device=k.device)
+        if self.qwin is not None:
+            alpha = self.config.window
+            lens = valid.sum(dim=1)
+            src = lens[:, None] - alpha + torch.arange(alpha, device=k.device)          # [R, alpha]
+            picked = torch.gather(q, 2, src.clamp(min=0)[:, None, :, None].expand(-1, q.shape[1], -1, q.shape[3]))
+            self.qwin[layer].copy_(picked * (src >= 0)[:, None, :, None].to(q.dtype))
+        if self.acc is not None:
+            self.acc[layer][:, :, :p] = attention_mass(
+                q, k, key_mask=valid, query_mask=valid, causal_offset=0,
+                gqa_pooling=self.config.gqa_pooling, scaling=self.scaling)
+
+    def finish_prefill(self, prompt_lens: torch.Tensor) -> None:
+        self.lens.copy_(prompt_lens)
+        self.next_pos.copy_(prompt_lens)
+        self.peak.copy_(prompt_lens)
+        self.cand_start.copy_(prompt_lens if self.config.scope == "response" else torch.zeros_like(prompt_lens))
+        self.qptr = 0
+
+    # ------------------------------------------------------------------------------------------ decode
+    def decode_mask(self) -> torch.Tensor:
+        """[R, 1, 1, L] bool: which slots the new token attends (its own slot included); L = max(lens) + 1."""
+        length = int(self.lens.max()) + 1
+        return (torch.arange(length, device=self.lens.device)[None, :] <= self.lens[:, None])[:, None, None, :]
+
+    def decode_write(self, layer: int, k: torch.Tensor, v: torch.Tensor, q: torch.Tensor,
+                     mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append one token per row (k, v: [R, Hkv, 1, D]; q: [R, Hq, 1, D]) at slot ``lens[r]``.
+
+        Returns the K/V views [R, Hkv, L, D] to attend, with L from ``mask`` ([R, 1, 1, L]).
+        """
+        rows = torch.arange(self.rows, device=k.device)
+        self.k[layer][rows, :, self.lens] = k[:, :, 0]
+        self.v[layer][rows, :, self.lens] = v[:, :, 0]
+        if self.pos is not None:
+            self.pos[layer][rows, :, self.lens] = self.next_pos[:, None]
+        if self.qwin is not None:
+            self.qwin[layer][:, :, self.qptr] = q[:, :, 0]
+        length = mask.shape[-1]
+        keys, values = self.k[layer][:, :, :length], self.v[layer][:, :, :length]
+        if self.acc is not None:
+            self.acc[layer][rows, :, self.lens] = 0.0
+            self.acc[layer][:, :, :length] += attention_mass(
+                q, keys, key_mask=mask[:, 0, 0], gqa_pooling=self.config.gqa_pooling, scaling=self.scaling)
+        return keys, values
+
+    def finish_decode(self) -> None:
+        self.lens += 1
+        self.next_pos += 1
+        torch.maximum(self.peak, self.lens, out=self.peak)
+        if self.qwin is not None:
+            self.qptr = (self.qptr + 1) % self.config.window
+
+    # ------------------------------------------------------------------------------------- compression
+    @property
+    def num_candidates(self) -> torch.Tensor:
+        """[R] candidates per row (cached tokens minus the protected prompt for scope=response)."""
+        return self.lens - self.cand_start
+
+    def compress(self, rows: torch.Tensor) -> None:
+        """Compress the given rows (int64 [m]) down to B candidates in every layer and KV head."""
+        budget = self.config.budget
+        n_cand = self.num_candidates
+        for n in torch.unique(n_cand[rows]).tolist():
+            group = rows[n_cand[rows] == n]
+            start = self.cand_start[group][:, None]
+            src = start + torch.arange(n, device=group.device)                      # [m, N]
+            dst = start + torch.arange(budget, device=group.device)                 # [m, B]
+            g = group[:, None]
+            order = (self.qptr + torch.arange(self.config.window)) % self.config.window  # oldest query first
+            for layer in range(self.num_layers):
+                keys = self.k[layer][g, :, src].transpose(1, 2)                      # [m, Hkv, N, D]
+                values = self.v[layer][g, :, src].transpose(1, 2)
+                inputs = ScoreInputs(
+                    keys=keys, values=values, scaling=self.scaling,
+                    queries=None if self.qwin is None else self.qwin[layer][group][:, :, order],
+                    accumulated_attention=None if self.acc is None else self.acc[layer][g, :, src].transpose(1, 2),
+                )
+                kept = choose_kept(self.config, inputs)                              # [m, Hkv, B]
+                self.k[layer][g, :, dst] = gather_kept(keys, kept).transpose(1, 2)
+                self.v[layer][g, :, dst] = gather_kept(values, kept).transpose(1, 2)
+                if self.acc is not None:
+                    acc = gather_kept(inputs.accumulated_attention.unsqueeze(-1), kept).squeeze(-1)
+                    self.acc[layer][g, :, dst] = acc.transpose(1, 2)
+                positions = gather_kept(self.pos[layer][g, :, src].transpose(1, 2).unsqueeze(-1), kept).squeeze(-1)
+                self.pos[layer][g, :, dst] = positions.transpose(1, 2)
+                for i, r in enumerate(group.tolist()):
+                    self.digests[r].update(int(self.events[r]), layer, positions[i])
+            self.lens[group] = self.cand_start[group] + budget
+            self.events[group] += 1
+
+    def maybe_compress_after_prefill(self) -> None:
+        self._compress_where(self.schedule.due_after_prefill(self.num_candidates))
+
+    def maybe_compress_after_decode(self, last_is_newline: torch.Tensor | None = None) -> None:
+        """``last_is_newline``: [R] bool, whether the token just appended is a newline (newline trigger)."""
+        if self.schedule.enabled:
+            self._compress_where(self.schedule.due_after_decode(self.num_candidates, last_is_newline))
+
+    def _compress_where(self, due: torch.Tensor) -> None:
+        if bool(due.any()):
+            self.compress(torch.nonzero(due).flatten())
+
+    # ------------------------------------------------------------------------------------ row changes
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep (or repeat) rows: row i of the result is old row ``index[i]`` (drop finished rows, expand groups)."""
+        for name in ("k", "v", "pos", "acc", "qwin"):
+            tensors = getattr(self, name)
+            if tensors is not None:
+                setattr(self, name, [t.index_select(0, index) for t in tensors])
+        for name in ("lens", "cand_start", "next_pos", "peak", "events"):
+            setattr(self, name, getattr(self, name).index_select(0, index))
+        if self.digests is not None:
+            self.digests = [self.digests[i].copy() for i in index.tolist()]
