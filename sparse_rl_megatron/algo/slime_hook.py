@@ -1,0 +1,148 @@
+"""Sparse-RL correction as a slime custom-TIS hook: drop-in for an existing slime run.
+
+    --use-tis --custom-tis-function-path sparse_rl_megatron.algo.slime_hook.sparse_rl_correction
+
+Options are read from attributes ``sparse_rl_<field>`` of ``args`` for every field of ``CorrectionConfig``
+(e.g. ``args.sparse_rl_veto_threshold``, ``args.sparse_rl_weight_upper``); missing or None attributes take
+the reference defaults, so the hook works with no extra flags (None means "not set": disable the veto with
+``sparse_rl_veto_threshold = 0``). Mode ``custom`` is refused (the hook would call itself).
+
+What this hook does per micro-batch: log rho = train (dense old) - rollout (sampler) log-probs; sequence veto
+and token rejection (returned as new ``loss_masks``, so slime drops those tokens from its denominators);
+truncated weights multiplied into ``pg_loss``; mean-1 normalisation.
+
+Limits inside slime (our own learner, ``prepare_correction`` + ``micro_batch_loss``, has none of them):
+
+* Normalisation: the hook sees one micro-batch of one rank, so by default it normalises over that
+  micro-batch, as the reference did. Pass ``sparse_rl_weight_stats`` (a ``[2]`` ``[sum, count]`` tensor from
+  ``reweighting.weight_stats`` summed over the global batch) as a keyword to normalise globally.
+* Advantages: slime computes them before the loss, over all samples, so a vetoed sample still shifts its
+  group's baseline there.
+* Context parallelism: the veto needs whole responses; with CP > 1 the lists are shards and this hook
+  refuses to run (``response_lengths`` != list lengths).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from sparse_rl_megatron.algo.config import CORRECTION_MODES, CorrectionConfig
+from sparse_rl_megatron.algo.hooks import pad
+from sparse_rl_megatron.algo.metrics import masked_quantiles
+from sparse_rl_megatron.algo.ratio import sparsity_log_ratio
+from sparse_rl_megatron.algo.rejection import reject
+from sparse_rl_megatron.algo.reweighting import importance_weights, normalisation_factor, weight_stats
+
+ARGS_PREFIX = "sparse_rl_"
+
+
+def config_from_args(args: Any) -> CorrectionConfig:
+    """``CorrectionConfig`` from attributes ``sparse_rl_<field>`` of ``args`` (None/missing: default)."""
+    values = {}
+    for name in CorrectionConfig.field_names():
+        value = getattr(args, ARGS_PREFIX + name, None) if args is not None else None
+        if value is not None:
+            values[name] = value
+    config = CorrectionConfig(**values)
+    if config.mode == "custom":
+        raise ValueError(f"{ARGS_PREFIX}mode='custom' is not allowed inside the Sparse-RL hook (it would call itself)")
+    return config
+
+
+def sparse_rl_correction(
+    args: Any,
+    *,
+    pg_loss: torch.Tensor,
+    train_log_probs: list[torch.Tensor],
+    rollout_log_probs: list[torch.Tensor],
+    loss_masks: list[torch.Tensor],
+    **kwargs: Any,
+) -> tuple[torch.Tensor, list[torch.Tensor], dict[str, torch.Tensor]]:
+    """Sparse-RL rejection + reweighting with slime's custom-TIS hook signature (see the module docstring).
+
+    Args:
+        args: options as attributes ``sparse_rl_<CorrectionConfig field>``.
+        pg_loss: ``[N]`` per-token policy loss, samples concatenated.
+        train_log_probs / rollout_log_probs / loss_masks: one ``[n_i]`` tensor per sample, ``sum n_i = N``:
+            dense old log-probs, sampler log-probs, 0/1 masks.
+        kwargs: ``response_lengths`` (checked against the lists when given), ``sparse_rl_weight_stats``.
+
+    Returns:
+        ``(pg_loss * w, new loss_masks (input dtype), metrics)`` with every metric an ``[N]`` tensor.
+    """
+    config = config_from_args(args)
+    mode = CORRECTION_MODES.get(config.mode)
+    if not (len(train_log_probs) == len(rollout_log_probs) == len(loss_masks)):
+        raise ValueError(
+            f"per-sample lists differ in length: train_log_probs {len(train_log_probs)}, rollout_log_probs "
+            f"{len(rollout_log_probs)}, loss_masks {len(loss_masks)}"
+        )
+    lengths = [int(t.numel()) for t in train_log_probs]
+    for i, (r, m) in enumerate(zip(rollout_log_probs, loss_masks)):
+        if r.numel() != lengths[i] or m.numel() != lengths[i]:
+            raise ValueError(
+                f"sample {i}: train_log_probs has {lengths[i]} tokens, rollout_log_probs {r.numel()}, loss_masks {m.numel()}"
+            )
+    response_lengths = kwargs.get("response_lengths")
+    if response_lengths is not None and list(response_lengths) != lengths:
+        raise ValueError(
+            "response_lengths differ from the per-sample list lengths (context parallelism?); the Sparse-RL hook "
+            f"needs whole responses: {list(response_lengths)} vs {lengths}"
+        )
+    if pg_loss.dim() != 1 or pg_loss.numel() != sum(lengths):
+        raise ValueError(f"pg_loss must be [N] with N = {sum(lengths)} (sum of sample lengths), got {tuple(pg_loss.shape)}")
+
+    old, valid = pad([t.detach() for t in train_log_probs])
+    sampler, _ = pad([t.detach().to(old.dtype) for t in rollout_log_probs])
+    mask_in, _ = pad([m.to(torch.float32) for m in loss_masks])
+    response = valid & (mask_in != 0)
+    log_rho = sparsity_log_ratio(old, sampler, response)
+
+    new_mask, vetoed = response, torch.zeros(len(lengths), dtype=torch.bool, device=old.device)
+    if mode.reject:
+        rej = reject(
+            log_rho, response, level=config.rejection_level, key=config.rejection_key, lower=config.rejection_lower,
+            upper=config.rejection_upper, max_divergence=config.rejection_max_divergence,
+            veto_threshold=config.veto_threshold,
+        )
+        new_mask, vetoed = rej.mask, rej.vetoed
+    if mode.reweight:
+        weights, new_mask = importance_weights(
+            log_rho, new_mask, mode=config.weight_mode, lower=config.weight_lower, upper=config.weight_upper
+        )
+    else:
+        weights = new_mask.to(old.dtype)
+    stats = kwargs.get("sparse_rl_weight_stats")
+    stats = weight_stats(weights, new_mask) if stats is None else torch.as_tensor(stats, dtype=torch.float64)
+    factor = normalisation_factor(stats.to(weights.device)) if config.normalise_weights else torch.ones((), dtype=torch.float64)
+    weights = torch.where(new_mask, weights.double() * factor, torch.zeros((), dtype=torch.float64, device=old.device))
+
+    def flat(x: torch.Tensor) -> torch.Tensor:
+        return x[valid].to(device=pg_loss.device, dtype=torch.float32)
+
+    def per_token(value: float) -> torch.Tensor:
+        return torch.full((pg_loss.numel(),), value, dtype=torch.float32, device=pg_loss.device)
+
+    rho = torch.exp(log_rho.double())
+    n_resp = int(response.sum())
+    p1, p5 = masked_quantiles(rho, response, (0.01, 0.05)) if n_resp else (1.0, 1.0)  # no NaN: slime does x * mask
+    metrics = {
+        "sparse/rho": flat(rho),
+        "sparse/rejected_token": flat(response & ~new_mask),
+        "sparse/token_below": flat(rho < config.rejection_lower),
+        "sparse/token_above": flat(rho > config.rejection_upper),
+        "sparse/truncated": flat(rho > config.weight_upper),
+        "sparse/vetoed_seq": flat(vetoed.unsqueeze(-1).expand_as(response)),
+        "sparse/rejected_seq": flat((~new_mask.any(dim=-1)).unsqueeze(-1).expand_as(response)),
+        "sparse/kl_k1": flat(-log_rho),
+        "sparse/kl_k3": flat(torch.expm1(log_rho) - log_rho),
+        "sparse/weight": flat(weights),
+        "sparse/weight_norm_factor": per_token(float(factor)),
+        "sparse/rho_p1": per_token(p1),
+        "sparse/rho_p5": per_token(p5),
+    }
+    new_masks = [
+        (m.to(torch.float32) * new_mask[i, :n].to(torch.float32)).to(m.dtype) for i, (m, n) in enumerate(zip(loss_masks, lengths))
+    ]
+    return pg_loss * flat(weights).to(pg_loss.dtype), new_masks, metrics

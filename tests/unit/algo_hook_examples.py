@@ -1,0 +1,20 @@
+"""Hooks used by test_algo_hooks.py (importable by dotted path: ``algo_hook_examples.<name>``)."""
+import torch
+
+
+def tis_like(args, *, pg_loss, train_log_probs, rollout_log_probs, loss_masks, **kwargs):
+    """slime's vanilla TIS shape: pg_loss * clamp(exp(train - rollout), 0, args.tis_clip)."""
+    w = torch.exp(torch.cat(train_log_probs) - torch.cat(rollout_log_probs)).clamp(0, args.tis_clip)
+    return pg_loss * w.to(pg_loss.dtype), loss_masks, {"tis": w}
+
+
+def additive(args, *, pg_loss, train_log_probs, rollout_log_probs, loss_masks, **kwargs):
+    """Not multiplicative in pg_loss: refused by mode 'custom'."""
+    return pg_loss + 1.0, loss_masks, {}
+
+
+def wrong_signature(args, pg_loss, train_log_probs, rollout_log_probs, loss_masks):
+    return pg_loss, loss_masks, {}
+
+
+NOT_CALLABLE = 3
