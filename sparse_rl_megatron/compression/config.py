@@ -77,7 +77,7 @@ class CompressionConfig:
             )
         if self.pool_kernel < 1 or self.pool_kernel % 2 == 0:
             raise ValueError(f"CompressionConfig.pool_kernel must be odd and >= 1; got {self.pool_kernel}")
-        if self.sink_tokens < 0 or self.sink_tokens > self.budget - self.window:
+        if self.method == "streamingllm" and not 0 <= self.sink_tokens <= self.budget - self.window:
             raise ValueError(
                 f"CompressionConfig.sink_tokens must be in [0, budget - window = {self.budget - self.window}]; "
                 f"got {self.sink_tokens}"

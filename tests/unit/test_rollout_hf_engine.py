@@ -1,0 +1,245 @@
+"""HFRolloutEngine against plain HF generation, full forward passes, and masked-forward oracles."""
+import pytest
+import torch
+from transformers import AttentionInterface
+
+from sparse_rl_megatron.compression import CompressionConfig
+from sparse_rl_megatron.rollout.engine import RolloutEngine, SamplingParams
+from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
+from sparse_rl_megatron.rollout.kv_cache import CompressedKVCache
+from sparse_rl_megatron.utils.tiny_models import build_tiny_model, build_tiny_tokenizer
+
+TOL = dict(atol=1e-5, rtol=0)
+PROMPTS = ["Let x be a real number such that", "The answer is", "First, 2 + 3 = 5. Then 5 * 4 = 20. Finally"]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model():
+    # init_std 0.2: peaked distributions and attention, so evicting the wrong token would show
+    return build_tiny_model("qwen2", init_std=0.2, seed=1)
+
+
+def _engine(model, tok, **kw):
+    return HFRolloutEngine(model, tok, show_progress=False, **kw)
+
+
+def _forward_logprobs(model, sample, attention_mask=None):
+    """log pi(y_t) of every response token from one full forward over prompt + response."""
+    ids = torch.tensor([sample.prompt_ids + sample.response_ids[:-1]])
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=attention_mask).logits[0].float()
+    p = len(sample.prompt_ids)
+    return torch.log_softmax(logits[p - 1:], dim=-1).gather(-1, torch.tensor(sample.response_ids)[:, None])[:, 0]
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+def test_dense_greedy_matches_hf_generate(tok, family):
+    model = build_tiny_model(family, init_std=0.2, seed=2)
+    engine = _engine(model, tok)
+    assert isinstance(engine, RolloutEngine)
+    samples = engine.generate(PROMPTS, 1, SamplingParams(temperature=0.0, max_new_tokens=24, ignore_eos=True))
+    for s in samples:  # the batch mixes prompt lengths; each reference runs alone, without padding
+        ids = torch.tensor([s.prompt_ids])
+        out = model.generate(ids, max_new_tokens=24, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True, eos_token_id=None, pad_token_id=0)
+        ref_tokens = out.sequences[0, ids.shape[1]:].tolist()
+        assert s.response_ids == ref_tokens
+        ref_lp = torch.stack([torch.log_softmax(l[0].float(), -1)[t] for l, t in zip(out.logits, ref_tokens)])
+        torch.testing.assert_close(s.sampler_logprobs, ref_lp, **TOL)
+        torch.testing.assert_close(s.sampler_logprobs, _forward_logprobs(model, s), **TOL)
+        assert s.sampler_logprobs_scaled.abs().max() == 0  # greedy: a point mass
+
+
+def test_sampled_logprobs_match_full_forward(model, tok):
+    engine = _engine(model, tok)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=20, seed=3, ignore_eos=True)
+    for s in engine.generate(PROMPTS, 2, sampling):
+        torch.testing.assert_close(s.sampler_logprobs, _forward_logprobs(model, s), **TOL)
+        torch.testing.assert_close(s.sampler_logprobs_scaled, s.sampler_logprobs)  # T=1, no filter
+    warm = SamplingParams(temperature=0.7, top_p=0.9, top_k=20, max_new_tokens=12, seed=3, ignore_eos=True)
+    for s in engine.generate(PROMPTS[:1], 2, warm):
+        torch.testing.assert_close(s.sampler_logprobs, _forward_logprobs(model, s), **TOL)
+        assert (s.sampler_logprobs_scaled > s.sampler_logprobs - 1e-6).all()  # filtered + sharpened
+
+
+@pytest.mark.parametrize("method", ["rkv", "snapkv", "streamingllm", "h2o"])
+def test_budget_at_least_length_is_identical_to_dense(model, tok, method):
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=16, seed=5, ignore_eos=True)
+    dense = _engine(model, tok).generate(PROMPTS, 2, sampling)
+    config = CompressionConfig(method=method, budget=64, window=4, buffer=8)
+    sparse = _engine(model, tok, compression=config).generate(PROMPTS, 2, sampling)
+    for d, s in zip(dense, sparse):
+        assert s.response_ids == d.response_ids
+        torch.testing.assert_close(s.sampler_logprobs, d.sampler_logprobs, **TOL)
+        assert s.compression.events == 0 and s.compression.kept_digest is None
+        assert s.compression.method == method and s.compression.budget == 64
+
+
+def _capture_attended(monkeypatch):
+    """Record, for every decode_write call, the logical positions each (layer, head) attends."""
+    seen = []
+    original = CompressedKVCache.decode_write
+
+    def spy(self, layer, k, v, q, mask):
+        out = original(self, layer, k, v, q, mask)
+        length = mask.shape[-1]
+        seen.append((layer, int(self.next_pos[0]), self.pos[layer][0, :, :length].clone(),
+                     mask[0, 0, 0].clone()))
+        return out
+
+    monkeypatch.setattr(CompressedKVCache, "decode_write", spy)
+    return seen
+
+
+def _visibility(seen, num_layers, num_kv_heads, total):
+    """[layers] of [Hkv, T, T] bool: causal for the prompt, the recorded retained set for decode queries."""
+    vis = [torch.ones(num_kv_heads, total, total, dtype=torch.bool).tril() for _ in range(num_layers)]
+    for layer, p, pos, live in seen:
+        vis[layer][:, p] = False
+        for h in range(num_kv_heads):
+            vis[layer][h, p, pos[h][live]] = True
+    return vis
+
+
+def test_streamingllm_eviction_matches_masked_full_forward(model, tok, monkeypatch):
+    seen = _capture_attended(monkeypatch)
+    config = CompressionConfig(method="streamingllm", budget=12, window=2, buffer=4, sink_tokens=2)
+    engine = _engine(model, tok, compression=config)
+    s = engine.generate(PROMPTS[1:2], 1, SamplingParams(temperature=1.0, max_new_tokens=40, seed=7,
+                                                        ignore_eos=True))[0]
+    assert s.compression.events >= 5
+    # Independent simulation of StreamingLLM's retention (sinks + most recent, same for every head).
+    p0, total = len(s.prompt_ids), len(s.prompt_ids) + len(s.response_ids) - 1
+    visible = torch.ones(total, total, dtype=torch.bool).tril()
+    kept = list(range(p0))
+    for p in range(p0, total):
+        kept.append(p)
+        visible[p] = False
+        visible[p, kept] = True
+        if len(kept) >= config.budget + config.buffer:
+            kept = kept[: config.sink_tokens] + kept[-(config.budget - config.sink_tokens):]
+    for layer, p, pos, live in seen:  # the engine attended exactly that set, in every layer and head
+        for h in range(pos.shape[0]):
+            assert sorted(pos[h][live].tolist()) == torch.nonzero(visible[p]).flatten().tolist()
+    # True positions (RoPE) and the kept K/V reproduce a dense forward that only masks the evicted tokens.
+    ref = _forward_logprobs(model, s, attention_mask=visible[None, None])
+    torch.testing.assert_close(s.sampler_logprobs, ref, **TOL)
+    dense_ref = _forward_logprobs(model, s)
+    assert (s.sampler_logprobs - dense_ref).abs().max() > 1e-3  # eviction did change the distribution
+
+
+_ORACLE_MASKS: list[torch.Tensor] = []
+
+
+def _per_head_masked_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """Eager attention with a per-(layer, KV head) visibility mask from _ORACLE_MASKS."""
+    groups = module.num_key_value_groups
+    mask = _ORACLE_MASKS[module.layer_idx].repeat_interleave(groups, dim=0)[None]       # [1, Hq, T, T]
+    k, v = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    weights = (torch.matmul(query, k.transpose(-1, -2)) * scaling).masked_fill(~mask, float("-inf"))
+    return torch.matmul(weights.softmax(dim=-1), v).transpose(1, 2).contiguous(), None
+
+
+@pytest.mark.parametrize("method", ["rkv", "h2o"])
+def test_per_head_eviction_matches_per_head_masked_forward(tok, monkeypatch, method):
+    model = build_tiny_model("qwen2", init_std=0.2, seed=1)
+    seen = _capture_attended(monkeypatch)
+    config = CompressionConfig(method=method, budget=12, window=3, buffer=5)
+    s = _engine(model, tok, compression=config).generate(
+        PROMPTS[2:], 1, SamplingParams(temperature=1.0, max_new_tokens=36, seed=11, ignore_eos=True))[0]
+    assert s.compression.events >= 4  # the 19-token prompt exceeds B + W: kept whole until the first decode step
+    assert s.compression.peak_kv_tokens == len(s.prompt_ids) + 1
+    total = len(s.prompt_ids) + len(s.response_ids) - 1
+    masks = _visibility(seen, model.config.num_hidden_layers, model.config.num_key_value_heads, total)
+    assert not torch.equal(masks[0][0], masks[0][1]) or not torch.equal(masks[0][0], masks[1][0])  # per head/layer
+    AttentionInterface.register("sparse_rl_test_per_head", _per_head_masked_attention)
+    _ORACLE_MASKS[:] = masks
+    model.set_attn_implementation("sparse_rl_test_per_head")
+    ref = _forward_logprobs(model, s)
+    torch.testing.assert_close(s.sampler_logprobs, ref, **TOL)
+
+
+def test_events_peak_and_provenance(model, tok):
+    config = CompressionConfig(method="snapkv", budget=16, window=4, buffer=8)
+    engine = _engine(model, tok, compression=config, weight_version=3)
+    samples = engine.generate(PROMPTS, 2, SamplingParams(max_new_tokens=40, seed=0, ignore_eos=True))
+    assert [(s.group_id, s.index_in_group) for s in samples] == [(g, i) for g in range(3) for i in range(2)]
+    for s in samples:
+        cached = len(s.prompt_ids) + 40 - 1  # the last sampled token is never fed back
+        assert s.compression.events == 1 + (cached - 24) // 8
+        assert s.compression.peak_kv_tokens == 24
+        assert (s.compression.method, s.compression.budget, s.compression.window, s.compression.buffer,
+                s.compression.scope) == ("snapkv", 16, 4, 8, "all")
+        assert len(s.compression.kept_digest) == 64 and s.weight_version == 3
+        assert s.response_text == tok.decode(s.response_ids, skip_special_tokens=True)
+        assert s.prompt_text in PROMPTS and s.finish_reason == "length"
+    dense = _engine(model, tok).generate(PROMPTS[:1], 1, SamplingParams(max_new_tokens=5, seed=0))[0]
+    assert dense.compression.method == "none" and dense.compression.budget is None
+    assert dense.compression.peak_kv_tokens == len(dense.prompt_ids) + len(dense.response_ids) - 1
+
+
+def test_scope_response_and_prefill_compression(model, tok):
+    long_prompt = " ".join(PROMPTS)
+    resp = CompressionConfig(method="rkv", budget=8, window=2, buffer=4, scope="response")
+    s = _engine(model, tok, compression=resp).generate([long_prompt], 1,
+                                                       SamplingParams(max_new_tokens=30, seed=0, ignore_eos=True))[0]
+    p = len(s.prompt_ids)
+    assert p > 12 and s.compression.peak_kv_tokens == p + 12 and s.compression.events == 1 + (29 - 12) // 4
+    pre = CompressionConfig(method="snapkv", budget=8, window=2, buffer=4, compress_prefill=True)
+    s = _engine(model, tok, compression=pre).generate([long_prompt], 1, SamplingParams(max_new_tokens=1))[0]
+    assert s.compression.events == 1 and s.compression.peak_kv_tokens == p
+    no_pre = CompressionConfig(method="snapkv", budget=8, window=2, buffer=4)
+    s = _engine(model, tok, compression=no_pre).generate([long_prompt], 1,
+                                                         SamplingParams(max_new_tokens=3, ignore_eos=True))[0]
+    assert s.compression.events == 1 and s.compression.peak_kv_tokens == p + 1  # cut at the first decode step
+
+
+def test_seeds_and_batching(model, tok):
+    config = CompressionConfig(method="rkv", budget=12, window=2, buffer=4)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=20, seed=42, ignore_eos=True)
+    a = _engine(model, tok, compression=config).generate(PROMPTS, 3, sampling)
+    b = _engine(model, tok, compression=config, max_batch_size=2).generate(PROMPTS, 3, sampling)
+    assert [s.response_ids for s in a] == [s.response_ids for s in b]  # independent of batching
+    assert [s.compression.kept_digest for s in a] == [s.compression.kept_digest for s in b]
+    assert len({tuple(s.response_ids) for s in a}) == len(a)            # samples of a group differ
+    other = SamplingParams(temperature=1.0, max_new_tokens=20, seed=43, ignore_eos=True)
+    c = _engine(model, tok, compression=config).generate(PROMPTS, 3, other)
+    assert all(x.response_ids != y.response_ids for x, y in zip(a, c))
+
+
+def test_eos_and_stop_strings(tok):
+    model = build_tiny_model("qwen2", init_std=0.2, seed=1)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=30, ignore_eos=True)
+    free = _engine(model, tok).generate(PROMPTS[:1], 1, greedy)[0]
+    eos = free.response_ids[5]
+    first = free.response_ids.index(eos)
+    model.generation_config.eos_token_id = eos
+    s = _engine(model, tok).generate(PROMPTS[:1], 1, SamplingParams(temperature=0.0, max_new_tokens=30))[0]
+    assert s.finish_reason == "eos" and s.response_ids == free.response_ids[: first + 1]
+    assert len(_engine(model, tok).generate(PROMPTS[:1], 1, greedy)[0].response_ids) == 30  # ignore_eos
+    model.generation_config.eos_token_id = None
+    text = tok.decode(free.response_ids[:12])
+    stop = text[-3:]
+    s = _engine(model, tok).generate(PROMPTS[:1], 1, SamplingParams(temperature=0.0, max_new_tokens=30,
+                                                                       stop=[stop], ignore_eos=True))[0]
+    assert s.finish_reason == "stop" and stop in tok.decode(s.response_ids) and len(s.response_ids) <= 12
+    assert stop not in tok.decode(s.response_ids[:-1])
+
+
+def test_bad_requests_are_refused(model, tok):
+    engine = _engine(model, tok)
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        engine.generate(["hi", []], 1, SamplingParams())
+    with pytest.raises(ValueError, match=r"token ids outside \[0, 512\)"):
+        engine.generate([[1, 999]], 1, SamplingParams())
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        engine.generate([[1, 2]], 1, SamplingParams(max_new_tokens=9000))
+    with pytest.raises(ValueError, match="no tokenizer"):
+        HFRolloutEngine(model, show_progress=False).generate(["text"], 1, SamplingParams())
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        engine.generate(["hi"], 0, SamplingParams())
