@@ -159,6 +159,8 @@ def run_hook_on_batch(
     n = int(mask.sum())
     summary = {}
     for key, value in (metrics or {}).items():
+        if isinstance(value, (list, tuple)):  # per-sample lists (slime's MIS example style)
+            value = torch.cat([torch.as_tensor(v).reshape(-1) for v in value]) if value else torch.zeros(0)
         value = torch.as_tensor(value, device=mask.device).reshape(-1).to(torch.float64)
         if value.numel() == flat_mask.numel():
             summary[f"hook/{key}"] = float(value[flat_mask].sum() / n) if n else 0.0

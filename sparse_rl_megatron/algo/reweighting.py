@@ -119,6 +119,7 @@ def normalise_weights(weights: torch.Tensor, mask: torch.Tensor, global_stats: t
     """
     check_same_shape("weights", weights, mask=mask)
     mask = as_bool_mask(mask)
-    factor = normalisation_factor(global_stats.to(weights.device))
+    # the factor is computed where the stats live (CPU for prepare_correction's), then moved: no device sync
+    factor = normalisation_factor(global_stats.detach()).to(weights.device)
     scaled = (weights.detach().to(torch.float64) * factor).to(weights.dtype)
     return torch.where(mask, scaled, torch.zeros_like(scaled))
