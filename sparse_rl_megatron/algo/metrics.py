@@ -13,7 +13,8 @@ an inverted veto count). Keys (all floats):
 ``sparse/token_above_frac``             response tokens with rho > rejection upper bound
 ``sparse/truncated_frac``               response tokens with rho > weight upper bound (truncated / clipped)
 ``sparse/rho_mean|min|max|p1|p5|p50``   statistics of rho over response tokens (p = linear-interpolated quantile)
-``sparse/kl_k1``, ``sparse/kl_k3``      token-mean of ``-log rho`` and ``rho - 1 - log rho``
+``sparse/kl_k1``, ``sparse/kl_k3``      token-mean of ``-log rho`` and ``rho - 1 - log rho``: KL(sparse || old)
+``sparse/kl_old_sparse_k1|k3``          token-mean of ``rho log rho`` and ``1 - rho + rho log rho``: KL(old || sparse)
 ``sparse/log_ppl_old|sparse``           token-mean negative log-prob under pi_old / pi_sparse
 ``sparse/log_ppl_diff``                 ``log_ppl_old - log_ppl_sparse``
 ``sparse/weight_mean``                  mean raw weight over kept tokens (before normalisation)
@@ -23,7 +24,9 @@ an inverted veto count). Keys (all floats):
 
 KL direction: the tokens were sampled from pi_sparse and ``rho = pi_old / pi_sparse``, so k1 and k3 are
 estimators of ``KL(pi_sparse || pi_old)`` (the direction the samples support without extra weighting; the
-same quantity slime and verl log as their mismatch KL). Fractions over an empty set are 0; statistics of an
+same quantity slime and verl log as their mismatch KL). ``KL(pi_old || pi_sparse)`` is estimated from the
+same samples by importance weighting with rho: k1 ``E_sparse[rho log rho]`` and k3 ``E_sparse[1 - rho + rho log rho]``
+(the k3 of the reversed ratio ``1/rho``, weighted by rho; never negative). Fractions over an empty set are 0; statistics of an
 empty set (rho quantiles, ESS, log-ppl) are NaN. These are logs, never the loss.
 """
 from __future__ import annotations
@@ -129,6 +132,8 @@ def mismatch_metrics(
         "sparse/rho_p50": p50,
         "sparse/kl_k1": _mean(-lr, response_mask),
         "sparse/kl_k3": _mean(torch.expm1(lr) - lr, response_mask),
+        "sparse/kl_old_sparse_k1": _mean(rho * lr, response_mask),
+        "sparse/kl_old_sparse_k3": _mean(-torch.expm1(lr) + rho * lr, response_mask),
         "sparse/log_ppl_old": log_ppl_old,
         "sparse/log_ppl_sparse": log_ppl_sparse,
         "sparse/log_ppl_diff": log_ppl_old - log_ppl_sparse,

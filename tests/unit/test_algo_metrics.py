@@ -29,6 +29,9 @@ def test_mismatch_metrics_exact():
     assert m["sparse/rho_p50"] == pytest.approx(1.0)
     assert m["sparse/kl_k1"] == pytest.approx(sum(-math.log(r) for r in rhos) / 8)
     assert m["sparse/kl_k3"] == pytest.approx(sum(r - 1 - math.log(r) for r in rhos) / 8)
+    assert m["sparse/kl_old_sparse_k1"] == pytest.approx(sum(r * math.log(r) for r in rhos) / 8)
+    assert m["sparse/kl_old_sparse_k3"] == pytest.approx(sum(1 - r + r * math.log(r) for r in rhos) / 8)
+    assert m["sparse/kl_old_sparse_k3"] > 0
     assert m["sparse/log_ppl_old"] == pytest.approx(1.0)
     assert m["sparse/log_ppl_sparse"] == pytest.approx(1.0 + sum(math.log(r) for r in rhos) / 8)
     assert m["sparse/log_ppl_diff"] == pytest.approx(m["sparse/log_ppl_old"] - m["sparse/log_ppl_sparse"])
