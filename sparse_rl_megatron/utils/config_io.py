@@ -1,0 +1,134 @@
+"""Typed configs from YAML: nested dataclasses built from plain dicts, with errors that name the field.
+
+``load_config(Cls, "recipe.yaml", overrides=["rollout.n=8"])`` reads the YAML, applies ``key.path=value``
+overrides (values parsed as YAML scalars), and builds ``Cls`` recursively. An unknown key is refused with the
+list of valid keys at that level; a value of the wrong type names its dotted path and the expected type.
+Dataclass ``__post_init__`` validation runs as usual, and its errors are prefixed with the dotted path.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not fit the config dataclasses."""
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _convert(tp: Any, value: Any, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(arg, value, path)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{path}: {value!r} does not fit {_type_name(tp)}")
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a mapping for {tp.__name__}, got {type(value).__name__}")
+        return from_dict(tp, value, path)
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{path}: expected a list, got {value!r}")
+        (item_tp, *_) = typing.get_args(tp) or (Any,)
+        items = [_convert(item_tp, v, f"{path}[{i}]") for i, v in enumerate(value)]
+        return items if origin is list else tuple(items)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a mapping, got {value!r}")
+        return dict(value)
+    if origin is typing.Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            raise ConfigError(f"{path}: must be one of {', '.join(map(str, allowed))}; got {value!r}")
+        return value
+    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if tp in (int, str, bool):
+        if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+            raise ConfigError(f"{path}: expected {tp.__name__}, got {value!r}")
+        return value
+    if isinstance(tp, type) and not isinstance(value, tp):
+        raise ConfigError(f"{path}: expected {tp.__name__}, got {value!r}")
+    return value
+
+
+def from_dict(cls: type[T], data: dict[str, Any], path: str = "") -> T:
+    """Build dataclass ``cls`` from ``data``; nested dataclass fields take nested mappings."""
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        where = path or cls.__name__
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(fields))}")
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for name, value in data.items():
+        kwargs[name] = _convert(hints[name], value, f"{path}.{name}" if path else name)
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError) as err:
+        if isinstance(err, ConfigError) or not path:
+            raise
+        raise ConfigError(f"{path}: {err}") from err
+
+
+def to_dict(obj: Any) -> Any:
+    """Plain-data form of a (nested) config dataclass, for YAML/JSON dumps and logs."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` overrides to a nested dict (values parsed as YAML scalars)."""
+    import yaml
+
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' must look like key.path=value")
+        key, raw = item.split("=", 1)
+        parts = key.strip().split(".")
+        node = data
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override '{item}': '{part}' is not a section")
+        node[parts[-1]] = yaml.safe_load(raw)
+    return data
+
+
+def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
+    """Read a YAML recipe (or start empty), apply overrides, and build ``cls``."""
+    import yaml
+
+    data: dict[str, Any] = {}
+    if path is not None:
+        text = Path(path).read_text()
+        data = yaml.safe_load(text) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the top level of a config must be a mapping")
+    apply_overrides(data, list(overrides or []))
+    return from_dict(cls, data)

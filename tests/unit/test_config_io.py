@@ -1,0 +1,62 @@
+"""YAML -> nested typed config dataclasses, with errors naming the field."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from sparse_rl_megatron.utils.config_io import ConfigError, from_dict, load_config, to_dict
+
+
+@dataclass
+class Inner:
+    budget: int = 512
+    """KV budget."""
+    method: str = "rkv"
+    ratio: float = 0.5
+    tags: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        if self.budget < 1:
+            raise ValueError(f"budget must be >= 1, got {self.budget}")
+
+
+@dataclass
+class Outer:
+    name: str = "run"
+    inner: Inner = field(default_factory=Inner)
+    seed: int | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def test_nested_build_and_round_trip(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("name: x\ninner:\n  budget: 64\n  ratio: 1\n  tags: [a, b]\nextra: {k: 1}\n")
+    cfg = load_config(Outer, path, overrides=["inner.method=snapkv", "seed=3"])
+    assert cfg == Outer(name="x", inner=Inner(budget=64, method="snapkv", ratio=1.0, tags=["a", "b"]), seed=3,
+                        extra={"k": 1})
+    assert isinstance(cfg.inner.ratio, float)
+    assert from_dict(Outer, to_dict(cfg)) == cfg
+
+
+@pytest.mark.parametrize("data,msg", [
+    ({"inner": {"budgett": 3}}, r"inner: unknown key\(s\) budgett; valid keys: budget, method, ratio, tags"),
+    ({"nme": 1}, r"Outer: unknown key\(s\) nme; valid keys: extra, inner, name, seed"),
+    ({"inner": {"budget": "many"}}, r"inner.budget: expected int, got 'many'"),
+    ({"inner": {"budget": True}}, r"inner.budget: expected int, got True"),
+    ({"inner": {"budget": 0}}, r"inner: budget must be >= 1, got 0"),
+    ({"inner": 5}, r"inner: expected a mapping for Inner"),
+    ({"seed": "x"}, r"seed: 'x' does not fit"),
+])
+def test_errors_name_the_field(data, msg):
+    with pytest.raises(ConfigError, match=msg):
+        from_dict(Outer, data)
+
+
+def test_bad_override_and_top_level(tmp_path):
+    with pytest.raises(ConfigError, match="must look like key.path=value"):
+        load_config(Outer, None, ["seed"])
+    path = tmp_path / "bad.yaml"
+    path.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="top level of a config must be a mapping"):
+        load_config(Outer, path)
