@@ -1,0 +1,56 @@
+"""The results file of ``sparse-rl eval``: one JSON document.
+
+Layout (``FORMAT_VERSION`` 1)::
+
+    {"format_version": 1,
+     "meta": {"model", "engine", "mode", "compression": {...}, "template", "temperature", "top_p", "seed", ...},
+     "benchmarks": {
+        "<name>": {"dataset", "path", "n", "max_new_tokens", "skipped_rows", "seconds": {"generate", "verify"},
+                   "metrics": {"avg@<n>", "pass@<k>"..., "problems", "samples", "reasons": {...},
+                               "mean_response_tokens", "truncated_fraction", "mean_compression_events",
+                               "max_peak_kv_tokens"},
+                   "problems": [{"source_id", "problem", "gold", "answer_style", "correct",
+                                 "samples": [{"index", "response", "answer", "reward", "reason", "detail",
+                                              "finish_reason", "response_tokens", "compression_events",
+                                              "peak_kv_tokens"}]}]}}}
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+FORMAT_VERSION = 1
+
+
+def write_results(results: dict[str, Any], path: str | os.PathLike) -> Path:
+    """Write ``results`` as JSON (parent folders created); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(results, indent=1, ensure_ascii=False), encoding="utf-8")
+    tmp.replace(path)  # never leave a half-written results file behind
+    return path
+
+
+def read_results(path: str | os.PathLike) -> dict[str, Any]:
+    """Read and check a results file; a clear error names what is wrong with it."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"results file not found: {path}")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not a JSON results file ({exc})") from None
+    if not isinstance(data, dict) or data.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{path}: expected format_version {FORMAT_VERSION} of a `sparse-rl eval` results file, "
+                         f"got {data.get('format_version') if isinstance(data, dict) else type(data).__name__}")
+    for key in ("meta", "benchmarks"):
+        if not isinstance(data.get(key), dict):
+            raise ValueError(f"{path}: missing the '{key}' section of a results file")
+    for name, bench in data["benchmarks"].items():
+        for key in ("metrics", "problems", "n"):
+            if key not in bench:
+                raise ValueError(f"{path}: benchmark '{name}' has no '{key}'")
+    return data

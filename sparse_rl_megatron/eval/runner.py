@@ -1,0 +1,151 @@
+"""Run an evaluation: for each benchmark, sample through a rollout engine, verify, and compute metrics.
+
+The result is a JSON-ready dict (``results.py`` describes it) with every sample's answer and verdict.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import shutil
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from sparse_rl_megatron.data.loader import Dataset
+from sparse_rl_megatron.data.sets import load_dataset
+from sparse_rl_megatron.data.templates import TEMPLATES, render_prompt
+from sparse_rl_megatron.eval.config import EvalConfig
+from sparse_rl_megatron.eval.metrics import avg_at_k, default_ks, mean_pass_at_k
+from sparse_rl_megatron.eval.results import FORMAT_VERSION
+from sparse_rl_megatron.rewards.reward import MathReward, reason_counts
+from sparse_rl_megatron.rewards.verify import Verdict
+
+log = logging.getLogger(__name__)
+
+
+def benchmark_metrics(correct: list[list[bool]], samples: list[dict], ks: list[int] | None) -> dict[str, Any]:
+    """avg@n, pass@k (k <= n), reasons and response statistics of one benchmark.
+
+    ``correct[p]``: the verdicts of problem p's n samples; ``samples``: the per-sample JSON records.
+    """
+    n = min(len(c) for c in correct)
+    out: dict[str, Any] = {f"avg@{n}": avg_at_k(correct)}
+    for k in sorted(set(ks if ks is not None else default_ks(n))):
+        if k <= n:
+            out[f"pass@{k}"] = mean_pass_at_k(correct, k)
+    out["problems"] = len(correct)
+    out["samples"] = len(samples)
+    counts = Counter(s["reason"] for s in samples)
+    out["reasons"] = {r: counts.get(r, 0) for r in ("correct", "wrong", "no_answer", "timeout", "parse_error")}
+    out["mean_response_tokens"] = sum(s["response_tokens"] for s in samples) / len(samples)
+    out["truncated_fraction"] = sum(s["finish_reason"] == "length" for s in samples) / len(samples)
+    out["mean_compression_events"] = sum(s["compression_events"] for s in samples) / len(samples)
+    out["max_peak_kv_tokens"] = max(s["peak_kv_tokens"] for s in samples)
+    return out
+
+
+def _sample_record(sample, verdict: Verdict) -> dict[str, Any]:
+    return {
+        "index": sample.index_in_group,
+        "response": sample.response_text,
+        "answer": verdict.answer,
+        "reward": verdict.reward,
+        "reason": verdict.reason,
+        "detail": verdict.detail,
+        "finish_reason": sample.finish_reason,
+        "response_tokens": sample.response_length,
+        "compression_events": sample.compression.events,
+        "peak_kv_tokens": sample.compression.peak_kv_tokens,
+    }
+
+
+def evaluate_benchmark(name: str, dataset: Dataset, engine, reward: MathReward, config: EvalConfig
+                       ) -> dict[str, Any]:
+    """Sample ``n`` responses per problem, verify them, and return the benchmark's JSON section."""
+    from sparse_rl_megatron.rollout.engine import SamplingParams
+
+    settings = config.settings(name)
+    tokenizer = getattr(engine, "tokenizer", None)
+    prompts = [render_prompt(config.template, r.prompt, tokenizer) for r in dataset]
+    sampling = SamplingParams(temperature=config.temperature, top_p=config.top_p,
+                              max_new_tokens=settings.max_new_tokens, seed=config.seed)
+    start = time.perf_counter()
+    samples = engine.generate(prompts, settings.n, sampling)
+    generate_s = time.perf_counter() - start
+    if len(samples) != len(dataset) * settings.n:
+        raise RuntimeError(f"{name}: engine returned {len(samples)} samples for {len(dataset)} prompts x "
+                           f"n={settings.n}")
+    for s in samples:
+        s.metadata.update(dataset[s.group_id].metadata())
+    start = time.perf_counter()
+    verdicts = reward.score_samples(samples)
+    verify_s = time.perf_counter() - start
+
+    problems = [{"source_id": r.source_id, "problem": r.prompt, "gold": r.answer, "answer_style": r.answer_style,
+                 "samples": []} for r in dataset]
+    for s, v in zip(samples, verdicts):
+        problems[s.group_id]["samples"].append(_sample_record(s, v))
+    correct = [[smp["reason"] == "correct" for smp in p["samples"]] for p in problems]
+    for p, c in zip(problems, correct):
+        p["correct"] = sum(c)
+    flat = [smp for p in problems for smp in p["samples"]]
+    metrics = benchmark_metrics(correct, flat, config.pass_k)
+    log.info("%s: avg@%d = %.4f over %d problems (%s)", name, settings.n, metrics[f"avg@{settings.n}"],
+             len(problems), reason_counts(verdicts))
+    return {
+        "dataset": name,
+        "path": dataset.path,
+        "n": settings.n,
+        "max_new_tokens": settings.max_new_tokens,
+        "skipped_rows": len(dataset.skipped),
+        "metrics": metrics,
+        "seconds": {"generate": generate_s, "verify": verify_s},
+        "problems": problems,
+    }
+
+
+def run_eval(config: EvalConfig, *, export_dir: str | None = None, engine=None) -> dict[str, Any]:
+    """Evaluate ``config.model`` on every benchmark; returns the results dict (see ``results.py``).
+
+    ``engine``: an already built engine (tests, or a trainer evaluating its live policy); by default one
+    is built by name (``config.engine``) from the model directory.
+    """
+    from sparse_rl_megatron.eval.engines import ENGINES
+    from sparse_rl_megatron.eval.model_source import resolve_hf_model
+
+    TEMPLATES.check(config.template, field="EvalConfig.template")
+    datasets = {name: load_dataset(name, root=config.data_root, limit=config.limit) for name in config.benchmarks}
+    hf_dir, exported = None, False
+    if engine is None:
+        factory = ENGINES.get(config.engine)
+        hf_dir = resolve_hf_model(config.model, export_dir)
+        exported = Path(hf_dir) != Path(config.model) and export_dir is None
+        try:
+            engine = factory(hf_dir, config)
+        finally:
+            if exported:  # the weights are loaded: the temporary export is no longer needed
+                shutil.rmtree(hf_dir, ignore_errors=True)
+    results: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "meta": {
+            "model": str(config.model),
+            "hf_model": str(hf_dir) if hf_dir is not None and not exported else None,
+            "engine": config.engine,
+            "mode": config.mode(),
+            "compression": dataclasses.asdict(config.compression),
+            "template": config.template,
+            "temperature": config.temperature,
+            "top_p": config.top_p,
+            "seed": config.seed,
+            "dtype": config.dtype,
+            "verifier": dataclasses.asdict(config.verifier),
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        },
+        "benchmarks": {},
+    }
+    with MathReward(config.verifier) as reward:
+        for name, dataset in datasets.items():
+            results["benchmarks"][name] = evaluate_benchmark(name, dataset, engine, reward, config)
+    return results

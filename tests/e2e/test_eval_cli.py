@@ -1,0 +1,76 @@
+"""`sparse-rl eval` end to end on a tiny random model: 5 problems of each of the seven benchmarks,
+dense and compressed-KV, the results JSON, and the side-by-side comparison of two results files."""
+import json
+
+import pytest
+
+from sparse_rl_megatron.cli import main
+from sparse_rl_megatron.data import BENCHMARKS, load_dataset
+from sparse_rl_megatron.rewards import REASONS, check_answer
+from sparse_rl_megatron.utils.tiny_models import save_tiny_hf_checkpoint
+
+LIMIT, N, TOKENS = 5, 2, 24
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    return save_tiny_hf_checkpoint(tmp_path_factory.mktemp("tiny") / "model", "qwen2", seed=0)
+
+
+def _eval(model, shared_data, out, *extra):
+    return main(["eval", "--model", str(model), "--data-root", str(shared_data), "--limit", str(LIMIT),
+                 "--n", str(N), "--max-new-tokens", str(TOKENS), "--no-progress", "--verifier-timeout", "10",
+                 "--output", str(out), *extra])
+
+
+@pytest.mark.timeout(300)
+def test_eval_dense_sparse_and_compare(tiny_model, shared_data, tmp_path, capsys):
+    dense_path, sparse_path = tmp_path / "dense.json", tmp_path / "sparse.json"
+    assert _eval(tiny_model, shared_data, dense_path) == 0
+    printed = capsys.readouterr().out
+    dense = json.loads(dense_path.read_text())
+    assert list(dense["benchmarks"]) == list(BENCHMARKS)
+    assert dense["meta"]["mode"] == "dense" and dense["meta"]["temperature"] == 0.8
+    for name, bench in dense["benchmarks"].items():
+        assert f"{name}: {LIMIT} problems x n={N}" in printed  # a table per benchmark
+        records = load_dataset(name, root=shared_data, limit=LIMIT)
+        assert [p["source_id"] for p in bench["problems"]] == [r.source_id for r in records]
+        assert [p["gold"] for p in bench["problems"]] == [r.answer for r in records]
+        m = bench["metrics"]
+        assert (m["problems"], m["samples"], bench["n"]) == (LIMIT, LIMIT * N, N)
+        assert sum(m["reasons"].values()) == LIMIT * N
+        assert set(m) >= {f"avg@{N}", "pass@1", f"pass@{N}"}
+        for p in bench["problems"]:
+            assert [s["index"] for s in p["samples"]] == list(range(N))
+            assert p["correct"] == sum(s["reason"] == "correct" for s in p["samples"])
+            for s in p["samples"]:
+                assert s["reason"] in REASONS and 1 <= s["response_tokens"] <= TOKENS
+                assert s["compression_events"] == 0
+                # The stored verdict is the verifier's verdict on the stored response.
+                assert check_answer(s["response"], p["gold"], p["answer_style"]).reason == s["reason"]
+        correct = [[s["reason"] == "correct" for s in p["samples"]] for p in bench["problems"]]
+        assert m[f"avg@{N}"] == pytest.approx(sum(sum(c) / N for c in correct) / LIMIT)
+
+    # Compressed-KV inference of the same model on two benchmarks.
+    assert _eval(tiny_model, shared_data, sparse_path, "--benchmarks", "gsm8k,math500", "--compression", "rkv",
+                 "--budget", "32", "--window", "4", "--buffer", "8") == 0
+    sparse = json.loads(sparse_path.read_text())
+    assert sparse["meta"]["mode"] == "rkv-B32" and sparse["meta"]["compression"]["budget"] == 32
+    assert list(sparse["benchmarks"]) == ["gsm8k", "math500"]
+    assert all(s["compression_events"] > 0 for b in sparse["benchmarks"].values() for p in b["problems"]
+               for s in p["samples"])
+    capsys.readouterr()
+
+    assert main(["eval", "--compare", str(dense_path), str(sparse_path)]) == 0
+    out = capsys.readouterr().out
+    assert "dense = " in out and "(rkv-B32)" in out
+    assert "gsm8k: dense n=2 vs sparse n=2" in out and "math500: dense n=2 vs sparse n=2" in out
+    assert "sparse - dense" in out and "compression events / sample" in out
+    assert "not compared" in out and "aime24" in out  # benchmarks only the dense file has
+
+
+def test_compare_rejects_a_file_that_is_not_results(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"hello": 1}))
+    with pytest.raises(ValueError, match="format_version"):
+        main(["eval", "--compare", str(bad), str(bad)])
