@@ -1,0 +1,30 @@
+"""Rollout engines and what they return.
+
+- ``sample``: :class:`Sample` / :class:`CompressionInfo` (provenance travels with the data).
+- ``engine``: :class:`SamplingParams` and the :class:`RolloutEngine` protocol.
+- ``hf_engine``: :class:`HFRolloutEngine`, the HF-transformers reference engine with KV compression
+  (``hf_forward`` decode pass, ``kv_cache`` per-head compressed cache, ``sampling``, ``stopping``, ``weights``).
+
+``HFRolloutEngine`` is imported lazily so that ``import sparse_rl_megatron.rollout.sample`` stays light.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["CompressionInfo", "HFRolloutEngine", "RolloutEngine", "Sample", "SamplingParams"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("Sample", "CompressionInfo"):
+        from sparse_rl_megatron.rollout import sample
+
+        return getattr(sample, name)
+    if name in ("SamplingParams", "RolloutEngine"):
+        from sparse_rl_megatron.rollout import engine
+
+        return getattr(engine, name)
+    if name == "HFRolloutEngine":
+        from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
+
+        return HFRolloutEngine
+    raise AttributeError(f"module 'sparse_rl_megatron.rollout' has no attribute '{name}'")

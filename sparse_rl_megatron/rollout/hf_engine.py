@@ -23,6 +23,9 @@ from sparse_rl_megatron.rollout.stopping import StopChecker
 from sparse_rl_megatron.rollout.weights import copy_named_tensors, read_hf_safetensors
 
 _SEED_RANGE = 2**62  # seeds drawn when SamplingParams.seed is None
+_COMPACT_FRACTION = 4
+"""Finished rows are dropped from the batch once they are >= 1/4 of it: each drop copies the whole cache,
+while a finished row left in place only costs its share of the next decode steps."""
 
 
 class HFRolloutEngine:
@@ -182,34 +185,38 @@ class HFRolloutEngine:
         lp_scaled: list[list[float]] = [[] for _ in chunk]
         reasons: list[str | None] = [None] * len(chunk)
         stats: dict[int, tuple[int, int, str | None]] = {}
-        active = list(range(len(chunk)))       # chunk indices of the cache rows, in row order
+        active = list(range(len(chunk)))       # chunk index of every cache row, in row order
+        finished = [False] * len(active)      # finished rows stay in the batch until the next compaction
         newline = self._newline_mask().to(device) if self.compression.trigger_on_newline and self.schedule.enabled else None
         bar = self._progress(max_new, len(chunk))
         with bar:
             for step in range(max_new):
                 tok, lp1, lps = sample_tokens(logits, uniforms[active, step], sampling)
-                keep = []
+                tok_list, lp1_list, lps_list = tok.tolist(), lp1.tolist(), lps.tolist()
                 for row, c in enumerate(active):
-                    tokens[c].append(int(tok[row]))
-                    lp[c].append(float(lp1[row]))
-                    lp_scaled[c].append(float(lps[row]))
+                    if finished[row]:
+                        continue
+                    tokens[c].append(tok_list[row])
+                    lp[c].append(lp1_list[row])
+                    lp_scaled[c].append(lps_list[row])
                     reasons[c] = stopper.check(tokens[c])
-                    if reasons[c] is None:
-                        keep.append(row)
-                    else:
+                    if reasons[c] is not None:
+                        finished[row] = True
                         stats[c] = self._row_stats(cache, row)
                 bar.update(1)
-                if not keep:
+                n_done = sum(finished)
+                if n_done == len(active):
                     break
-                if len(keep) < len(active):
-                    index = torch.tensor(keep, device=device)
+                if n_done * _COMPACT_FRACTION >= len(active):
+                    index = torch.tensor([row for row, f in enumerate(finished) if not f], device=device)
                     cache.select_rows(index)
                     tok = tok.index_select(0, index)
-                    active = [active[row] for row in keep]
+                    active = [active[row] for row in index.tolist()]
+                    finished = [False] * len(active)
                 logits = self.decoder.decode(tok, cache)
                 cache.maybe_compress_after_decode(None if newline is None else newline[tok])
                 if self.show_progress:
-                    bar.set_postfix(active=len(active), kv=int(cache.lens.max()))
+                    bar.set_postfix(running=len(active) - sum(finished), kv=int(cache.lens.max()))
         return [self._make_sample(prompt_ids[g], prompts[g], g, i, tokens[c], lp[c], lp_scaled[c], reasons[c],
                                   stats[c]) for c, (g, i) in enumerate(chunk)]
 

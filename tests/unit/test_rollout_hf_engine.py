@@ -243,3 +243,40 @@ def test_bad_requests_are_refused(model, tok):
         HFRolloutEngine(model, show_progress=False).generate(["text"], 1, SamplingParams())
     with pytest.raises(ValueError, match="n must be >= 1"):
         engine.generate(["hi"], 0, SamplingParams())
+
+
+def test_rows_finishing_at_different_times_match_rows_run_alone(tok):
+    model = build_tiny_model("qwen2", init_std=0.2, seed=1)
+    config = CompressionConfig(method="rkv", budget=12, window=2, buffer=4)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=30, seed=9)
+    free = _engine(model, tok, compression=config).generate(
+        PROMPTS, 4, SamplingParams(temperature=1.0, max_new_tokens=30, seed=9, ignore_eos=True))
+    counts = {}
+    for s in free:
+        for t in set(s.response_ids[2:20]):
+            counts[t] = counts.get(t, 0) + 1
+    model.generation_config.eos_token_id = max(counts, key=counts.get)  # ends some rows early, not all
+    batched = _engine(model, tok, compression=config, max_batch_size=12).generate(PROMPTS, 4, sampling)
+    alone = _engine(model, tok, compression=config, max_batch_size=1).generate(PROMPTS, 4, sampling)
+    lengths = {len(s.response_ids) for s in batched}
+    assert len(lengths) >= 3 and {s.finish_reason for s in batched} == {"eos", "length"}
+    for a, b in zip(batched, alone):
+        assert a.response_ids == b.response_ids and a.finish_reason == b.finish_reason
+        torch.testing.assert_close(a.sampler_logprobs, b.sampler_logprobs, **TOL)
+        assert (a.compression.events, a.compression.peak_kv_tokens, a.compression.kept_digest) == \
+            (b.compression.events, b.compression.peak_kv_tokens, b.compression.kept_digest)
+
+
+def test_newline_trigger_in_the_engine(model, tok, monkeypatch):
+    engine = _engine(model, tok, compression=CompressionConfig(
+        method="snapkv", budget=8, window=2, buffer=100, trigger_on_newline=True))
+    mask = engine._newline_mask()
+    assert mask.tolist() == ["\n" in tok.decode([i]) for i in range(model.config.vocab_size)] and mask.any()
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=30, seed=4, ignore_eos=True)
+    s = engine.generate(PROMPTS[:1], 1, sampling)[0]
+    fed = s.response_ids[:-1]
+    # pretend the most frequent sampled token is a newline: every time it is fed with > B cached, compress
+    newline_id = max(set(fed), key=fed.count)
+    monkeypatch.setattr(engine, "_newline_ids", torch.arange(model.config.vocab_size) == newline_id)
+    s2 = engine.generate(PROMPTS[:1], 1, sampling)
+    assert s2[0].compression.events >= 1 and s2[0].compression.peak_kv_tokens < len(s.prompt_ids) + 29
