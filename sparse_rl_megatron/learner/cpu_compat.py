@@ -1,0 +1,203 @@
+"""megatron-core on a CPU-only torch: the workarounds W1-W8, in one place.
+
+megatron-core 0.16.1 (and 0.17-0.19) hard-codes CUDA in many spots that a CPU run with the gloo backend
+walks through. Each patch below is named after the workaround of
+``../shared/reference/megatron-on-cpu.md`` that found it, does the least that makes the spot run on CPU,
+and is applied only when ``torch.cuda.is_available()`` is False. ``apply()`` is idempotent.
+
+- W1 ``torch.cuda.current_device()`` -> ``"cpu"`` (rope ``inv_freq``, TP buffers, p2p shapes, DDP buffers).
+- W2 the model-parallel RNG tracker keeps CPU generator states instead of CUDA ones.
+- W3 the default causal mask is built on CPU (cached per length, like the original).
+- W4 ``torch.cuda.synchronize()`` is a no-op (called after p2p batches).
+- W5 a global ``TorchFunctionMode`` rewrites ``device="cuda..."`` keyword arguments to ``"cpu"``
+  (schedules' token counters, grad-norm buffers, the grad scaler, ...) and makes ``Tensor.cuda()`` return
+  the tensor itself (tied embeddings at PP > 1: ``weight.data = weight.data.cuda()`` before the first/last
+  stage all-reduce; not in the investigation, found by the tied-embedding PP = 2 test).
+- W6 ``clip_grad_by_total_norm_fp32`` without its ``torch.cuda.FloatTensor`` assertion.
+- W7 (opt-in, scoped) ``Tensor.type()`` reports ``torch.cuda.*`` names, only inside
+  ``pretend_cuda_tensor_types()``, for the DistributedOptimizer's dtype checks at construction.
+- W8 ``torch.cuda.current_stream()`` returns a stream whose waits are no-ops (DDP grad sync in 0.17+).
+
+On a CUDA machine none of this is applied; the GPU code paths are megatron-core's own.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from typing import Any, Iterator
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+_LOCK = threading.Lock()
+_APPLIED: list[str] = []  # names of the applied patches, in order; non-empty once applied
+_PRETEND_CUDA_TYPES = False  # W7 switch, flipped only by pretend_cuda_tensor_types()
+
+
+def is_applied() -> bool:
+    """True once ``apply()`` patched this process."""
+    return bool(_APPLIED)
+
+
+def applied_patches() -> list[str]:
+    """The names (``"W1"`` ...) of the patches applied in this process."""
+    return list(_APPLIED)
+
+
+# ---------------------------------------------------------------- W2: RNG tracker on CPU generators
+def _cpu_rng_tracker_class():
+    from megatron.core.tensor_parallel import random as mrandom
+
+    class CPURNGStatesTracker(mrandom.CudaRNGStatesTracker):
+        """``CudaRNGStatesTracker`` whose named states are CPU generator states.
+
+        ``fork(name)`` swaps the named state into the global CPU generator and back, so dropout
+        inside tensor-parallel regions draws from per-TP-rank streams as on GPU.
+        """
+
+        def add(self, name, seed):
+            if seed in self.seeds_:
+                raise Exception(f"seed {seed} already exists")
+            self.seeds_.add(seed)
+            if name in self.states_:
+                raise Exception(f"rng state {name} already exists")
+            self.states_[name] = torch.Generator().manual_seed(seed).get_state()
+
+        @contextlib.contextmanager
+        def fork(self, name=mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME):
+            if name not in self.states_:
+                raise Exception(f"rng state {name} is not added")
+            outer = torch.get_rng_state()
+            torch.set_rng_state(self.states_[name])
+            try:
+                yield
+            finally:
+                self.states_[name] = torch.get_rng_state()
+                torch.set_rng_state(outer)
+
+    return CPURNGStatesTracker
+
+
+# ---------------------------------------------------------------- W3: causal mask on CPU
+@functools.lru_cache(maxsize=32)
+def _cpu_default_causal_mask(sq: int) -> torch.Tensor:
+    """[sq, sq] bool, True above the diagonal (= masked), like megatron's CUDA version."""
+    return torch.triu(torch.ones(sq, sq, dtype=torch.bool), diagonal=1)
+
+
+# ---------------------------------------------------------------- W5 (+W7): cuda device kwargs -> cpu
+class CudaToCpuMode(TorchFunctionMode):
+    """Rewrites ``device="cuda"``/``device="cuda:N"``/``torch.device("cuda")`` keyword args to CPU, and
+    ``t.cuda()`` to ``t``.
+
+    With W7 switched on (``pretend_cuda_tensor_types``), ``Tensor.type()`` with no argument answers
+    ``torch.cuda.FloatTensor`` etc., which the DistributedOptimizer checks parameters against.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.cuda:
+            return args[0]
+        device = kwargs.get("device")
+        if device is not None and str(device).startswith("cuda"):
+            kwargs = dict(kwargs, device="cpu")
+        out = func(*args, **kwargs)
+        if _PRETEND_CUDA_TYPES and func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            if isinstance(out, str) and out.startswith("torch.") and not out.startswith("torch.cuda."):
+                out = out.replace("torch.", "torch.cuda.", 1)
+        return out
+
+
+@contextlib.contextmanager
+def pretend_cuda_tensor_types() -> Iterator[None]:
+    """W7: inside this block (CPU only) ``t.type()`` reads ``torch.cuda.<T>Tensor``.
+
+    Only for the DistributedOptimizer's construction-time dtype checks on CPU; a no-op on GPU.
+    """
+    global _PRETEND_CUDA_TYPES
+    if not is_applied():
+        yield
+        return
+    previous, _PRETEND_CUDA_TYPES = _PRETEND_CUDA_TYPES, True
+    try:
+        yield
+    finally:
+        _PRETEND_CUDA_TYPES = previous
+
+
+# ---------------------------------------------------------------- W6: grad clipping without CUDA assert
+def _clip_grad_by_total_norm_fp32_cpu(parameters, max_norm, total_norm, use_decoupled_grad=False):
+    """Same contract as megatron's ``clip_grad_by_total_norm_fp32`` (grads scaled in place when the
+    clip coefficient ``max_norm / (total_norm + 1e-6)`` is below 1), without the CUDA type check."""
+    if isinstance(parameters, torch.Tensor):
+        parameters = [parameters]
+    attr = "decoupled_grad" if use_decoupled_grad else "grad"
+    grads = [getattr(p, attr).detach() for p in parameters if getattr(p, attr, None) is not None]
+    for g in grads:
+        if g.dtype not in (torch.float32, torch.bfloat16):
+            raise TypeError(f"grad clipping expects fp32/bf16 grads, got {g.dtype}")
+    clip_coeff = max_norm / (total_norm + 1.0e-6)
+    if clip_coeff < 1.0 and grads:
+        torch._foreach_mul_(grads, clip_coeff)
+
+
+# ---------------------------------------------------------------- W8: stream stubs
+class _NullStream:
+    """Stands in for ``torch.cuda.Stream`` where megatron only orders work between streams."""
+
+    def wait_event(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def wait_stream(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def synchronize(self) -> None:
+        return None
+
+    def record_event(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def apply(force: bool = False) -> bool:
+    """Apply W1-W8 if this torch has no CUDA (or ``force``). Returns True if the patches are active.
+
+    Call before building megatron-core models. Safe to call many times.
+    """
+    if torch.cuda.is_available() and not force:
+        return False
+    with _LOCK:
+        if _APPLIED:
+            return True
+        from megatron.core.fusions import fused_softmax
+        from megatron.core.optimizer import clip_grads, optimizer as moptimizer
+        from megatron.core.tensor_parallel import random as mrandom
+        from megatron.core.transformer import utils as tutils
+
+        torch.cuda.current_device = lambda: "cpu"  # W1
+        _APPLIED.append("W1")
+
+        mrandom.CudaRNGStatesTracker = _cpu_rng_tracker_class()  # W2
+        mrandom._CUDA_RNG_STATE_TRACKER = None
+        mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = False
+        torch.cuda.manual_seed = lambda seed: None  # the default stream is the CPU generator's
+        _APPLIED.append("W2")
+
+        tutils.get_default_causal_mask = _cpu_default_causal_mask  # W3
+        fused_softmax.get_default_causal_mask = _cpu_default_causal_mask
+        _APPLIED.append("W3")
+
+        torch.cuda.synchronize = lambda *a, **k: None  # W4
+        _APPLIED.append("W4")
+
+        CudaToCpuMode().__enter__()  # W5 (W7 piggybacks, off unless pretend_cuda_tensor_types())
+        _APPLIED.append("W5")
+
+        clip_grads.clip_grad_by_total_norm_fp32 = _clip_grad_by_total_norm_fp32_cpu  # W6
+        moptimizer.clip_grad_by_total_norm_fp32 = _clip_grad_by_total_norm_fp32_cpu
+        _APPLIED.append("W6")
+        _APPLIED.append("W7")  # available through pretend_cuda_tensor_types()
+
+        torch.cuda.current_stream = lambda *a, **k: _NullStream()  # W8
+        _APPLIED.append("W8")
+    return True

@@ -1,0 +1,86 @@
+"""``ModelArch`` -> megatron-core ``TransformerConfig`` (Qwen2 and Llama share one mapping).
+
+Both families are pre-norm decoders with RMSNorm, SwiGLU (``gated_linear_unit`` + SiLU, fc1 = [gate; up]),
+RoPE (non-interleaved, like HF's ``rotate_half``), GQA, no linear biases except Qwen2's Q/K/V bias.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from sparse_rl_megatron.models.arch import ModelArch
+
+# Fused CUDA kernels that have no CPU implementation; off whenever CUDA is absent.
+_CPU_UNFUSED = dict(
+    bias_activation_fusion=False,
+    bias_dropout_fusion=False,
+    masked_softmax_fusion=False,
+    persist_layer_norm=False,
+    apply_rope_fusion=False,
+    gradient_accumulation_fusion=False,
+    use_cpu_initialization=True,
+)
+
+
+def transformer_config(
+    arch: ModelArch,
+    *,
+    tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
+    params_dtype: torch.dtype = torch.float32,
+    overrides: dict[str, Any] | None = None,
+):
+    """The megatron-core ``TransformerConfig`` for ``arch`` at a TP x PP layout.
+
+    ``overrides`` are set last (any ``TransformerConfig`` field, e.g. ``recompute_granularity``); an unknown
+    field name is refused with the list of valid ones. Dropout is 0 (RL fine-tuning; also what makes the
+    dense log-probs deterministic). ``calculate_per_token_loss`` is on because the learner pre-normalises
+    every micro-batch loss by the global denominator (see ``learner/train_step.py``).
+    """
+    from megatron.core.transformer import TransformerConfig
+
+    arch.check_tensor_parallel(tensor_parallel_size)
+    arch.check_pipeline_parallel(pipeline_parallel_size)
+    kwargs: dict[str, Any] = dict(
+        num_layers=arch.num_layers,
+        hidden_size=arch.hidden_size,
+        num_attention_heads=arch.num_attention_heads,
+        num_query_groups=arch.num_query_groups,
+        kv_channels=arch.head_dim,
+        ffn_hidden_size=arch.ffn_hidden_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=arch.norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=arch.qkv_bias,
+        attention_dropout=0.0,
+        hidden_dropout=0.0,
+        tensor_model_parallel_size=tensor_parallel_size,
+        pipeline_model_parallel_size=pipeline_parallel_size,
+        params_dtype=params_dtype,
+        pipeline_dtype=params_dtype,
+        bf16=params_dtype == torch.bfloat16,
+        fp16=params_dtype == torch.float16,
+        # Each micro-batch may have its own length (dynamic batching); the PP schedule then exchanges shapes.
+        variable_seq_lengths=True,
+        # Config validation rejects variable_seq_lengths with the default "allgather" dispatcher even for
+        # dense models (no experts are built either way).
+        moe_token_dispatcher_type="alltoall",
+        calculate_per_token_loss=True,
+        sequence_parallel=False,
+    )
+    if not torch.cuda.is_available():
+        kwargs.update(_CPU_UNFUSED)
+    valid = {f.name for f in dataclasses.fields(TransformerConfig)}
+    for key in overrides or {}:
+        if key not in valid:
+            raise ValueError(
+                f"megatron override '{key}' is not a TransformerConfig field; valid fields include: "
+                f"{', '.join(sorted(valid)[:40])}, ... (see megatron/core/transformer/transformer_config.py)"
+            )
+    kwargs.update(overrides or {})
+    return TransformerConfig(**kwargs)

@@ -1,0 +1,232 @@
+"""HF <-> megatron-core weight mapping for Qwen2 / Llama, per parameter and per tensor-parallel rank.
+
+Megatron names here are *canonical*: the local-spec names with the **global** layer index
+(``decoder.layers.<i>.self_attention.linear_qkv.weight``). The Transformer Engine spec fuses the two
+pre-norms into the following linear layers; ``canonical_name`` folds those names back.
+
+How each tensor is laid out in Megatron (source: megatron-core ``SelfAttention.get_query_key_value_tensors``,
+``MLP.glu``, ``VocabParallelEmbedding``, ``ColumnParallelLinear``/``RowParallelLinear``):
+
+- ``qkv``: Q, K, V fused along dim 0 *grouped by query group*: for each KV group g,
+  ``[q heads of g (heads_per_group * d rows); k_g (d rows); v_g (d rows)]``. TP splits dim 0 contiguously,
+  which hands whole groups to each rank (TP must divide the number of groups).
+- ``gate_up``: ``linear_fc1`` = ``[gate; up]`` **per TP rank**: rank r holds ``[gate_r; up_r]`` where
+  ``gate_r``/``up_r`` are the r-th row chunks (the global tensor is not ``[gate; up]`` split contiguously).
+- ``vocab``: the embedding / LM head rows, padded with zero rows to ``padded_vocab`` and split along dim 0.
+  The padded rows are stripped on the way back to HF.
+- ``column``: split along dim 0; ``row``: split along dim 1 (``linear_proj``, ``linear_fc2``);
+  ``replicated``: the same on every TP rank (norm weights).
+"""
+from __future__ import annotations
+
+import re
+from typing import Callable, Mapping
+
+import torch
+
+from sparse_rl_megatron.models.arch import ModelArch
+
+# Transformer Engine spec name -> local spec name (the inverse of megatron's sharded_state_dict_keys_map).
+_TE_ALIASES = {
+    "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
+    "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
+}
+
+_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+
+# per-layer canonical suffix -> (kind, HF suffixes)
+_LAYER_PARAMS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "input_layernorm.weight": ("replicated", ("input_layernorm.weight",)),
+    "self_attention.linear_qkv.weight": (
+        "qkv", ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")),
+    "self_attention.linear_qkv.bias": (
+        "qkv", ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias")),
+    "self_attention.linear_proj.weight": ("row", ("self_attn.o_proj.weight",)),
+    "pre_mlp_layernorm.weight": ("replicated", ("post_attention_layernorm.weight",)),
+    "mlp.linear_fc1.weight": ("gate_up", ("mlp.gate_proj.weight", "mlp.up_proj.weight")),
+    "mlp.linear_fc2.weight": ("row", ("mlp.down_proj.weight",)),
+}
+EMBEDDING = "embedding.word_embeddings.weight"
+OUTPUT_LAYER = "output_layer.weight"
+FINAL_NORM = "decoder.final_layernorm.weight"
+HF_EMBED = "model.embed_tokens.weight"
+HF_LM_HEAD = "lm_head.weight"
+
+
+def canonical_name(local_name: str, layer_offset_of: Callable[[int], int] | None = None) -> str:
+    """A model's parameter name -> canonical name (TE aliases folded, layer index made global).
+
+    ``layer_offset_of(local_index) -> global_index``; identity when None. A DDP ``module.`` prefix is dropped.
+    """
+    name = local_name[len("module."):] if local_name.startswith("module.") else local_name
+    m = _LAYER.match(name)
+    if not m:
+        return name
+    idx, rest = int(m.group(1)), m.group(2)
+    rest = _TE_ALIASES.get(rest, rest)
+    if layer_offset_of is not None:
+        idx = layer_offset_of(idx)
+    return f"decoder.layers.{idx}.{rest}"
+
+
+def mcore_param_names(arch: ModelArch) -> list[str]:
+    """Canonical names of every parameter of the whole (unsplit) model, in forward order.
+
+    With tied embeddings the output layer is listed too: at PP > 1 the last stage holds its own copy of
+    the embedding (megatron-core keeps the two in sync by summing their grads).
+    """
+    names = [EMBEDDING]
+    for i in range(arch.num_layers):
+        for suffix in _LAYER_PARAMS:
+            if suffix.endswith(".bias") and not arch.qkv_bias:
+                continue
+            names.append(f"decoder.layers.{i}.{suffix}")
+    names += [FINAL_NORM, OUTPUT_LAYER]
+    return names
+
+
+def param_kind(name: str) -> str:
+    """How ``name`` (canonical) is split across TP ranks: qkv, gate_up, vocab, column, row, replicated."""
+    if name in (EMBEDDING, OUTPUT_LAYER):
+        return "vocab"
+    if name == FINAL_NORM:
+        return "replicated"
+    m = _LAYER.match(name)
+    if not m or m.group(2) not in _LAYER_PARAMS:
+        raise KeyError(f"no HF mapping for Megatron parameter '{name}'")
+    return _LAYER_PARAMS[m.group(2)][0]
+
+
+def hf_names(arch: ModelArch, name: str) -> tuple[str, ...]:
+    """The HF tensor names that ``name`` (canonical) is built from."""
+    if name == EMBEDDING:
+        return (HF_EMBED,)
+    if name == OUTPUT_LAYER:
+        return (HF_EMBED,) if arch.tie_word_embeddings else (HF_LM_HEAD,)
+    if name == FINAL_NORM:
+        return ("model.norm.weight",)
+    m = _LAYER.match(name)
+    if not m or m.group(2) not in _LAYER_PARAMS:
+        raise KeyError(f"no HF mapping for Megatron parameter '{name}'")
+    return tuple(f"model.layers.{m.group(1)}.{s}" for s in _LAYER_PARAMS[m.group(2)][1])
+
+
+def _group_qkv(arch: ModelArch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """HF q/k/v ([nh*d, ...], [ng*d, ...], [ng*d, ...]) -> Megatron grouped [(nh + 2 ng) * d, ...]."""
+    ng, d, hpg = arch.num_query_groups, arch.head_dim, arch.heads_per_group
+    tail = q.shape[1:]
+    grouped = torch.cat([q.reshape(ng, hpg * d, *tail), k.reshape(ng, d, *tail), v.reshape(ng, d, *tail)], dim=1)
+    return grouped.reshape(ng * (hpg + 2) * d, *tail)
+
+
+def _ungroup_qkv(arch: ModelArch, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ng, d, hpg = arch.num_query_groups, arch.head_dim, arch.heads_per_group
+    tail = qkv.shape[1:]
+    q, k, v = qkv.reshape(ng, (hpg + 2) * d, *tail).split([hpg * d, d, d], dim=1)
+    return (q.reshape(ng * hpg * d, *tail).contiguous(), k.reshape(ng * d, *tail).contiguous(),
+            v.reshape(ng * d, *tail).contiguous())
+
+
+def hf_to_mcore(
+    arch: ModelArch,
+    name: str,
+    get_hf: Callable[[str], torch.Tensor],
+    *,
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    padded_vocab: int | None = None,
+) -> torch.Tensor:
+    """The TP shard ``tp_rank`` of Megatron parameter ``name`` (canonical), built from HF tensors.
+
+    ``get_hf(hf_name)`` returns a full HF tensor (lazily read from safetensors, say).
+    """
+    kind = param_kind(name)
+    srcs = [get_hf(n) for n in hf_names(arch, name)]
+    if kind == "replicated":
+        return srcs[0]
+    if kind == "qkv":
+        return _group_qkv(arch, *srcs).chunk(tp_size, dim=0)[tp_rank]
+    if kind == "gate_up":
+        gate, up = srcs
+        return torch.cat([gate.chunk(tp_size, dim=0)[tp_rank], up.chunk(tp_size, dim=0)[tp_rank]], dim=0)
+    if kind == "row":
+        return srcs[0].chunk(tp_size, dim=1)[tp_rank]
+    if kind == "vocab":
+        full = srcs[0]
+        padded = padded_vocab or full.shape[0]
+        if padded < full.shape[0] or padded % tp_size:
+            raise ValueError(f"padded_vocab={padded} must be >= vocab {full.shape[0]} and divisible by TP={tp_size}")
+        rows = padded // tp_size
+        shard = full.new_zeros((rows, *full.shape[1:]))
+        lo, hi = tp_rank * rows, min((tp_rank + 1) * rows, full.shape[0])
+        if hi > lo:
+            shard[: hi - lo] = full[lo:hi]
+        return shard
+    raise AssertionError(kind)
+
+
+def mcore_to_hf(arch: ModelArch, name: str, shards: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """HF tensors of Megatron parameter ``name`` from its TP shards (in TP-rank order).
+
+    The inverse of ``hf_to_mcore``: ``mcore_to_hf(a, n, [hf_to_mcore(a, n, get, tp_rank=r, tp_size=t) ...])``
+    returns the HF tensors bit-identically. Vocab padding is dropped.
+    """
+    kind = param_kind(name)
+    targets = hf_names(arch, name)
+    if kind == "replicated":
+        return {targets[0]: shards[0]}
+    if kind == "qkv":
+        return dict(zip(targets, _ungroup_qkv(arch, torch.cat(shards, dim=0))))
+    if kind == "gate_up":
+        halves = [s.chunk(2, dim=0) for s in shards]
+        return {targets[0]: torch.cat([h[0] for h in halves], dim=0),
+                targets[1]: torch.cat([h[1] for h in halves], dim=0)}
+    if kind == "row":
+        return {targets[0]: torch.cat(shards, dim=1)}
+    if kind == "vocab":
+        return {targets[0]: torch.cat(shards, dim=0)[: arch.vocab_size]}
+    raise AssertionError(kind)
+
+
+def hf_tensor_names(arch: ModelArch) -> list[str]:
+    """Every tensor name an HF checkpoint of ``arch`` holds (``lm_head`` only when untied)."""
+    names: list[str] = []
+    for n in mcore_param_names(arch):
+        if n == OUTPUT_LAYER and arch.tie_word_embeddings:
+            continue
+        names.extend(hf_names(arch, n))
+    return names
+
+
+def check_hf_tensors(arch: ModelArch, shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """Refuse an HF checkpoint whose tensors do not fit ``arch``: names the missing/unexpected/mismatched ones."""
+    expected = expected_hf_shapes(arch)
+    missing = sorted(set(expected) - set(shapes))
+    problems = []
+    if missing:
+        problems.append(f"missing tensors {missing[:6]}{' ...' if len(missing) > 6 else ''}")
+    for n, shape in expected.items():
+        if n in shapes and tuple(shapes[n]) != shape:
+            problems.append(f"{n}: checkpoint shape {tuple(shapes[n])} vs expected {shape}")
+    if problems:
+        raise ValueError(f"HF checkpoint does not match the {arch.family} architecture: " + "; ".join(problems[:8]))
+
+
+def expected_hf_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
+    h, d, v, f = arch.hidden_size, arch.head_dim, arch.vocab_size, arch.ffn_hidden_size
+    nq, nkv = arch.num_attention_heads * d, arch.num_query_groups * d
+    shapes: dict[str, tuple[int, ...]] = {HF_EMBED: (v, h), "model.norm.weight": (h,)}
+    if not arch.tie_word_embeddings:
+        shapes[HF_LM_HEAD] = (v, h)
+    per_layer = {
+        "input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,),
+        "self_attn.q_proj.weight": (nq, h), "self_attn.k_proj.weight": (nkv, h), "self_attn.v_proj.weight": (nkv, h),
+        "self_attn.o_proj.weight": (h, nq),
+        "mlp.gate_proj.weight": (f, h), "mlp.up_proj.weight": (f, h), "mlp.down_proj.weight": (h, f),
+    }
+    if arch.qkv_bias:
+        per_layer.update({"self_attn.q_proj.bias": (nq,), "self_attn.k_proj.bias": (nkv,), "self_attn.v_proj.bias": (nkv,)})
+    for i in range(arch.num_layers):
+        for s, shape in per_layer.items():
+            shapes[f"model.layers.{i}.{s}"] = shape
+    return shapes
