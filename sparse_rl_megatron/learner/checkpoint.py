@@ -1,0 +1,148 @@
+"""Megatron distributed checkpoints (torch_dist) of the learner, reshardable across TP x PP layouts.
+
+A checkpoint directory holds the ``dist_checkpointing`` files (model, optionally optimizer + scheduler +
+learner counters), ``sparse_rl_checkpoint.json`` (the HF config and the ``ModelArch`` it was built from) and
+``hf_assets/`` (tokenizer, chat template, generation config) so it can be exported back to HF alone.
+Global tensor shapes do not depend on the layout (the vocabulary padding multiple is TP-independent, see
+``models/arch.py``), so a checkpoint saved at one TP x PP loads at any other.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from sparse_rl_megatron.models.arch import ModelArch
+
+META_FILE = "sparse_rl_checkpoint.json"
+ASSETS_DIR = "hf_assets"
+FORMAT_VERSION = 1
+
+
+def read_meta(ckpt_dir: str | os.PathLike) -> dict[str, Any]:
+    """The learner metadata of a checkpoint directory; a clear error if it is not one."""
+    path = Path(ckpt_dir) / META_FILE
+    if not path.is_file():
+        hint = " (it looks like an HF checkpoint: convert it with `sparse-rl convert hf-to-megatron`)" if (
+            Path(ckpt_dir) / "config.json").is_file() else ""
+        raise FileNotFoundError(f"{path} not found: {ckpt_dir} is not a sparse-rl Megatron checkpoint{hint}")
+    return json.loads(path.read_text())
+
+
+def check_arch(meta: dict[str, Any], arch: ModelArch, ckpt_dir: str | os.PathLike) -> None:
+    """Refuse a checkpoint built for another architecture, naming every differing field."""
+    diffs = arch.differences(ModelArch.from_dict(meta["arch"]))
+    if diffs:
+        raise ValueError(
+            f"checkpoint {ckpt_dir} is for another architecture (model vs checkpoint): " + "; ".join(diffs)
+        )
+
+
+def _check_tensor_shapes(sharded_sd: dict, ckpt_dir: str) -> None:
+    """Compare every model tensor's global shape with the checkpoint's; name the mismatches."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+    from megatron.core.dist_checkpointing.utils import extract_sharded_tensors_and_factories
+
+    stored = dist_checkpointing.load_tensors_metadata(ckpt_dir)
+    tensors, _ = extract_sharded_tensors_and_factories(sharded_sd)
+    problems = []
+    for st in _flatten(tensors):
+        if not isinstance(st, ShardedTensor):
+            continue
+        if st.key not in stored:
+            problems.append(f"{st.key}: missing from the checkpoint")
+        elif tuple(stored[st.key].global_shape) != tuple(st.global_shape):
+            problems.append(f"{st.key}: checkpoint {tuple(stored[st.key].global_shape)} vs model {tuple(st.global_shape)}")
+    if problems:
+        raise ValueError(f"checkpoint {ckpt_dir} does not fit this model: " + "; ".join(sorted(set(problems))[:8]))
+
+
+def _flatten(obj):
+    if isinstance(obj, dict):
+        for v in obj.values():
+            yield from _flatten(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _flatten(v)
+    else:
+        yield obj
+
+
+def _state(model, optimizer, scheduler, extra: dict | None, is_loading: bool) -> dict[str, Any]:
+    from sparse_rl_megatron.learner.model_provider import unwrap
+
+    sd: dict[str, Any] = {"model": unwrap(model).sharded_state_dict()}
+    if optimizer is not None:
+        sd["optimizer"] = optimizer.sharded_state_dict(sd["model"], is_loading=is_loading)
+    if scheduler is not None:
+        sd["scheduler"] = scheduler.state_dict()
+    if extra is not None:
+        sd["learner"] = dict(extra)
+    return sd
+
+
+def save_checkpoint(
+    ckpt_dir: str | os.PathLike,
+    model,
+    arch: ModelArch,
+    hf_config: dict[str, Any],
+    *,
+    optimizer=None,
+    scheduler=None,
+    extra: dict[str, Any] | None = None,
+    assets_dir: str | os.PathLike | None = None,
+) -> Path:
+    """Save (collective: every rank calls it). ``extra`` is a small dict of learner counters."""
+    from megatron.core import dist_checkpointing
+
+    from sparse_rl_megatron.learner.hf_io import copy_hf_assets
+
+    out = Path(ckpt_dir)
+    if dist.get_rank() == 0:
+        out.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    dist_checkpointing.save(_state(model, optimizer, scheduler, extra, is_loading=False), str(out))
+    if dist.get_rank() == 0:
+        meta = {"format_version": FORMAT_VERSION, "arch": arch.to_dict(), "hf_config": hf_config,
+                "has_optimizer": optimizer is not None}
+        (out / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        if assets_dir is not None and Path(assets_dir).resolve() != (out / ASSETS_DIR).resolve():
+            copy_hf_assets(assets_dir, out / ASSETS_DIR)
+    dist.barrier()
+    return out
+
+
+def load_checkpoint(
+    ckpt_dir: str | os.PathLike, model, arch: ModelArch, *, optimizer=None, scheduler=None
+) -> dict[str, Any]:
+    """Load into an already built model (and optimizer/scheduler when given) at any layout.
+
+    Returns the saved ``extra`` counters (empty when none). Refuses another architecture before reading
+    tensors, and names tensors whose global shapes differ.
+    """
+    from megatron.core import dist_checkpointing
+
+    from sparse_rl_megatron.learner.model_provider import unwrap
+
+    ckpt_dir = str(ckpt_dir)
+    meta = read_meta(ckpt_dir)
+    check_arch(meta, arch, ckpt_dir)
+    if optimizer is not None and not meta.get("has_optimizer", False):
+        raise ValueError(f"checkpoint {ckpt_dir} holds no optimizer state; load it without the optimizer")
+    common = dist_checkpointing.load_common_state_dict(ckpt_dir)
+    sd = _state(model, optimizer, scheduler, common.get("learner"), is_loading=True)
+    _check_tensor_shapes(sd["model"], ckpt_dir)
+    sd.pop("scheduler", None)
+    loaded = dist_checkpointing.load(sd, ckpt_dir)
+    unwrap(model).load_state_dict(loaded["model"], strict=True)
+    if optimizer is not None:
+        with torch.no_grad():  # param views are loaded in place
+            optimizer.load_state_dict(loaded["optimizer"])
+    if scheduler is not None and "scheduler" in common:
+        scheduler.load_state_dict(common["scheduler"])
+    return dict(common.get("learner") or {})

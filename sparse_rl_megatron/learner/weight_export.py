@@ -1,0 +1,126 @@
+"""Export the current weights as full HF-named tensors, in buckets (for weight sync and HF export).
+
+Every rank of the TP x PP grid takes part and every rank receives every bucket:
+TP shards are all-gathered and merged by ``weight_map.mcore_to_hf``; the pipeline stage that owns a
+bucket broadcasts it (one flat buffer per bucket) to the other stages. Padded vocabulary rows are dropped,
+and with tied embeddings only ``model.embed_tokens.weight`` is sent (like HF's own checkpoints).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+from sparse_rl_megatron.models import weight_map as wm
+from sparse_rl_megatron.models.arch import ModelArch
+
+Bucket = list[tuple[str, torch.Tensor]]
+
+# Default bucket size: large enough that per-bucket overheads (one broadcast, one engine call) vanish,
+# small enough to stay a rounding error next to the model (slime uses 512 MB buckets for SGLang sync).
+DEFAULT_BUCKET_BYTES = 512 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class _Item:
+    name: str  # canonical Megatron name
+    owner_stage: int
+    hf: tuple[tuple[str, tuple[int, ...]], ...]  # (hf_name, full shape)
+
+    @property
+    def numel(self) -> int:
+        return sum(int(torch.Size(s).numel()) for _, s in self.hf)
+
+
+def _plan(arch: ModelArch, names_by_stage: list[list[str]]) -> list[_Item]:
+    shapes = wm.expected_hf_shapes(arch)
+    owner = {}
+    for stage, names in enumerate(names_by_stage):
+        for n in names:
+            owner.setdefault(n, stage)
+    items = []
+    for n in wm.mcore_param_names(arch):
+        if n == wm.OUTPUT_LAYER and arch.tie_word_embeddings:
+            continue  # the tied head is the embedding, exported once from the first stage
+        if n not in owner:
+            raise RuntimeError(f"no pipeline stage holds parameter '{n}'")
+        items.append(_Item(n, owner[n], tuple((h, shapes[h]) for h in wm.hf_names(arch, n))))
+    return items
+
+
+def _buckets(items: list[_Item], bucket_bytes: int, itemsize: int) -> list[list[_Item]]:
+    out: list[list[_Item]] = []
+    size = 0
+    for it in items:
+        nbytes = it.numel * itemsize
+        if out and out[-1][0].owner_stage == it.owner_stage and size + nbytes <= bucket_bytes:
+            out[-1].append(it)
+            size += nbytes
+        else:
+            out.append([it])
+            size = nbytes
+    return out
+
+
+def _local_hf_tensors(arch: ModelArch, params: dict[str, torch.Tensor], name: str) -> dict[str, torch.Tensor]:
+    from megatron.core import parallel_state as ps
+
+    p = params[name].detach()
+    tp = ps.get_tensor_model_parallel_world_size()
+    if wm.param_kind(name) == "replicated" or tp == 1:
+        shards = [p]
+    else:
+        shards = [torch.empty_like(p) for _ in range(tp)]
+        dist.all_gather(shards, p.contiguous(), group=ps.get_tensor_model_parallel_group())
+    return wm.mcore_to_hf(arch, name, shards)
+
+
+@torch.no_grad()
+def export_hf_buckets(
+    model, arch: ModelArch, bucket_bytes: int = DEFAULT_BUCKET_BYTES, dtype: torch.dtype | None = None
+) -> Iterator[Bucket]:
+    """Yield lists of ``(hf_name, full tensor)`` of at most ~``bucket_bytes`` each (a single larger tensor
+    gets its own bucket). Collective: every rank of the model-parallel group must iterate to the end.
+    ``dtype`` casts the exported tensors (e.g. bf16 for the rollout engine); default: the parameter dtype.
+    """
+    from megatron.core import parallel_state as ps
+
+    from sparse_rl_megatron.learner.model_provider import layer_offset_of, unwrap
+
+    inner = unwrap(model)
+    offset = layer_offset_of(inner)
+    params = {wm.canonical_name(n, offset): p for n, p in inner.named_parameters()}
+    pp = ps.get_pipeline_model_parallel_world_size()
+    if pp > 1:
+        names_by_stage: list[list[str]] = [None] * pp  # type: ignore[list-item]
+        dist.all_gather_object(names_by_stage, sorted(params), group=ps.get_pipeline_model_parallel_group())
+    else:
+        names_by_stage = [sorted(params)]
+    param_dtype = next(iter(params.values())).dtype
+    out_dtype = dtype or param_dtype
+    stage = ps.get_pipeline_model_parallel_rank()
+    device = next(iter(params.values())).device
+    for bucket in _buckets(_plan(arch, names_by_stage), bucket_bytes, torch.tensor([], dtype=out_dtype).element_size()):
+        owner = bucket[0].owner_stage
+        if owner == stage:
+            tensors: Bucket = []
+            for it in bucket:
+                hf = _local_hf_tensors(arch, params, it.name)
+                tensors += [(h, hf[h].to(out_dtype)) for h, _ in it.hf]
+        if pp > 1:
+            if owner == stage:
+                flat = torch.cat([t.reshape(-1) for _, t in tensors])
+            else:
+                flat = torch.empty(sum(it.numel for it in bucket), dtype=out_dtype, device=device)
+            group = ps.get_pipeline_model_parallel_group()
+            dist.broadcast(flat, src=dist.get_global_rank(group, owner), group=group)
+            if owner != stage:
+                tensors, pos = [], 0
+                for it in bucket:
+                    for h, shape in it.hf:
+                        n = int(torch.Size(shape).numel())
+                        tensors.append((h, flat[pos:pos + n].view(shape)))
+                        pos += n
+        yield tensors
