@@ -1,0 +1,194 @@
+"""Token sequences for the learner, and how they are cut into micro-batches.
+
+A ``SequenceBatch`` holds B rows of prompt + response token ids. Everything the learner returns per token is
+*response-aligned*: ``[B, T]`` with ``T = max response length`` and ``response_mask [B, T]``, the layout of
+``sparse_rl_megatron.algo``. Response token j of row i is predicted from the hidden state at position
+``P_i - 1 + j`` of the concatenated sequence.
+
+Micro-batches hold at most ``max_tokens`` tokens (a per-device budget): in the ``padded`` layout a
+micro-batch costs ``rows x longest row``; in the ``packed`` layout rows are concatenated into one sequence
+with a block-diagonal causal mask and cost the sum of their lengths.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+BATCH_LAYOUTS = ("padded", "packed")
+
+
+@dataclass
+class SequenceBatch:
+    """B rows of ``prompt ++ response`` token ids (1-D long tensors)."""
+
+    prompts: list[torch.Tensor]
+    """Prompt token ids per row, ``[P_i]``; ``P_i >= 1`` (the first response token needs a context)."""
+    responses: list[torch.Tensor]
+    """Response token ids per row, ``[R_i]``; ``R_i >= 0``."""
+
+    def __post_init__(self) -> None:
+        self.prompts = [torch.as_tensor(p, dtype=torch.long).reshape(-1) for p in self.prompts]
+        self.responses = [torch.as_tensor(r, dtype=torch.long).reshape(-1) for r in self.responses]
+        if len(self.prompts) != len(self.responses):
+            raise ValueError(f"SequenceBatch: {len(self.prompts)} prompts but {len(self.responses)} responses")
+        if not self.prompts:
+            raise ValueError("SequenceBatch: empty batch (B == 0)")
+        for i, p in enumerate(self.prompts):
+            if p.numel() < 1:
+                raise ValueError(f"SequenceBatch.prompts[{i}] is empty; every row needs >= 1 prompt token")
+
+    @classmethod
+    def from_lists(cls, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> "SequenceBatch":
+        return cls([torch.tensor(list(p), dtype=torch.long) for p in prompts],
+                   [torch.tensor(list(r), dtype=torch.long) for r in responses])
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    @property
+    def lengths(self) -> list[int]:
+        """Tokens fed to the model per row: ``P_i + R_i - 1`` (the last token predicts nothing we need),
+        or ``P_i`` for an empty response."""
+        return [int(p.numel() + max(r.numel() - 1, 0)) for p, r in zip(self.prompts, self.responses)]
+
+    @property
+    def max_response_len(self) -> int:
+        return max(int(r.numel()) for r in self.responses)
+
+    def response_mask(self) -> torch.Tensor:
+        """``[B, T]`` bool, True at real response tokens."""
+        lens = torch.tensor([int(r.numel()) for r in self.responses])
+        return torch.arange(self.max_response_len).unsqueeze(0) < lens.unsqueeze(1)
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Refuse token ids outside ``[0, vocab_size)`` (they would index padded or missing rows)."""
+        for i, (p, r) in enumerate(zip(self.prompts, self.responses)):
+            ids = torch.cat([p, r])
+            if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+                raise ValueError(
+                    f"SequenceBatch row {i}: token ids must be in [0, {vocab_size}), got min {int(ids.min())}, "
+                    f"max {int(ids.max())}"
+                )
+
+
+@dataclass
+class MicroBatch:
+    """Model inputs of one micro-batch and where its log-probs go."""
+
+    rows: list[int]
+    """Rows of the ``SequenceBatch`` in this micro-batch."""
+    input_ids: torch.Tensor
+    """``[b, S]`` long (b = rows when padded, 1 when packed)."""
+    position_ids: torch.Tensor
+    """``[b, S]`` long (restarting at 0 for every packed row)."""
+    attention_mask: torch.Tensor | None
+    """None (causal) when padded; ``[1, 1, S, S]`` bool block-diagonal causal mask (True = masked) when packed."""
+    seq_lengths: list[int]
+    """Fed length of each row, in ``rows`` order (for THD packing on Transformer Engine)."""
+    gather_index: torch.Tensor
+    """``[n]`` long: flat index into ``[b * S]`` of the positions whose next-token log-prob is needed."""
+    labels: torch.Tensor
+    """``[n]`` long: the token predicted at each gathered position."""
+    out_row: torch.Tensor
+    """``[n]`` long: position in ``rows`` of each gathered token."""
+    out_col: torch.Tensor
+    """``[n]`` long: response index j of each gathered token."""
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+
+def split_rows(lengths: Sequence[int], parts: int) -> list[list[int]]:
+    """Deal rows to ``parts`` data-parallel ranks, balancing tokens (longest first to the lightest rank).
+
+    Deterministic; every part gets at least one row. Rows keep ascending order within a part.
+    """
+    if parts < 1 or len(lengths) < parts:
+        raise ValueError(f"cannot split {len(lengths)} rows over {parts} data-parallel ranks (need B >= DP)")
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    loads = [0] * parts
+    out: list[list[int]] = [[] for _ in range(parts)]
+    for k, i in enumerate(order):
+        # the first `parts` rows seed every part, so none stays empty
+        p = k if k < parts else min(range(parts), key=lambda q: (loads[q], q))
+        out[p].append(i)
+        loads[p] += lengths[i]
+    return [sorted(o) for o in out]
+
+
+def plan_micro_batches(lengths: Sequence[int], rows: Sequence[int], max_tokens: int, layout: str) -> list[list[int]]:
+    """Group ``rows`` into micro-batches of at most ``max_tokens`` tokens each.
+
+    ``padded``: rows sorted longest first, a micro-batch grows while ``count x longest <= max_tokens``.
+    ``packed``: first-fit decreasing on the sum of lengths. A row longer than the budget gets a micro-batch
+    of its own (it cannot be split).
+    """
+    if layout not in BATCH_LAYOUTS:
+        raise ValueError(f"batch layout must be one of {', '.join(BATCH_LAYOUTS)}, got {layout!r}")
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens_per_device must be >= 1, got {max_tokens}")
+    order = sorted(rows, key=lambda i: (-lengths[i], i))
+    groups: list[list[int]] = []
+    if layout == "padded":
+        for i in order:
+            if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= max_tokens:
+                groups[-1].append(i)
+            else:
+                groups.append([i])
+        return groups
+    loads: list[int] = []
+    for i in order:
+        for g, load in enumerate(loads):
+            if load + lengths[i] <= max_tokens:
+                groups[g].append(i)
+                loads[g] += lengths[i]
+                break
+        else:
+            groups.append([i])
+            loads.append(lengths[i])
+    return groups
+
+
+def _block_causal_mask(lengths: Sequence[int]) -> torch.Tensor:
+    total = sum(lengths)
+    seg = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(list(lengths)))
+    same = seg.unsqueeze(0) == seg.unsqueeze(1)
+    causal = torch.ones(total, total, dtype=torch.bool).tril()
+    return ~(same & causal).view(1, 1, total, total)
+
+
+def build_micro_batch(batch: SequenceBatch, rows: Sequence[int], layout: str, pad_id: int = 0) -> MicroBatch:
+    """The model inputs and gather plan of ``rows`` in the ``padded`` or ``packed`` layout."""
+    seqs = [torch.cat([batch.prompts[i], batch.responses[i]])[:-1] if batch.responses[i].numel()
+            else batch.prompts[i] for i in rows]
+    lens = [int(s.numel()) for s in seqs]
+    gi, lab, orow, ocol = [], [], [], []
+    if layout == "padded":
+        width = max(lens)
+        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        for r, s in enumerate(seqs):
+            ids[r, : lens[r]] = s
+        pos = torch.arange(width).unsqueeze(0).expand(len(rows), -1).contiguous()
+        mask = None
+        starts = [r * width for r in range(len(rows))]
+    elif layout == "packed":
+        ids = torch.cat(seqs).unsqueeze(0)
+        pos = torch.cat([torch.arange(n) for n in lens]).unsqueeze(0)
+        mask = _block_causal_mask(lens)
+        starts = [sum(lens[:r]) for r in range(len(rows))]
+    else:
+        raise ValueError(f"batch layout must be one of {', '.join(BATCH_LAYOUTS)}, got {layout!r}")
+    for r, i in enumerate(rows):
+        p, resp = int(batch.prompts[i].numel()), batch.responses[i]
+        n = int(resp.numel())
+        gi.append(starts[r] + p - 1 + torch.arange(n))
+        lab.append(resp)
+        orow.append(torch.full((n,), r, dtype=torch.long))
+        ocol.append(torch.arange(n))
+    return MicroBatch(
+        rows=list(rows), input_ids=ids, position_ids=pos, attention_mask=mask, seq_lengths=lens,
+        gather_index=torch.cat(gi), labels=torch.cat(lab), out_row=torch.cat(orow), out_col=torch.cat(ocol),
+    )

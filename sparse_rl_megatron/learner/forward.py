@@ -1,0 +1,81 @@
+"""Micro-batches through megatron-core's pipeline schedule (``get_forward_backward_func``).
+
+The same driver serves the forward-only log-probs and the training step: every stage feeds the same list of
+``MicroBatch``es (all stages build them from the same batch, so shapes agree); the last stage hands its
+decoder output to ``head_fn(mb, hidden)``. ``variable_seq_lengths`` is on, so micro-batches may differ in
+shape and the pipeline exchanges shapes per micro-batch.
+"""
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Callable
+
+import torch
+
+from sparse_rl_megatron.learner.batch import MicroBatch
+from sparse_rl_megatron.learner.parallel import device
+
+
+def _packed_seq_params(mb: MicroBatch, dev: torch.device):
+    """THD packing for Transformer Engine attention (GPU): cumulative row lengths of the packed row."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    cu = torch.zeros(len(mb.seq_lengths) + 1, dtype=torch.int32, device=dev)
+    cu[1:] = torch.cumsum(torch.tensor(mb.seq_lengths, dtype=torch.int32, device=dev), 0)
+    longest = max(mb.seq_lengths)
+    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest,
+                           max_seqlen_kv=longest)
+
+
+def model_inputs(mb: MicroBatch, use_thd: bool) -> dict[str, Any]:
+    """Keyword arguments of ``GPTModel.forward`` for ``mb`` on this rank's device."""
+    dev = device()
+    kwargs: dict[str, Any] = dict(input_ids=mb.input_ids.to(dev), position_ids=mb.position_ids.to(dev))
+    if mb.attention_mask is not None and use_thd:
+        kwargs.update(attention_mask=None, packed_seq_params=_packed_seq_params(mb, dev))
+    else:
+        kwargs["attention_mask"] = None if mb.attention_mask is None else mb.attention_mask.to(dev)
+    return kwargs
+
+
+def run_schedule(
+    model,
+    micro_batches: list[MicroBatch],
+    head_fn: Callable[[MicroBatch, torch.Tensor], Any],
+    *,
+    forward_only: bool,
+    use_thd: bool = False,
+) -> list[Any]:
+    """Run all micro-batches through the schedule; returns ``head_fn``'s outputs (last stage only; [] elsewhere).
+
+    Forward-only: ``head_fn(mb, hidden)`` returns any data (collected). Training: it returns
+    ``(loss_share, metrics)``; the loss is already normalised by the global denominator, so the schedule is
+    told ``num_tokens = 0`` (``calculate_per_token_loss`` on: no division by micro-batch count or tokens)
+    and gradients are summed over micro-batches and data-parallel ranks.
+    """
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    def forward_step(data_iterator, mdl):
+        mb = next(data_iterator)
+        hidden = mdl(**model_inputs(mb, use_thd))
+        if forward_only:
+            return hidden, lambda out, non_loss_data=True: head_fn(mb, out)
+        return hidden, partial(_train_loss, head_fn, mb)
+
+    seq = max(mb.input_ids.shape[1] for mb in micro_batches)
+    rows = max(mb.input_ids.shape[0] for mb in micro_batches)
+    return get_forward_backward_func()(
+        forward_step_func=forward_step,
+        data_iterator=iter(micro_batches),
+        model=[model],
+        num_microbatches=len(micro_batches),
+        seq_length=seq,
+        micro_batch_size=rows,
+        forward_only=forward_only,
+        collect_non_loss_data=forward_only,
+    )
+
+
+def _train_loss(head_fn, mb: MicroBatch, hidden: torch.Tensor):
+    loss, metrics = head_fn(mb, hidden)
+    return loss, torch.zeros((), dtype=torch.int, device=loss.device), metrics

@@ -1,0 +1,45 @@
+"""Rows -> data-parallel shards -> token-budgeted micro-batches -> model inputs (hand-worked, in-process)."""
+import torch
+
+from sparse_rl_megatron.learner.batch import SequenceBatch, build_micro_batch, plan_micro_batches, split_rows
+
+
+def test_split_rows_balances_tokens_and_covers_every_row():
+    lengths = [10, 9, 3, 2, 8]
+    parts = split_rows(lengths, 2)
+    assert parts == [[0, 2, 3], [1, 4]]  # 10+3+2 = 15 vs 9+8 = 17 (longest first to the lighter rank)
+    assert sorted(i for p in parts for i in p) == list(range(5))
+    assert split_rows([1, 1], 2) == [[0], [1]]
+
+
+def test_padded_micro_batches_respect_rows_times_longest():
+    assert plan_micro_batches([10, 9, 3, 2], [0, 1, 2, 3], 20, "padded") == [[0, 1], [2, 3]]
+    assert plan_micro_batches([30, 2], [0, 1], 20, "padded") == [[0], [1]]  # over-long row alone
+
+
+def test_packed_micro_batches_first_fit_decreasing():
+    assert plan_micro_batches([10, 9, 3, 2], [0, 1, 2, 3], 12, "packed") == [[0, 3], [1, 2]]
+
+
+def test_padded_inputs_and_gather_plan():
+    b = SequenceBatch.from_lists([[1, 2], [3]], [[4, 5, 6], [7]])
+    assert b.lengths == [4, 1] and b.max_response_len == 3
+    assert b.response_mask().tolist() == [[True, True, True], [True, False, False]]
+    mb = build_micro_batch(b, [0, 1], "padded")
+    assert mb.input_ids.tolist() == [[1, 2, 4, 5], [3, 0, 0, 0]]
+    assert mb.attention_mask is None
+    assert mb.gather_index.tolist() == [1, 2, 3, 4]  # row 0 positions 1..3, row 1 position 0 (flat 4)
+    assert mb.labels.tolist() == [4, 5, 6, 7]
+    assert mb.out_row.tolist() == [0, 0, 0, 1] and mb.out_col.tolist() == [0, 1, 2, 0]
+
+
+def test_packed_inputs_block_causal_mask():
+    b = SequenceBatch.from_lists([[1, 2], [3]], [[4, 5, 6], [7]])
+    mb = build_micro_batch(b, [0, 1], "packed")
+    assert mb.input_ids.tolist() == [[1, 2, 4, 5, 3]] and mb.position_ids.tolist() == [[0, 1, 2, 3, 0]]
+    assert mb.gather_index.tolist() == [1, 2, 3, 4]
+    allowed = ~mb.attention_mask[0, 0]
+    expected = torch.zeros(5, 5, dtype=torch.bool)
+    expected[:4, :4] = torch.ones(4, 4, dtype=torch.bool).tril()
+    expected[4, 4] = True
+    assert torch.equal(allowed, expected)
