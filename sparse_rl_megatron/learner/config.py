@@ -1,0 +1,124 @@
+"""Typed configuration of the Megatron learner: parallel layout, batching, optimizer, loss.
+
+Megatron's own knobs pass through unchanged as dicts (``megatron_overrides`` -> ``TransformerConfig``,
+``optimizer_overrides`` -> ``OptimizerConfig``) instead of being mirrored field by field here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from sparse_rl_megatron.algo.loss import LossConfig
+from sparse_rl_megatron.learner.batch import BATCH_LAYOUTS
+from sparse_rl_megatron.learner.logprobs import DEFAULT_CHUNK_TOKENS
+from sparse_rl_megatron.learner.model_provider import LAYER_SPECS
+from sparse_rl_megatron.models.arch import DEFAULT_VOCAB_MULTIPLE
+
+LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root")
+PARAM_DTYPES = ("auto", "float32", "bfloat16")
+
+
+@dataclass
+class OptimConfig:
+    """Adam + schedule (defaults: the Sparse-RL reference runs, lr 1e-6 constant, wd 0.1, betas 0.9/0.98)."""
+
+    lr: float = 1e-6
+    """Peak learning rate."""
+    min_lr: float = 0.0
+    """Floor of the decaying schedules."""
+    lr_warmup_steps: int = 0
+    """Linear warm-up from 0 over this many optimizer steps."""
+    lr_decay_style: str = "constant"
+    """Schedule after warm-up: constant, linear, cosine, inverse-square-root."""
+    lr_decay_steps: int = 1_000_000
+    """Steps over which linear/cosine decay reach ``min_lr``."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay (not applied to biases and norm weights, as in Megatron)."""
+    adam_beta1: float = 0.9
+    """Adam beta1."""
+    adam_beta2: float = 0.98
+    """Adam beta2."""
+    adam_eps: float = 1e-8
+    """Adam epsilon."""
+    clip_grad: float = 1.0
+    """Global grad-norm clip (0 = off)."""
+    use_distributed_optimizer: bool | None = None
+    """Shard optimizer state over data-parallel ranks (None: on with CUDA, off on CPU)."""
+
+    def __post_init__(self) -> None:
+        if self.lr_decay_style not in LR_DECAY_STYLES:
+            raise ValueError(f"OptimConfig.lr_decay_style must be one of {', '.join(LR_DECAY_STYLES)}, "
+                             f"got {self.lr_decay_style!r}")
+        for name in ("lr", "min_lr", "weight_decay", "clip_grad", "adam_eps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"OptimConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if self.min_lr > self.lr:
+            raise ValueError(f"OptimConfig.min_lr={self.min_lr} must be <= lr={self.lr}")
+        if not (0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1):
+            raise ValueError(f"OptimConfig.adam_beta1/adam_beta2 must be in [0, 1), got {self.adam_beta1}, {self.adam_beta2}")
+        if self.lr_warmup_steps < 0 or self.lr_decay_steps <= self.lr_warmup_steps:
+            raise ValueError(f"OptimConfig needs 0 <= lr_warmup_steps < lr_decay_steps, got "
+                             f"{self.lr_warmup_steps}, {self.lr_decay_steps}")
+
+
+@dataclass
+class LearnerConfig:
+    """The Megatron learner: which model, how it is split, how batches are cut, how it trains."""
+
+    model_path: str
+    """An HF checkpoint directory (config.json + safetensors) or a sparse-rl Megatron checkpoint."""
+    tensor_parallel_size: int = 1
+    """TP degree; must divide the attention heads, the KV groups and the FFN width."""
+    pipeline_parallel_size: int = 1
+    """PP degree; must divide the number of layers. The world size / (TP x PP) is the DP degree."""
+    params_dtype: str = "auto"
+    """Parameter dtype: float32, bfloat16, or auto (bfloat16 with CUDA, float32 on CPU)."""
+    layer_spec: str = "auto"
+    """Transformer layer implementation: te (Transformer Engine), local (megatron-core), auto."""
+    batch_layout: str = "padded"
+    """Micro-batch layout: padded (rows right-padded) or packed (rows concatenated, block-causal mask)."""
+    max_tokens_per_device: int = 16384
+    """Token budget of one micro-batch on one device (dynamic micro-batching)."""
+    logprob_chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+    """Scored tokens per LM-head chunk (0 = no chunking)."""
+    vocab_multiple: int = DEFAULT_VOCAB_MULTIPLE
+    """Pad the vocabulary to a multiple of this (x TP when TP does not divide it)."""
+    seed: int = 1234
+    """Seed of megatron-core's RNG trackers."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer and learning-rate schedule."""
+    loss: LossConfig = field(default_factory=LossConfig)
+    """The corrected GRPO loss (from ``sparse_rl_megatron.algo``)."""
+    megatron_overrides: dict[str, Any] = field(default_factory=dict)
+    """Extra ``TransformerConfig`` fields, e.g. ``{"recompute_granularity": "full", ...}``."""
+    optimizer_overrides: dict[str, Any] = field(default_factory=dict)
+    """Extra ``OptimizerConfig`` fields."""
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel_size < 1 or self.pipeline_parallel_size < 1:
+            raise ValueError(f"LearnerConfig.tensor_parallel_size/pipeline_parallel_size must be >= 1, got "
+                             f"{self.tensor_parallel_size}, {self.pipeline_parallel_size}")
+        if self.params_dtype not in PARAM_DTYPES:
+            raise ValueError(f"LearnerConfig.params_dtype must be one of {', '.join(PARAM_DTYPES)}, got {self.params_dtype!r}")
+        if self.layer_spec not in LAYER_SPECS:
+            raise ValueError(f"LearnerConfig.layer_spec must be one of {', '.join(LAYER_SPECS)}, got {self.layer_spec!r}")
+        if self.batch_layout not in BATCH_LAYOUTS:
+            raise ValueError(f"LearnerConfig.batch_layout must be one of {', '.join(BATCH_LAYOUTS)}, got {self.batch_layout!r}")
+        if self.max_tokens_per_device < 1:
+            raise ValueError(f"LearnerConfig.max_tokens_per_device must be >= 1, got {self.max_tokens_per_device}")
+        if self.logprob_chunk_tokens < 0:
+            raise ValueError(f"LearnerConfig.logprob_chunk_tokens must be >= 0 (0 = unchunked), got {self.logprob_chunk_tokens}")
+        if self.loss.entropy_coef > 0:
+            raise ValueError("LearnerConfig.loss.entropy_coef > 0 is not supported by the Megatron learner "
+                             "(vocab-parallel entropy is not implemented); valid: 0")
+
+    def torch_params_dtype(self) -> torch.dtype:
+        if self.params_dtype == "auto":
+            return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16}[self.params_dtype]
+
+    def distributed_optimizer(self) -> bool:
+        flag = self.optim.use_distributed_optimizer
+        return torch.cuda.is_available() if flag is None else flag

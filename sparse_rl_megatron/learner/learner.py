@@ -1,0 +1,162 @@
+"""The Megatron learner: dense log-probs, the corrected GRPO train step, weight export, checkpoints.
+
+SPMD: every rank of the job builds a ``Learner`` with the same config and calls the same methods with the
+same (global) batch; results (log-probs, metrics, exported buckets) are identical on every rank.
+
+    learner = Learner(LearnerConfig(model_path="Qwen2.5-3B/", tensor_parallel_size=2))
+    old = learner.logprobs(seqs)                       # [B, T] dense old-policy log-probs
+    prepared = prepare_correction(old, sampler_lp, seqs.response_mask(), rewards, groups)
+    metrics = learner.train_step(TrainBatch(seqs, prepared))
+    for bucket in learner.export_weights(): engine.update_weights(bucket, version)
+    learner.save("ckpt/step_1")
+
+A reference policy for the KL term is a second ``Learner(..., trainable=False)`` (no optimizer, no DDP).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+from sparse_rl_megatron.learner import checkpoint as ckpt
+from sparse_rl_megatron.learner.batch import SequenceBatch, build_micro_batch, plan_micro_batches, split_rows
+from sparse_rl_megatron.learner.config import LearnerConfig
+from sparse_rl_megatron.learner.forward import run_schedule
+from sparse_rl_megatron.learner.hf_io import load_hf_into_model, read_arch, save_hf_checkpoint, torch_dtype
+from sparse_rl_megatron.learner.logprobs import to_response_aligned, token_logprobs
+from sparse_rl_megatron.learner.model_provider import build_stage_model, te_available
+from sparse_rl_megatron.learner.parallel import current_layout, device, init_model_parallel
+from sparse_rl_megatron.learner.weight_export import DEFAULT_BUCKET_BYTES, Bucket, export_hf_buckets
+from sparse_rl_megatron.models.arch import ModelArch
+
+
+def _is_megatron_checkpoint(path: str | os.PathLike) -> bool:
+    return (Path(path) / ckpt.META_FILE).is_file()
+
+
+class Learner:
+    """``logprobs(batch)``, ``train_step(batch)``, ``export_weights()``, ``save(dir)``, ``load(dir)``."""
+
+    def __init__(self, config: LearnerConfig, *, trainable: bool = True):
+        self.config = config
+        if _is_megatron_checkpoint(config.model_path):
+            meta = ckpt.read_meta(config.model_path)
+            self.arch, self.hf_config = ModelArch.from_dict(meta["arch"]), meta["hf_config"]
+            assets = Path(config.model_path) / ckpt.ASSETS_DIR
+            self.assets_dir = assets if assets.is_dir() else None
+        else:
+            self.arch, self.hf_config = read_arch(config.model_path)
+            self.assets_dir = Path(config.model_path)
+        # validate the layout against the architecture before any process group or model exists
+        self.arch.check_tensor_parallel(config.tensor_parallel_size)
+        self.arch.check_pipeline_parallel(config.pipeline_parallel_size)
+        self.layout = init_model_parallel(config.tensor_parallel_size, config.pipeline_parallel_size, config.seed)
+        self.model = build_stage_model(
+            self.arch, params_dtype=config.torch_params_dtype(), spec=config.layer_spec,
+            vocab_multiple=config.vocab_multiple, overrides=config.megatron_overrides,
+        )
+        self.model.return_hidden = True
+        self.use_thd = te_available() and config.layer_spec != "local"
+        self.steps = 0
+        self.skipped_steps = 0
+        self.trainable = trainable
+        self.ddp = self.optimizer = self.scheduler = None
+        if trainable:
+            from sparse_rl_megatron.learner.optimizer import build_optimizer, wrap_ddp
+
+            self.ddp = wrap_ddp(self.model, config)
+            self.optimizer, self.scheduler = build_optimizer(self.ddp, config)
+        if _is_megatron_checkpoint(config.model_path):
+            self.load(config.model_path, load_optimizer=False)
+        else:
+            load_hf_into_model(self.model, self.arch, config.model_path)
+            if trainable:  # fp32 main weights of bf16 params follow the loaded weights (no-op for fp32)
+                self.optimizer.reload_model_params()
+
+    # ------------------------------------------------------------------ log-probs
+    @torch.no_grad()
+    def logprobs(self, batch: SequenceBatch) -> torch.Tensor:
+        """Dense log-probs of every response token under the current weights: ``[B, T]`` fp32 on CPU,
+        0 where ``batch.response_mask()`` is False. Collective; identical on every rank."""
+        from megatron.core import parallel_state as ps
+
+        cfg = self.config
+        batch.check_vocab(self.arch.vocab_size)
+        lengths = batch.lengths
+        rows = split_rows(lengths, ps.get_data_parallel_world_size())[ps.get_data_parallel_rank()]
+        groups = plan_micro_batches(lengths, rows, cfg.max_tokens_per_device, cfg.batch_layout)
+        mbs = [build_micro_batch(batch, g, cfg.batch_layout) for g in groups]
+        width = batch.max_response_len
+        model = self.ddp if self.ddp is not None else self.model
+        model.eval()
+        outs = run_schedule(
+            model, mbs,
+            lambda mb, hidden: to_response_aligned(token_logprobs(self.model, hidden, mb, cfg.logprob_chunk_tokens), mb, width),
+            forward_only=True, use_thd=self.use_thd,
+        )
+        # Rows are disjoint across DP ranks and only one TP rank of the last stage writes them, so a SUM
+        # over the world assembles the full [B, T] exactly (adding zeros).
+        full = torch.zeros(len(batch), width, dtype=torch.float32, device=device())
+        if ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0:
+            for mb, lp in zip(mbs, outs):
+                full[torch.tensor(mb.rows, device=full.device)] = lp.float()
+        dist.all_reduce(full)
+        return full.cpu()
+
+    # ------------------------------------------------------------------ training
+    def train_step(self, batch) -> dict[str, float]:
+        """One optimizer step on a ``TrainBatch``; metrics reduced over all ranks (``train_step.py``)."""
+        from sparse_rl_megatron.learner.train_step import train_step
+
+        if not self.trainable:
+            raise RuntimeError("this Learner was built with trainable=False (a reference policy); it cannot train")
+        return train_step(self, batch)
+
+    # ------------------------------------------------------------------ weights
+    def export_weights(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES, dtype: torch.dtype | None = None) -> Iterator[Bucket]:
+        """Full HF-named tensors in buckets of ~``bucket_bytes`` (collective; every rank gets every bucket)."""
+        return export_hf_buckets(self.model, self.arch, bucket_bytes=bucket_bytes, dtype=dtype)
+
+    def save_hf(self, out_dir: str | os.PathLike, dtype: str | None = None) -> Path:
+        """Write the current weights as an HF checkpoint (rank 0 writes; collective)."""
+        target = torch_dtype(dtype or self.arch.hf_dtype)
+        tensors = [kv for bucket in self.export_weights(dtype=target) for kv in bucket]
+        if dist.get_rank() == 0:
+            save_hf_checkpoint(out_dir, tensors, self.hf_config, assets_dir=self.assets_dir)
+        dist.barrier()
+        return Path(out_dir)
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, ckpt_dir: str | os.PathLike) -> Path:
+        """torch_dist checkpoint of model (+ optimizer, schedule and step counters when trainable).
+
+        The optimizer is saved once it has state, i.e. after the first successful step (Adam creates its
+        moments lazily; a checkpoint without them loads into a fresh optimizer)."""
+        with_opt = self.optimizer is not None and self.steps > 0
+        return ckpt.save_checkpoint(
+            ckpt_dir, self.model, self.arch, self.hf_config,
+            optimizer=self.optimizer if with_opt else None, scheduler=self.scheduler if with_opt else None,
+            extra={"steps": self.steps, "skipped_steps": self.skipped_steps},
+            assets_dir=self.assets_dir,
+        )
+
+    def load(self, ckpt_dir: str | os.PathLike, load_optimizer: bool = True) -> None:
+        """Load a checkpoint saved at any TP x PP layout (optimizer state too when present and asked for)."""
+        meta = ckpt.read_meta(ckpt_dir)
+        with_opt = load_optimizer and self.optimizer is not None and meta.get("has_optimizer", False)
+        extra = ckpt.load_checkpoint(
+            ckpt_dir, self.model, self.arch,
+            optimizer=self.optimizer if with_opt else None, scheduler=self.scheduler if with_opt else None,
+        )
+        self.steps = int(extra.get("steps", 0))
+        self.skipped_steps = int(extra.get("skipped_steps", 0))
+        if self.optimizer is not None and not with_opt:
+            self.optimizer.reload_model_params()
+
+    def describe(self) -> str:
+        lay = current_layout()
+        return (f"{self.arch.family} L={self.arch.num_layers} H={self.arch.hidden_size} TP={lay.tp} PP={lay.pp} "
+                f"DP={lay.dp} dtype={self.config.torch_params_dtype()} spec={self.config.layer_spec}")

@@ -1,0 +1,64 @@
+"""Session fixtures of the megatron tier: HF references (in this process) and one launch per world size.
+
+Launches (each runs many checks, to pay megatron-core's import once per rank):
+  single: 1 process          -> CPU compat, TP = 1 checks, NaN guard, resume, refusals
+  pair:   torchrun, 2 ranks  -> TP = 2, PP = 2, DP = 2 checks, NaN guard at PP = 2, DistributedOptimizer
+  grid:   torchrun, 4 ranks  -> TP = 2 x PP = 2 checks, TP1 checkpoint -> TP2 x PP2 -> TP1, DistributedOptimizer
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE / "workers"))
+
+from mcore_harness import LaunchResult, launch, run_cli  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def mcore_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("mcore")
+
+
+@pytest.fixture(scope="session")
+def mcore_refs(mcore_root) -> Path:
+    """``ref.pt`` with the HF references; the HF checkpoints live next to it."""
+    from mcore_reference import build_references
+
+    return build_references(mcore_root / "hf")
+
+
+@pytest.fixture(scope="session")
+def tp1_checkpoint(mcore_refs, mcore_root) -> Path:
+    """``sparse-rl convert hf-to-megatron`` of the tied Qwen2 model (a TP = PP = 1 torch_dist checkpoint)."""
+    out = mcore_root / "tp1_ckpt"
+    proc = run_cli("convert", "hf-to-megatron", "--input", str(mcore_refs.parent / "qwen2_tied"), "--output", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
+@pytest.fixture(scope="session")
+def single_launch(mcore_refs, mcore_root) -> LaunchResult:
+    work = mcore_root / "single_work"
+    work.mkdir()
+    return launch("w_single.py", 1, [str(mcore_refs), str(work)], mcore_root / "single_results")
+
+
+@pytest.fixture(scope="session")
+def pair_launch(mcore_refs, mcore_root) -> LaunchResult:
+    work = mcore_root / "pair_work"
+    work.mkdir()
+    return launch("w_layouts.py", 2, [str(mcore_refs), str(work), "2x1,1x2,1x1", "nan_guard_pp2", "distopt"],
+                  mcore_root / "pair_results")
+
+
+@pytest.fixture(scope="session")
+def grid_launch(mcore_refs, mcore_root, tp1_checkpoint) -> LaunchResult:
+    work = mcore_root / "grid_work"
+    work.mkdir()
+    return launch("w_layouts.py", 4, [str(mcore_refs), str(work), "2x2", f"reshard:{tp1_checkpoint}", "distopt"],
+                  mcore_root / "grid_results", timeout=600)

@@ -1,0 +1,144 @@
+"""Single-process worker (TP = PP = DP = 1): CPU compat, parity, log-probs, export, train step, NaN guard,
+resume from a checkpoint with optimizer state, and refusal of mismatched checkpoints.
+
+usage: w_single.py RESULT_DIR REF_PT WORK_DIR
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+torch.set_num_threads(1)
+
+
+def check_cpu_compat() -> None:
+    import megatron.core.tensor_parallel.random as mrandom
+    from torch.overrides import _get_current_function_mode_stack
+
+    from sparse_rl_megatron.learner import cpu_compat
+
+    assert not torch.cuda.is_available()
+    assert not cpu_compat.is_applied()
+    assert cpu_compat.apply() is True
+    modes = len(_get_current_function_mode_stack())
+    assert cpu_compat.apply() is True  # idempotent: nothing is patched or entered twice
+    assert len(_get_current_function_mode_stack()) == modes
+    assert cpu_compat.applied_patches() == ["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8"]
+    # W1
+    assert torch.cuda.current_device() == "cpu"
+    # W5: device="cuda" keyword arguments land on the CPU
+    t = torch.zeros(3, device="cuda")
+    assert t.cuda() is t
+    assert t.device.type == "cpu" and torch.ones(2, device=torch.device("cuda", 0)).device.type == "cpu"
+    # W3: the default causal mask, on CPU, True above the diagonal
+    from megatron.core.fusions import fused_softmax
+    from megatron.core.transformer import utils as tutils
+
+    m = tutils.get_default_causal_mask(4)
+    assert fused_softmax.get_default_causal_mask is tutils.get_default_causal_mask
+    assert m.device.type == "cpu" and m.dtype == torch.bool
+    assert torch.equal(m, torch.triu(torch.ones(4, 4, dtype=torch.bool), 1))
+    # W2: the RNG tracker keeps CPU generator states; fork() draws from them and restores the outer stream
+    from megatron.core import parallel_state as ps
+
+    from sparse_rl_megatron.learner.parallel import init_model_parallel
+
+    init_model_parallel(1, 1, seed=7)
+    assert ps.model_parallel_is_initialized()
+    tracker = mrandom.get_cuda_rng_tracker()
+    assert type(tracker).__name__ == "CPURNGStatesTracker"
+    torch.manual_seed(123)
+    outer_expected = torch.rand(3)
+    torch.manual_seed(123)
+    with tracker.fork():
+        a = torch.rand(3)
+    assert torch.equal(torch.rand(3), outer_expected), "fork() did not restore the outer CPU RNG stream"
+    with tracker.fork():
+        b = torch.rand(3)
+    assert not torch.equal(a, b), "the forked stream did not advance"
+    init_model_parallel(1, 1, seed=7)  # same seed: the tracker restarts at the same state
+    with mrandom.get_cuda_rng_tracker().fork():
+        assert torch.equal(torch.rand(3), a)
+    # W4, W8
+    torch.cuda.synchronize()
+    s = torch.cuda.current_stream()
+    s.wait_event(None), s.wait_stream(None), s.synchronize()
+    # W6: clipping scales grads by max_norm / (total + 1e-6) when that is < 1, never otherwise
+    from megatron.core.optimizer import clip_grads, optimizer as moptimizer
+
+    assert moptimizer.clip_grad_by_total_norm_fp32 is clip_grads.clip_grad_by_total_norm_fp32
+    p = torch.nn.Parameter(torch.zeros(2))
+    p.grad = torch.tensor([3.0, 4.0])
+    clip_grads.clip_grad_by_total_norm_fp32([p], max_norm=1.0, total_norm=5.0)
+    torch.testing.assert_close(p.grad, torch.tensor([3.0, 4.0]) / (5.0 + 1e-6))
+    p.grad = torch.tensor([0.3, 0.4])
+    clip_grads.clip_grad_by_total_norm_fp32([p], max_norm=1.0, total_norm=0.5)
+    assert torch.equal(p.grad, torch.tensor([0.3, 0.4]))
+    # W7: only inside the scope do CPU tensors report CUDA type names
+    assert torch.zeros(1).type() == "torch.FloatTensor"
+    with cpu_compat.pretend_cuda_tensor_types():
+        assert torch.zeros(1).type() == "torch.cuda.FloatTensor"
+        assert torch.zeros(1, dtype=torch.bfloat16).type() == "torch.cuda.BFloat16Tensor"
+    assert torch.zeros(1).type() == "torch.FloatTensor"
+
+
+def main() -> None:
+    import mcore_checks as C
+    from mcore_worker import run_checks
+
+    result_dir, ref_path, work = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    refs = C.load_refs(ref_path)
+    state: dict = {}
+    checks = [("cpu_compat", check_cpu_compat)]
+
+    for name, ref in refs.items():
+        def build(name=name, ref=ref):
+            state[name] = C.learner(ref)
+
+        checks += [
+            (f"tp1_build_{name}", build),
+            (f"tp1_parity_{name}", lambda name=name, ref=ref: C.check_logits(state[name], ref)),
+            (f"tp1_logprobs_{name}", lambda name=name, ref=ref: C.check_logprobs(state[name], ref)),
+            (f"tp1_export_{name}", lambda name=name, ref=ref: C.check_export_identical(state[name], ref)),
+            (f"tp1_train_{name}", lambda name=name, ref=ref: C.check_train_step(state[name], ref)),
+        ]
+
+    def nan_guard():
+        C.check_nan_guard(C.learner(refs["qwen2_tied"]), refs["qwen2_tied"])
+
+    def resume():
+        ref = refs["llama"]
+        a = C.learner(ref)
+        a.train_step(C.train_batch(ref))
+        a.save(work / "resume_ckpt")
+        a.train_step(C.train_batch(ref))
+        wa = C.exported(a)
+        b = C.learner(ref)
+        b.load(work / "resume_ckpt")
+        assert b.steps == 1 and b.optimizer.param_groups[0]["lr"] == a.optimizer.param_groups[0]["lr"]
+        b.train_step(C.train_batch(ref))
+        wb = C.exported(b)
+        bad = [k for k in wa if not torch.equal(wa[k], wb[k])]
+        assert not bad, f"step 2 after resume differs from step 2 without it: {bad[:4]}"
+        state["llama_ckpt"] = work / "resume_ckpt"
+
+    def refuse_other_arch():
+        import pytest
+
+        q = state["qwen2_tied"]
+        with pytest.raises(ValueError, match=r"another architecture.*family: 'qwen2' vs 'llama'.*hidden_size: 112 vs 64"):
+            q.load(state["llama_ckpt"])
+        from sparse_rl_megatron.learner.hf_io import load_hf_into_model
+
+        with pytest.raises(ValueError, match=r"another architecture.*num_attention_heads: 14 vs 28"):
+            load_hf_into_model(q.model, q.arch, refs["qwen2_untied"]["path"])
+
+    checks += [("nan_guard_tp1", nan_guard), ("resume_with_optimizer_state", resume),
+               ("refuse_other_architecture", refuse_other_arch)]
+    run_checks(checks, result_dir)
+
+
+if __name__ == "__main__":
+    main()
