@@ -28,6 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help=f"comma-separated named sets or JSONL/Parquet files; 'all' = {','.join(BENCHMARKS)}")
     g.add_argument("--data-root", default=None, help="shared data folder (default ../shared/data or $SPARSE_RL_DATA)")
     g.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark")
+    g.add_argument("--input-key", default="prompt", help="prompt field of a benchmark given as a file")
+    g.add_argument("--label-key", default="answer", help="gold-answer field of a benchmark given as a file")
     g.add_argument("--template", default="qwen25_chat", help="prompt template name")
     g.add_argument("--export-dir", default=None, help="where a Megatron checkpoint is exported to HF (default: temp)")
 
@@ -109,7 +111,8 @@ def build_config(args: argparse.Namespace):
                                     buffer=args.buffer, scope=args.scope)
     return EvalConfig(
         model=args.model, benchmarks=benchmarks, tokenizer=args.tokenizer, data_root=args.data_root,
-        limit=args.limit, template=args.template, engine=args.engine, compression=compression,
+        limit=args.limit, input_key=args.input_key, label_key=args.label_key, template=args.template,
+        engine=args.engine, compression=compression,
         temperature=pick("temperature"), top_p=pick("top_p"), default=default, per_benchmark=per_benchmark,
         pass_k=[int(k) for k in args.pass_k.split(",")] if args.pass_k else None, seed=args.seed,
         dtype=args.dtype, max_batch_size=args.max_batch_size,

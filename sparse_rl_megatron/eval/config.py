@@ -40,6 +40,10 @@ class EvalConfig:
     """Folder holding the shared data (default ``../shared/data`` or ``$SPARSE_RL_DATA``)."""
     limit: int | None = None
     """Evaluate only the first N problems of each benchmark."""
+    input_key: str = "prompt"
+    """Prompt field of a benchmark given as a user JSONL/Parquet file."""
+    label_key: str = "answer"
+    """Gold-answer field of a benchmark given as a user file."""
     template: str = "qwen25_chat"
     """Prompt template name (``data.TEMPLATES``)."""
     engine: str = "hf"

@@ -116,7 +116,8 @@ def run_eval(config: EvalConfig, *, export_dir: str | None = None, engine=None) 
     from sparse_rl_megatron.eval.model_source import resolve_hf_model
 
     TEMPLATES.check(config.template, field="EvalConfig.template")
-    datasets = {name: load_dataset(name, root=config.data_root, limit=config.limit) for name in config.benchmarks}
+    datasets = {name: load_dataset(name, root=config.data_root, limit=config.limit, input_key=config.input_key,
+                                   label_key=config.label_key) for name in config.benchmarks}
     hf_dir, exported = None, False
     if engine is None:
         factory = ENGINES.get(config.engine)

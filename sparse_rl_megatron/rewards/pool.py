@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import os
-import signal
 import threading
 import time
 import weakref
@@ -29,6 +27,7 @@ from multiprocessing import connection
 from typing import Sequence
 
 from sparse_rl_megatron.rewards.verify import Verdict
+from sparse_rl_megatron.rewards.worker import safe_extract, worker_main
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +40,7 @@ _KILL_GRACE_S = 1.0
 # one that is not ready after this long is broken (bad environment), not slow.
 _WORKER_START_TIMEOUT_S = 120.0
 # Modules the forkserver imports once, so every worker forked from it starts with them loaded.
-_PRELOAD = ["sparse_rl_megatron.rewards.verify", "math_verify", "sympy"]
+_PRELOAD = ["sparse_rl_megatron.rewards.worker", "math_verify", "sympy"]
 
 
 @dataclass
@@ -75,76 +74,12 @@ class VerifierPoolConfig:
             )
 
 
-class _SoftTimeout(BaseException):
-    """Raised by the worker's timer. A BaseException so that math-verify's ``except Exception`` lets it by."""
-
-
-def _worker_main(conn, soft_timeout_s: float | None, memory_limit_bytes: int | None) -> None:
-    """Worker loop: receive ``(task_id, response, gold, style)``, send ``(task_id, verdict fields)``."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the parent decides
-    if memory_limit_bytes:
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_AS, (memory_limit_bytes, memory_limit_bytes))
-    from sparse_rl_megatron.rewards.verify import check_answer
-
-    check_answer("\\boxed{1}", "1")  # warm math-verify's lazily compiled regexes before the clock matters
-    state = {"armed": False, "fired": False}
-
-    def on_alarm(signum, frame):
-        if state["armed"]:
-            state["armed"] = False
-            state["fired"] = True
-            raise _SoftTimeout()
-
-    signal.signal(signal.SIGALRM, on_alarm)
-    conn.send(("ready", os.getpid()))
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return  # the parent is gone
-        if msg is None:
-            return
-        task_id, response, gold, style = msg
-        state["fired"] = False
-        verdict = None
-        answer = _safe_extract(response, style)  # linear-time string scan; reported even on a timeout
-        if soft_timeout_s:
-            state["armed"] = True
-            signal.setitimer(signal.ITIMER_REAL, soft_timeout_s)
-        try:
-            verdict = check_answer(response, gold, style)
-            state["armed"] = False
-        except _SoftTimeout:
-            pass
-        except MemoryError:
-            verdict = Verdict(0.0, "timeout", answer, "ran out of memory (worker memory cap)")
-        except BaseException as exc:  # noqa: BLE001 - report, never die on one answer
-            verdict = Verdict(0.0, "parse_error", answer, f"{type(exc).__name__}: {str(exc)[:200]}")
-        finally:
-            state["armed"] = False
-            signal.setitimer(signal.ITIMER_REAL, 0)
-        if state["fired"] or verdict is None:  # also when something swallowed our exception
-            verdict = Verdict(0.0, "timeout", answer, f"no verdict within {soft_timeout_s:g} s")
-        conn.send((task_id, (verdict.reward, verdict.reason, verdict.answer, verdict.detail)))
-
-
-def _safe_extract(response: str, style: str) -> str | None:
-    from sparse_rl_megatron.rewards.extract import extract_answer
-
-    try:
-        return extract_answer(response, style)
-    except Exception:  # noqa: BLE001 - a bad style is reported by check_answer itself
-        return None
-
-
 class _Worker:
     def __init__(self, ctx, config: VerifierPoolConfig):
         parent_conn, child_conn = ctx.Pipe(duplex=True)
         soft = config.timeout_s if config.soft_timeout else None
         mem = int(config.memory_limit_gb * 2**30) if config.memory_limit_gb else None
-        self.process = ctx.Process(target=_worker_main, args=(child_conn, soft, mem), daemon=True,
+        self.process = ctx.Process(target=worker_main, args=(child_conn, soft, mem), daemon=True,
                                    name="sparse-rl-verifier")
         self.process.start()
         child_conn.close()
@@ -171,6 +106,37 @@ def _shutdown(workers: list[_Worker]) -> None:
         w.process.join(timeout=2)
         w.kill()
     workers.clear()
+
+
+class _Lanes:
+    """Pending task ids in one lane per worker slot, chosen by the gold answer.
+
+    The samples of a GRPO group share their gold answer; sending them to the same worker lets its gold
+    cache (``verify._parse_gold``) parse that gold once instead of once per worker. A worker whose lane is
+    empty takes from the longest other lane, so no worker idles while work is pending.
+    """
+
+    def __init__(self, num_lanes: int):
+        self.lanes = [deque() for _ in range(num_lanes)]
+        self.size = 0
+
+    def __bool__(self) -> bool:
+        return self.size > 0
+
+    def push(self, task: int, gold: str) -> None:
+        self.lanes[hash(gold) % len(self.lanes)].append(task)
+        self.size += 1
+
+    def push_front(self, task: int, slot: int) -> None:
+        self.lanes[slot % len(self.lanes)].appendleft(task)
+        self.size += 1
+
+    def pop(self, slot: int) -> int:
+        self.size -= 1
+        lane = self.lanes[slot % len(self.lanes)]
+        if lane:
+            return lane.popleft()
+        return max(self.lanes, key=len).pop()  # steal from the far end: the owner keeps its nearby golds
 
 
 class VerifierPool:
@@ -280,7 +246,9 @@ class VerifierPool:
                 raise ValueError(f"task {i}: expected (response, gold, style) with style one of "
                                  f"{', '.join(ANSWER_STYLES)}, got {str(task)[:200]}")
         results: list[Verdict | None] = [None] * len(tasks)
-        pending = deque(range(len(tasks)))
+        pending = _Lanes(self.config.num_workers)
+        for i, (_, gold, _) in enumerate(tasks):
+            pending.push(i, str(gold))
         hard_limit = self.config.timeout_s + (_KILL_GRACE_S if self.config.soft_timeout else 0.0)
         with self._lock:
             try:
@@ -296,15 +264,15 @@ class VerifierPool:
     def _run(self, tasks, results, pending, hard_limit) -> None:
         self._fill()
         while pending or any(w.task is not None for w in self._workers):
-            for w in self._workers:
+            for slot, w in enumerate(self._workers):
                 if w.ready and w.task is None and pending:
-                    i = pending.popleft()
+                    i = pending.pop(slot)
                     response, gold, style = tasks[i]
                     w.task, w.deadline = i, time.monotonic() + hard_limit
                     try:
                         w.conn.send((i, str(response), str(gold), style))
                     except (OSError, ValueError):  # the worker died while idle: retry the task elsewhere
-                        pending.appendleft(i)
+                        pending.push_front(i, slot)
                         w.task = None
                         log.warning("verifier worker %s is gone; replacing it", w.process.pid)
                         self._replace(w)
@@ -320,7 +288,7 @@ class VerifierPool:
             for w in list(self._workers):
                 if w.task is not None and now >= w.deadline:
                     response, _, style = tasks[w.task]
-                    results[w.task] = Verdict(0.0, "timeout", _safe_extract(str(response), style),
+                    results[w.task] = Verdict(0.0, "timeout", safe_extract(str(response), style),
                                               f"worker killed after {hard_limit:g} s without a verdict")
                     self.timeouts += 1
                     log.warning("verifier worker %s hung past %.1f s; killing and replacing it",

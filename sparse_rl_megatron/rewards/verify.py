@@ -104,10 +104,13 @@ def check_answer(response: str, gold: str, style: str = "boxed") -> Verdict:
     if answer is None or not answer.strip():
         return Verdict(0.0, "no_answer", answer)
     try:
-        gold_parsed = _parse_gold(normalize_gold(gold))
+        gold_text = normalize_gold(gold)
+        gold_parsed = _parse_gold(gold_text)
         if not gold_parsed:
             return Verdict(0.0, "parse_error", answer, f"math-verify found nothing in the gold answer {gold!r}")
-        pred_parsed = _parse(answer)
+        # An answer written exactly like the gold parses exactly like it: reuse that parse (parsing is most
+        # of the cost of a check, and correct answers are often verbatim).
+        pred_parsed = gold_parsed if answer.strip() == gold_text else _parse(answer)
         if not pred_parsed:
             return Verdict(0.0, "parse_error", answer, "math-verify found nothing to compare in the answer")
         ok = verify(gold_parsed, pred_parsed, timeout_seconds=None)

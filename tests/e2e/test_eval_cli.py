@@ -51,12 +51,15 @@ def test_eval_dense_sparse_and_compare(tiny_model, shared_data, tmp_path, capsys
         correct = [[s["reason"] == "correct" for s in p["samples"]] for p in bench["problems"]]
         assert m[f"avg@{N}"] == pytest.approx(sum(sum(c) / N for c in correct) / LIMIT)
 
-    # Compressed-KV inference of the same model on two benchmarks.
-    assert _eval(tiny_model, shared_data, sparse_path, "--benchmarks", "gsm8k,math500", "--compression", "rkv",
-                 "--budget", "32", "--window", "4", "--buffer", "8") == 0
+    # Compressed-KV inference of the same model on two benchmarks and a user file.
+    user = tmp_path / "mine.jsonl"
+    user.write_text("\n".join(json.dumps({"q": f"What is {i} + {i}?", "a": str(2 * i)}) for i in range(3)) + "\n")
+    assert _eval(tiny_model, shared_data, sparse_path, "--benchmarks", f"gsm8k,math500,{user}", "--input-key", "q",
+                 "--label-key", "a", "--compression", "rkv", "--budget", "32", "--window", "4", "--buffer", "8") == 0
     sparse = json.loads(sparse_path.read_text())
     assert sparse["meta"]["mode"] == "rkv-B32" and sparse["meta"]["compression"]["budget"] == 32
-    assert list(sparse["benchmarks"]) == ["gsm8k", "math500"]
+    assert list(sparse["benchmarks"]) == ["gsm8k", "math500", str(user)]
+    assert [p["gold"] for p in sparse["benchmarks"][str(user)]["problems"]] == ["0", "2", "4"]
     assert all(s["compression_events"] > 0 for b in sparse["benchmarks"].values() for p in b["problems"]
                for s in p["samples"])
     capsys.readouterr()
