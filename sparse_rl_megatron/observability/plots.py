@@ -16,6 +16,8 @@ DEFAULT_PANELS: dict[str, Sequence[str]] = {
     "optimisation": ("loss/pg", "loss/clip_frac", "train/grad_norm"),
     "response length": ("rollout/response_len_mean",),
 }
+LOG_SCALE_PANELS = frozenset({"rho tail"})
+"""Panels drawn on a log y axis: the rho tail spans orders of magnitude (1e-4 veto threshold to ~1)."""
 
 
 def plot_metrics(metrics_path: str | Path, out_path: str | Path,
@@ -43,6 +45,8 @@ def plot_metrics(metrics_path: str | Path, out_path: str | Path,
             xs, ys = zip(*pts)
             ax.plot(xs, ys, marker="o" if len(pts) < 30 else None, label=key.split("/", 1)[-1])
         ax.set_title(title)
+        if title in LOG_SCALE_PANELS and all(y > 0 for line in ax.get_lines() for y in line.get_ydata()):
+            ax.set_yscale("log")
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
