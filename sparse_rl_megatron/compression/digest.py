@@ -31,6 +31,19 @@ class KeptDigest:
         self._hash.update(arr.astype("<i8", copy=False).tobytes())
         self.updates += 1
 
+    def update_layers(self, event: int, positions: torch.Tensor) -> None:
+        """Add every layer of one event at once (same bytes as calling :meth:`update` per layer in order).
+
+        ``positions``: [L, Hkv, B] integer logical positions.
+        """
+        if positions.dim() != 3:
+            raise ValueError(f"KeptDigest.update_layers: positions must be [L, Hkv, B], got {tuple(positions.shape)}")
+        data = positions.detach().to(device="cpu", dtype=torch.int64).contiguous().numpy().astype("<i8", copy=False)
+        for layer in range(data.shape[0]):
+            self._hash.update(((event << _LAYER_BITS) + layer).to_bytes(8, "little"))
+            self._hash.update(data[layer].tobytes())
+        self.updates += data.shape[0]
+
     def copy(self) -> "KeptDigest":
         """An independent digest with the same history (a GRPO group's samples share their prompt's events)."""
         new = KeptDigest()

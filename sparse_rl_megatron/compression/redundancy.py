@@ -28,12 +28,12 @@ def key_redundancy(keys: torch.Tensor, *, threshold: float = 0.5) -> torch.Tenso
     k = keys.float()
     k = k / (k.norm(dim=-1, keepdim=True) + NORM_EPS)
     sim = torch.matmul(k, k.transpose(-1, -2))                              # [n, Hkv, N, N]
+    sim.diagonal(dim1=-2, dim2=-1).zero_()
+    similar = sim > threshold
+    similar.diagonal(dim1=-2, dim2=-1).fill_(False)
     length = sim.shape[-1]
-    eye = torch.eye(length, dtype=torch.bool, device=sim.device)
-    sim = sim.masked_fill(eye, 0.0)
-    similar = (sim > threshold) & ~eye
-    cols = torch.arange(length, device=sim.device)
-    newest = torch.where(similar, cols, -1).amax(dim=-1, keepdim=True)      # [n, Hkv, N, 1]; -1 = none
-    zero_it = (cols == newest)                                              # never true where newest == -1
-    sim = sim.masked_fill(zero_it, 0.0)
+    # newest similar key of each row: first True from the right (argmax returns the first maximum)
+    newest = length - 1 - similar.flip(-1).to(torch.uint8).argmax(dim=-1, keepdim=True)   # [n, Hkv, N, 1]
+    has_similar = similar.any(dim=-1, keepdim=True)
+    sim.scatter_(-1, newest, torch.where(has_similar, 0.0, sim.gather(-1, newest)))
     return sim.mean(dim=-2).softmax(dim=-1)

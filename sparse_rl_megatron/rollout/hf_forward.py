@@ -6,8 +6,9 @@ replaces only the attention's cache handling, so the per-row, per-head compresse
 together with a per-row mask while positions stay logical. Tests check it against ``model.generate`` and a
 full forward (fp32, <= 1e-5).
 
-Supported: the Llama-style families whose attention is ``q/k/v/o_proj`` + RoPE with full (not sliding)
-attention in every layer: ``qwen2``, ``llama``, ``mistral`` (and ``qwen3``'s q/k norms).
+Supported (each checked against ``model.generate`` in the tests): the Llama-style families whose attention
+is ``q/k/v/o_proj`` + RoPE with full (not sliding) attention in every layer: ``qwen2``, ``llama``, and
+``qwen3`` (per-head q/k RMSNorm before RoPE).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 
 from sparse_rl_megatron.rollout.kv_cache import CompressedKVCache
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

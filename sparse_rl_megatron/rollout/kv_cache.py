@@ -1,9 +1,10 @@
 """The reference engine's KV cache: R sequences, per layer and per KV head, compressed in place.
 
-Layout per layer: ``k``/``v`` [R, Hkv, capacity, D]. Row r holds ``lens[r]`` tokens in slots
-``[0, lens[r])``, in original order, the same count in every layer and head (the budget is uniform), but
-after a compression each (layer, head) may hold different tokens: ``pos`` [R, Hkv, capacity] records the
-logical position of every slot. RoPE is applied before caching with the true positions (``next_pos``),
+Layout: ``k``/``v`` [L, R, Hkv, capacity, D] (all layers in one tensor, so a compression scores and
+gathers every layer at once). Row r holds ``lens[r]`` tokens in slots ``[0, lens[r])``, in original
+order, the same count in every layer and head (the budget is uniform), but after a compression each
+(layer, head) may hold different tokens: ``pos`` [L, R, Hkv, capacity] records the logical position of
+every slot. RoPE is applied before caching with the true positions (``next_pos``),
 so the physical slot of a token never matters to attention. Slots ``>= lens[r]`` are stale and masked.
 
 Scoring state kept for the compression package (see ``compression/__init__.py``): the post-RoPE queries
@@ -36,15 +37,14 @@ class CompressedKVCache:
         scorer = get_scorer(config.method)
         self.scaling = scaling
         self.num_layers = num_layers
-        shape = (rows, num_kv_heads, capacity, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        shape = (num_layers, rows, num_kv_heads, capacity, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
         track = self.schedule.enabled
-        self.pos = [torch.zeros(shape[:3], dtype=torch.long, device=device) for _ in range(num_layers)] if track else None
-        self.acc = ([torch.zeros(shape[:3], dtype=torch.float32, device=device) for _ in range(num_layers)]
-                    if scorer.needs_accumulated_attention else None)
-        self.qwin = ([torch.zeros(rows, num_q_heads, config.window, head_dim, dtype=dtype, device=device)
-                      for _ in range(num_layers)] if scorer.needs_queries else None)
+        self.pos = torch.zeros(shape[:4], dtype=torch.long, device=device) if track else None
+        self.acc = torch.zeros(shape[:4], dtype=torch.float32, device=device) if scorer.needs_accumulated_attention else None
+        self.qwin = (torch.zeros(num_layers, rows, num_q_heads, config.window, head_dim, dtype=dtype, device=device)
+                     if scorer.needs_queries else None)
         self.qptr = 0
         """Ring slot the next query goes to (the oldest); shared by all rows, which decode in lockstep."""
         zeros = lambda: torch.zeros(rows, dtype=torch.long, device=device)  # noqa: E731
@@ -54,6 +54,12 @@ class CompressedKVCache:
     @property
     def rows(self) -> int:
         return self.lens.shape[0]
+
+    def _row_index(self, rows: torch.Tensor):
+        """``rows`` as an index for dim 1: a plain slice when it is every row in order (no copy on write)."""
+        if rows.numel() == self.rows and bool((rows == torch.arange(self.rows, device=rows.device)).all()):
+            return slice(None)
+        return rows
 
     # ----------------------------------------------------------------------------------------- prefill
     def prefill_write(self, layer: int, k: torch.Tensor, v: torch.Tensor, q: torch.Tensor,
@@ -124,34 +130,33 @@ class CompressedKVCache:
 
     def compress(self, rows: torch.Tensor) -> None:
         """Compress the given rows (int64 [m]) down to B candidates in every layer and KV head."""
-        budget = self.config.budget
-        n_cand = self.num_candidates
-        for n in torch.unique(n_cand[rows]).tolist():
-            group = rows[n_cand[rows] == n]
-            start = self.cand_start[group][:, None]
-            src = start + torch.arange(n, device=group.device)                      # [m, N]
-            dst = start + torch.arange(budget, device=group.device)                 # [m, B]
-            g = group[:, None]
-            order = (self.qptr + torch.arange(self.config.window)) % self.config.window  # oldest query first
-            for layer in range(self.num_layers):
-                keys = self.k[layer][g, :, src].transpose(1, 2)                      # [m, Hkv, N, D]
-                values = self.v[layer][g, :, src].transpose(1, 2)
-                inputs = ScoreInputs(
-                    keys=keys, values=values, scaling=self.scaling,
-                    queries=None if self.qwin is None else self.qwin[layer][group][:, :, order],
-                    accumulated_attention=None if self.acc is None else self.acc[layer][g, :, src].transpose(1, 2),
-                )
-                kept = choose_kept(self.config, inputs)                              # [m, Hkv, B]
-                self.k[layer][g, :, dst] = gather_kept(keys, kept).transpose(1, 2)
-                self.v[layer][g, :, dst] = gather_kept(values, kept).transpose(1, 2)
-                if self.acc is not None:
-                    acc = gather_kept(inputs.accumulated_attention.unsqueeze(-1), kept).squeeze(-1)
-                    self.acc[layer][g, :, dst] = acc.transpose(1, 2)
-                positions = gather_kept(self.pos[layer][g, :, src].transpose(1, 2).unsqueeze(-1), kept).squeeze(-1)
-                self.pos[layer][g, :, dst] = positions.transpose(1, 2)
-                for i, r in enumerate(group.tolist()):
-                    self.digests[r].update(int(self.events[r]), layer, positions[i])
-            self.lens[group] = self.cand_start[group] + budget
+        budget, window = self.config.budget, self.config.window
+        n_cand, start = self.num_candidates, self.cand_start
+        pairs = torch.stack([n_cand[rows], start[rows]], dim=1)
+        order = (self.qptr + torch.arange(window, device=rows.device)) % window   # oldest window query first
+        for n, s0 in torch.unique(pairs, dim=0).tolist():   # rows with the same candidate slots, together
+            group = rows[(pairs[:, 0] == n) & (pairs[:, 1] == s0)]
+            r = self._row_index(group)
+            src, dst = slice(s0, s0 + n), slice(s0, s0 + budget)
+            layers, m = self.num_layers, group.numel()
+            flat = lambda x: x.reshape(layers * m, *x.shape[2:])  # noqa: E731  [L, m, ...] -> [L*m, ...]
+            keys, values = flat(self.k[:, r, :, src]), flat(self.v[:, r, :, src])      # [L*m, Hkv, N, D]
+            inputs = ScoreInputs(
+                keys=keys, values=values, scaling=self.scaling,
+                queries=None if self.qwin is None else flat(self.qwin[:, r][:, :, :, order]),
+                accumulated_attention=None if self.acc is None else flat(self.acc[:, r, :, src]),
+            )
+            kept = choose_kept(self.config, inputs)                                   # [L*m, Hkv, B]
+            unflat = lambda x: x.reshape(layers, m, *x.shape[1:])  # noqa: E731
+            self.k[:, r, :, dst] = unflat(gather_kept(keys, kept))
+            self.v[:, r, :, dst] = unflat(gather_kept(values, kept))
+            if self.acc is not None:
+                self.acc[:, r, :, dst] = unflat(gather_kept(inputs.accumulated_attention.unsqueeze(-1), kept).squeeze(-1))
+            positions = unflat(gather_kept(flat(self.pos[:, r, :, src]).unsqueeze(-1), kept).squeeze(-1))
+            self.pos[:, r, :, dst] = positions                                        # [L, m, Hkv, B]
+            for i, row in enumerate(group.tolist()):
+                self.digests[row].update_layers(int(self.events[row]), positions[:, i])
+            self.lens[group] = s0 + budget
             self.events[group] += 1
 
     def maybe_compress_after_prefill(self) -> None:
@@ -170,9 +175,9 @@ class CompressedKVCache:
     def select_rows(self, index: torch.Tensor) -> None:
         """Keep (or repeat) rows: row i of the result is old row ``index[i]`` (drop finished rows, expand groups)."""
         for name in ("k", "v", "pos", "acc", "qwin"):
-            tensors = getattr(self, name)
-            if tensors is not None:
-                setattr(self, name, [t.index_select(0, index) for t in tensors])
+            tensor = getattr(self, name)
+            if tensor is not None:
+                setattr(self, name, tensor.index_select(1, index))
         for name in ("lens", "cand_start", "next_pos", "peak", "events"):
             setattr(self, name, getattr(self, name).index_select(0, index))
         if self.digests is not None:

@@ -71,3 +71,12 @@ def test_digest_byte_format():
     c = d.copy()
     c.update(3, 0, pos)
     assert c.hexdigest() != d.hexdigest() and d.hexdigest() == ref.hexdigest()
+
+
+def test_digest_update_layers_equals_per_layer_updates():
+    positions = torch.arange(3 * 2 * 4).reshape(3, 2, 4)
+    a, b = KeptDigest(), KeptDigest()
+    a.update_layers(5, positions)
+    for layer in range(3):
+        b.update(5, layer, positions[layer])
+    assert a.hexdigest() == b.hexdigest() and a.updates == b.updates == 3

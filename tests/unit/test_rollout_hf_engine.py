@@ -37,9 +37,20 @@ def _forward_logprobs(model, sample, attention_mask=None):
     return torch.log_softmax(logits[p - 1:], dim=-1).gather(-1, torch.tensor(sample.response_ids)[:, None])[:, 0]
 
 
-@pytest.mark.parametrize("family", ["qwen2", "llama"])
+def _tiny_qwen3():
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    config = Qwen3Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                         tie_word_embeddings=True, initializer_range=0.2)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(2)
+        return AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama", "qwen3"])
 def test_dense_greedy_matches_hf_generate(tok, family):
-    model = build_tiny_model(family, init_std=0.2, seed=2)
+    model = _tiny_qwen3() if family == "qwen3" else build_tiny_model(family, init_std=0.2, seed=2)
     engine = _engine(model, tok)
     assert isinstance(engine, RolloutEngine)
     samples = engine.generate(PROMPTS, 1, SamplingParams(temperature=0.0, max_new_tokens=24, ignore_eos=True))
@@ -232,6 +243,10 @@ def test_eos_and_stop_strings(tok):
 
 
 def test_bad_requests_are_refused(model, tok):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    with pytest.raises(ValueError, match="model_type 'gpt2' is not supported; valid: llama, qwen2, qwen3"):
+        HFRolloutEngine(GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64)))
     engine = _engine(model, tok)
     with pytest.raises(ValueError, match="prompt 1 is empty"):
         engine.generate(["hi", []], 1, SamplingParams())
