@@ -78,9 +78,10 @@ class Learner:
 
     # ------------------------------------------------------------------ log-probs
     @torch.no_grad()
-    def logprobs(self, batch: SequenceBatch) -> torch.Tensor:
+    def logprobs(self, batch: SequenceBatch, width: int | None = None) -> torch.Tensor:
         """Dense log-probs of every response token under the current weights: ``[B, T]`` fp32 on CPU,
-        0 where ``batch.response_mask()`` is False. Collective; identical on every rank."""
+        0 where ``batch.response_mask()`` is False. ``T = width`` (default: the longest response).
+        Collective; identical on every rank."""
         from megatron.core import parallel_state as ps
 
         cfg = self.config
@@ -89,7 +90,9 @@ class Learner:
         rows = split_rows(lengths, ps.get_data_parallel_world_size())[ps.get_data_parallel_rank()]
         groups = plan_micro_batches(lengths, rows, cfg.max_tokens_per_device, cfg.batch_layout)
         mbs = [build_micro_batch(batch, g, cfg.batch_layout) for g in groups]
-        width = batch.max_response_len
+        if width is not None and width < batch.max_response_len:
+            raise ValueError(f"logprobs width={width} is shorter than the longest response ({batch.max_response_len})")
+        width = width or batch.max_response_len
         model = self.ddp if self.ddp is not None else self.model
         model.eval()
         outs = run_schedule(

@@ -33,17 +33,20 @@ class TrainBatch:
     sequences: SequenceBatch
     """The B rows (prompt + response ids)."""
     prepared: PreparedBatch
-    """``prepare_correction`` output, ``[B, T]`` with ``T = sequences.max_response_len``."""
+    """``prepare_correction`` output, ``[B, T]`` with ``T >= sequences.max_response_len`` (response-aligned)."""
     ref_log_probs: torch.Tensor | None = None
     """``[B, T]`` reference-policy log-probs (needed when the loss has ``kl_coef > 0``)."""
 
     def __post_init__(self) -> None:
-        want = (len(self.sequences), self.sequences.max_response_len)
-        got = tuple(self.prepared.loss_mask.shape)
-        if got != want:
-            raise ValueError(f"TrainBatch.prepared has shape {got}, but the sequences need [B, T] = {list(want)}")
-        if self.ref_log_probs is not None and tuple(self.ref_log_probs.shape) != want:
-            raise ValueError(f"TrainBatch.ref_log_probs has shape {tuple(self.ref_log_probs.shape)}, need {list(want)}")
+        rows, width = tuple(self.prepared.loss_mask.shape)
+        if rows != len(self.sequences) or width < self.sequences.max_response_len:
+            raise ValueError(
+                f"TrainBatch.prepared has shape [{rows}, {width}], but the sequences need [B, T] with B = "
+                f"{len(self.sequences)} and T >= {self.sequences.max_response_len} (the longest response)"
+            )
+        if self.ref_log_probs is not None and tuple(self.ref_log_probs.shape) != (rows, width):
+            raise ValueError(f"TrainBatch.ref_log_probs has shape {tuple(self.ref_log_probs.shape)}, need "
+                             f"{[rows, width]} like TrainBatch.prepared")
 
 
 def _global_normalisers(prepared: PreparedBatch, rows: list[int]) -> GlobalNormalisers:
@@ -88,7 +91,7 @@ def train_step(learner, batch: TrainBatch) -> dict[str, float]:
     normalisers = _global_normalisers(prepared, rows)
     prepared = dataclasses.replace(prepared, normalisers=normalisers)
     loss_cfg = dataclasses.replace(cfg.loss, check_finite=False)  # non-finite values go to the guard, not raise
-    width = seqs.max_response_len
+    width = prepared.loss_mask.shape[1]
     groups = plan_micro_batches(lengths, rows, cfg.max_tokens_per_device, cfg.batch_layout)
     mbs = [build_micro_batch(seqs, g, cfg.batch_layout) for g in groups]
 

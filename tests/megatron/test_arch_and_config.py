@@ -76,3 +76,22 @@ def test_sequence_batch_validation():
         SequenceBatch.from_lists([[1]], [[12]]).check_vocab(10)
     with pytest.raises(ValueError, match="batch layout must be one of padded, packed"):
         plan_micro_batches([3], [0], 8, "ragged")
+
+
+def test_train_batch_shapes_are_checked():
+    import torch
+
+    from sparse_rl_megatron.algo import prepare_correction
+    from sparse_rl_megatron.learner import TrainBatch
+
+    seqs = SequenceBatch.from_lists([[1, 2], [3]], [[4, 5, 6], [7]])
+    wide = torch.ones(2, 5, dtype=torch.bool)
+    prepared = prepare_correction(torch.zeros(2, 5) - 1, torch.zeros(2, 5) - 1, wide, torch.tensor([1.0, 0.0]),
+                                  torch.tensor([0, 0]))
+    TrainBatch(seqs, prepared)  # T = 5 >= the longest response (3): fine, extra columns are padding
+    short = prepare_correction(torch.zeros(2, 2) - 1, torch.zeros(2, 2) - 1, torch.ones(2, 2, dtype=torch.bool),
+                               torch.tensor([1.0, 0.0]), torch.tensor([0, 0]))
+    with pytest.raises(ValueError, match=r"shape \[2, 2\], but the sequences need \[B, T\] with B = 2 and T >= 3"):
+        TrainBatch(seqs, short)
+    with pytest.raises(ValueError, match="ref_log_probs has shape"):
+        TrainBatch(seqs, prepared, ref_log_probs=torch.zeros(2, 3))

@@ -50,6 +50,17 @@ def test_reshard(grid_launch, check):
     grid_launch.check(check)
 
 
+def test_save_hf_from_live_model(single_launch):
+    """Learner.save_hf after a train step writes the trained weights (== export_weights) with the original
+    config.json and tokenizer files byte for byte; at TP2 x PP2 it is checked inside reshard_tp1_to_tp2pp2."""
+    single_launch.check("save_hf_after_training")
+
+
+def test_reference_policy_learner(single_launch):
+    """Learner(trainable=False), the KL reference policy: log-probs match HF, no optimizer, train_step refused."""
+    single_launch.check("reference_policy_learner")
+
+
 def test_resume_with_optimizer_state(single_launch):
     """step 1, save (model + Adam state + LR schedule + counters), step 2 == load, step 2 (bit-identical)."""
     single_launch.check("resume_with_optimizer_state")

@@ -104,3 +104,25 @@ def test_hf_checkpoint_missing_lm_head_is_refused():
     shapes["model.layers.1.mlp.up_proj.weight"] = (5, 1)
     with pytest.raises(ValueError, match=r"up_proj.weight: checkpoint shape \(5, 1\) vs expected \(4, 1\)"):
         wm.check_hf_tensors(a, shapes)
+
+
+def test_export_buckets_respect_size_and_stage_boundaries():
+    """Buckets follow the HF order, never mix pipeline stages, and stay under the byte budget unless a single
+    tensor is larger; a tied model exports the embedding once and no lm_head."""
+    from sparse_rl_megatron.learner.weight_export import _buckets, _plan
+
+    a = arch(vocab_size=250, hidden_size=16, num_layers=4, num_attention_heads=8, num_query_groups=4, head_dim=2,
+             ffn_hidden_size=12, tie_word_embeddings=True)
+    names = wm.mcore_param_names(a)
+    stage0 = [n for n in names if n == wm.EMBEDDING or n.startswith(("decoder.layers.0.", "decoder.layers.1."))]
+    stage1 = [n for n in names if n not in stage0]
+    items = _plan(a, [stage0, stage1])
+    assert [h for it in items for h, _ in it.hf] == wm.hf_tensor_names(a)
+    assert "lm_head.weight" not in wm.hf_tensor_names(a)
+    budget = 3000
+    buckets = _buckets(items, budget, itemsize=4)
+    for b in buckets:
+        assert len({it.owner_stage for it in b}) == 1
+        assert len(b) == 1 or sum(it.numel for it in b) * 4 <= budget
+    assert [it for b in buckets for it in b] == items
+    assert buckets[0][0].name == wm.EMBEDDING and len(buckets[0]) == 1  # 250 x 16 x 4 B > budget: alone

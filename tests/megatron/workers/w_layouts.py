@@ -67,6 +67,12 @@ def main() -> None:
                 C.check_logits(lrn, ref)
                 C.check_export_identical(lrn, ref)
                 lrn.save(work / "tp2pp2_ckpt")
+                out = lrn.save_hf(work / "tp2pp2_live_hf")  # rank 0 writes what all ranks gathered
+                if dist.get_rank() == 0:
+                    from safetensors.torch import load_file
+
+                    got = load_file(str(out / "model.safetensors"))
+                    assert sorted(got) == sorted(ref["hf"]) and all(torch.equal(got[k], ref["hf"][k]) for k in got)
 
             def reshard_back():
                 ref = refs["qwen2_tied"]

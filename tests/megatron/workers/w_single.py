@@ -135,8 +135,34 @@ def main() -> None:
         with pytest.raises(ValueError, match=r"another architecture.*num_attention_heads: 14 vs 28"):
             load_hf_into_model(q.model, q.arch, refs["qwen2_untied"]["path"])
 
+    def reference_policy():
+        import pytest
+
+        ref = refs["qwen2_untied"]
+        frozen = C.learner(ref, trainable=False)  # the KL reference policy: no DDP, no optimizer
+        assert frozen.ddp is None and frozen.optimizer is None
+        C.check_logprobs(frozen, ref)
+        batch = C.sequence_batch()
+        base, wide = frozen.logprobs(batch), frozen.logprobs(batch, width=batch.max_response_len + 3)
+        assert torch.equal(wide[:, : base.shape[1]], base) and torch.all(wide[:, base.shape[1]:] == 0)
+        with pytest.raises(RuntimeError, match="trainable=False"):
+            frozen.train_step(C.train_batch(ref))
+
+    def save_hf_after_training():
+        from safetensors.torch import load_file
+
+        lrn, ref = state["llama"], refs["llama"]  # trained one step by tp1_train_llama
+        out = lrn.save_hf(work / "llama_hf_after_step")
+        got, want = load_file(str(out / "model.safetensors")), C.exported(lrn)
+        assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in got)
+        assert not torch.equal(got["lm_head.weight"], ref["hf"]["lm_head.weight"])  # it is the trained model
+        src = Path(ref["path"])
+        for name in ("config.json", "tokenizer.json", "chat_template.jinja"):
+            assert (out / name).read_bytes() == (src / name).read_bytes(), name
+
     checks += [("nan_guard_tp1", nan_guard), ("resume_with_optimizer_state", resume),
-               ("refuse_other_architecture", refuse_other_arch)]
+               ("refuse_other_architecture", refuse_other_arch), ("reference_policy_learner", reference_policy),
+               ("save_hf_after_training", save_hf_after_training)]
     run_checks(checks, result_dir)
 
 
