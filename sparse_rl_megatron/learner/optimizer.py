@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from sparse_rl_megatron.learner import cpu_compat
 from sparse_rl_megatron.learner.config import LearnerConfig
+from sparse_rl_megatron.learner.parallel import device
 
 
 def wrap_ddp(model, config: LearnerConfig):
@@ -103,6 +104,6 @@ def all_finite(ddp, local_loss: torch.Tensor) -> bool:
     ok = bool(torch.isfinite(local_loss).all())
     if ok and grads:
         ok = bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())
-    flag = torch.tensor([0.0 if ok else 1.0], device=local_loss.device)
+    flag = torch.tensor([0.0 if ok else 1.0], device=device())  # NCCL reduces device tensors only
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return float(flag) == 0.0

@@ -24,6 +24,7 @@ from sparse_rl_megatron.learner.batch import SequenceBatch, build_micro_batch, p
 from sparse_rl_megatron.learner.forward import run_schedule
 from sparse_rl_megatron.learner.logprobs import to_response_aligned, token_logprobs
 from sparse_rl_megatron.learner.optimizer import all_finite
+from sparse_rl_megatron.learner.parallel import device
 
 
 @dataclass
@@ -53,9 +54,9 @@ def _global_normalisers(prepared: PreparedBatch, rows: list[int]) -> GlobalNorma
     from megatron.core import parallel_state as ps
 
     local = local_normalisers(prepared.loss_mask[rows], prepared.response_mask[rows], prepared.weights[rows])
-    t = local.as_tensor()
+    t = local.as_tensor(device=device())  # NCCL reduces device tensors only
     dist.all_reduce(t, group=ps.get_data_parallel_group())
-    return GlobalNormalisers.from_tensor(t)
+    return GlobalNormalisers.from_tensor(t.cpu())
 
 
 def _sum_metrics(per_mb: list[dict], extra_keys: tuple[str, ...] = ()) -> dict[str, float]:
@@ -123,7 +124,7 @@ def train_step(learner, batch: TrainBatch) -> dict[str, float]:
         optimizer.zero_grad()
         model.zero_grad_buffer()
         learner.skipped_steps += 1
-    tokens = torch.tensor([float(sum(lengths[i] for i in rows))])
+    tokens = torch.tensor([float(sum(lengths[i] for i in rows))], device=device())
     dist.all_reduce(tokens, group=ps.get_data_parallel_group())
     elapsed = time.perf_counter() - t0
     metrics.update({

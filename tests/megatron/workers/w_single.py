@@ -21,6 +21,13 @@ def check_cpu_compat() -> None:
 
     assert not torch.cuda.is_available()
     assert not cpu_compat.is_applied()
+    real_is_available = torch.cuda.is_available
+    torch.cuda.is_available = lambda: True  # as on a GPU machine: nothing is patched
+    try:
+        assert cpu_compat.apply() is False and not cpu_compat.is_applied()
+        assert cpu_compat.applied_patches() == [] and torch.zeros(1).type() == "torch.FloatTensor"
+    finally:
+        torch.cuda.is_available = real_is_available
     assert cpu_compat.apply() is True
     modes = len(_get_current_function_mode_stack())
     assert cpu_compat.apply() is True  # idempotent: nothing is patched or entered twice
