@@ -16,7 +16,12 @@ from typing import Sequence
 
 import torch
 
-BATCH_LAYOUTS = ("padded", "packed")
+from sparse_rl_megatron.utils.registry import Registry
+
+# name -> what a micro-batch costs against the token budget
+BATCH_LAYOUTS: Registry[str] = Registry("batch layout")
+BATCH_LAYOUTS.add("padded", "rows x longest row (right padding, causal mask)")
+BATCH_LAYOUTS.add("packed", "sum of row lengths (one concatenated row, block-diagonal causal mask)")
 
 
 @dataclass
@@ -126,8 +131,7 @@ def plan_micro_batches(lengths: Sequence[int], rows: Sequence[int], max_tokens: 
     ``packed``: first-fit decreasing on the sum of lengths. A row longer than the budget gets a micro-batch
     of its own (it cannot be split).
     """
-    if layout not in BATCH_LAYOUTS:
-        raise ValueError(f"batch layout must be one of {', '.join(BATCH_LAYOUTS)}, got {layout!r}")
+    BATCH_LAYOUTS.check(layout)
     if max_tokens < 1:
         raise ValueError(f"max_tokens_per_device must be >= 1, got {max_tokens}")
     order = sorted(rows, key=lambda i: (-lengths[i], i))
@@ -180,7 +184,8 @@ def build_micro_batch(batch: SequenceBatch, rows: Sequence[int], layout: str, pa
         mask = _block_causal_mask(lens)
         starts = [sum(lens[:r]) for r in range(len(rows))]
     else:
-        raise ValueError(f"batch layout must be one of {', '.join(BATCH_LAYOUTS)}, got {layout!r}")
+        BATCH_LAYOUTS.check(layout)
+        raise AssertionError(layout)
     for r, i in enumerate(rows):
         p, resp = int(batch.prompts[i].numel()), batch.responses[i]
         n = int(resp.numel())

@@ -102,10 +102,8 @@ class LearnerConfig:
                              f"{self.tensor_parallel_size}, {self.pipeline_parallel_size}")
         if self.params_dtype not in PARAM_DTYPES:
             raise ValueError(f"LearnerConfig.params_dtype must be one of {', '.join(PARAM_DTYPES)}, got {self.params_dtype!r}")
-        if self.layer_spec not in LAYER_SPECS:
-            raise ValueError(f"LearnerConfig.layer_spec must be one of {', '.join(LAYER_SPECS)}, got {self.layer_spec!r}")
-        if self.batch_layout not in BATCH_LAYOUTS:
-            raise ValueError(f"LearnerConfig.batch_layout must be one of {', '.join(BATCH_LAYOUTS)}, got {self.batch_layout!r}")
+        LAYER_SPECS.check(self.layer_spec, "LearnerConfig.layer_spec")
+        BATCH_LAYOUTS.check(self.batch_layout, "LearnerConfig.batch_layout")
         if self.max_tokens_per_device < 1:
             raise ValueError(f"LearnerConfig.max_tokens_per_device must be >= 1, got {self.max_tokens_per_device}")
         if self.logprob_chunk_tokens < 0:

@@ -14,7 +14,12 @@ import torch
 from sparse_rl_megatron.models.arch import DEFAULT_VOCAB_MULTIPLE, ModelArch
 from sparse_rl_megatron.models.megatron_config import transformer_config
 
-LAYER_SPECS = ("auto", "local", "te")
+from sparse_rl_megatron.utils.registry import Registry
+
+LAYER_SPECS: Registry[str] = Registry("layer spec")
+LAYER_SPECS.add("auto", "Transformer Engine when importable with CUDA, else local")
+LAYER_SPECS.add("local", "megatron-core's own modules (runs on CPU)")
+LAYER_SPECS.add("te", "Transformer Engine modules (GPU)")
 
 
 def te_available() -> bool:
@@ -29,8 +34,7 @@ def layer_spec(name: str = "auto"):
         get_gpt_layer_with_transformer_engine_spec,
     )
 
-    if name not in LAYER_SPECS:
-        raise ValueError(f"layer_spec must be one of {', '.join(LAYER_SPECS)}, got {name!r}")
+    LAYER_SPECS.check(name, "layer_spec")
     use_te = te_available() if name == "auto" else name == "te"
     if use_te:
         if not te_available():

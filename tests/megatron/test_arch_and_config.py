@@ -55,8 +55,8 @@ def test_tp_that_does_not_divide_heads_is_refused_before_any_process_group(tmp_p
 
 @pytest.mark.parametrize("kwargs,message", [
     (dict(params_dtype="fp8"), "params_dtype must be one of auto, float32, bfloat16"),
-    (dict(batch_layout="ragged"), "batch_layout must be one of padded, packed"),
-    (dict(layer_spec="fused"), "layer_spec must be one of auto, local, te"),
+    (dict(batch_layout="ragged"), "LearnerConfig.batch_layout: unknown batch layout 'ragged'; valid names: packed, padded"),
+    (dict(layer_spec="fused"), "LearnerConfig.layer_spec: unknown layer spec 'fused'; valid names: auto, local, te"),
     (dict(max_tokens_per_device=0), "max_tokens_per_device must be >= 1"),
     (dict(optim=None), None),
 ])
@@ -74,7 +74,7 @@ def test_sequence_batch_validation():
         SequenceBatch.from_lists([[1], []], [[2], [3]])
     with pytest.raises(ValueError, match=r"row 0: token ids must be in \[0, 10\), got min 1, max 12"):
         SequenceBatch.from_lists([[1]], [[12]]).check_vocab(10)
-    with pytest.raises(ValueError, match="batch layout must be one of padded, packed"):
+    with pytest.raises(ValueError, match="unknown batch layout 'ragged'; valid names: packed, padded"):
         plan_micro_batches([3], [0], 8, "ragged")
 
 
