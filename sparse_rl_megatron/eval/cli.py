@@ -128,7 +128,9 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.compare:
         a, b = (read_results(p) for p in args.compare)
-        print_comparison(a, b, labels=(Path(args.compare[0]).stem, Path(args.compare[1]).stem))
+        pa, pb = (Path(p) for p in args.compare)
+        labels = (pa.stem, pb.stem) if pa.stem != pb.stem else (str(pa), str(pb))
+        print_comparison(a, b, labels=labels)
         return 0
     import torch
 
