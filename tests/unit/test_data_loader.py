@@ -129,7 +129,7 @@ def test_user_copy_of_a_published_file_with_format(tmp_path, shared_data):
 
 
 def test_parquet_user_file(tmp_path):
-    pa = pytest.importorskip("pyarrow")
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     path = tmp_path / "t.parquet"
