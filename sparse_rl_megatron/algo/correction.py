@@ -85,6 +85,37 @@ class PreparedBatch:
             "old_log_probs", "response_mask", "loss_mask", "advantages", "weights", "keep", "log_rho")})
 
 
+def reject_and_reweight(
+    log_rho: torch.Tensor, response_mask: torch.Tensor, config: CorrectionConfig
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The built-in correction of ``config.mode``: rejection (if the mode rejects), then raw importance weights
+    (if it reweights; else weight 1 on every kept token). Used by ``prepare_correction`` and the slime hook.
+
+    Args:
+        log_rho: ``[B, T]`` clamped log rho; response_mask: ``[B, T]`` bool, real response tokens.
+    Returns:
+        ``(loss_mask [B, T] bool, vetoed [B] bool, weights [B, T])``; weights are 0 off the loss mask and
+        not yet normalised.
+    """
+    mode = CORRECTION_MODES.get(config.mode)
+    loss_mask = response_mask
+    vetoed = torch.zeros(response_mask.shape[0], dtype=torch.bool, device=response_mask.device)
+    if mode.reject:
+        rej = reject(
+            log_rho, response_mask, level=config.rejection_level, key=config.rejection_key,
+            lower=config.rejection_lower, upper=config.rejection_upper,
+            max_divergence=config.rejection_max_divergence, veto_threshold=config.veto_threshold,
+        )
+        loss_mask, vetoed = rej.mask, rej.vetoed
+    if mode.reweight:
+        weights, loss_mask = importance_weights(
+            log_rho, loss_mask, mode=config.weight_mode, lower=config.weight_lower, upper=config.weight_upper
+        )
+    else:
+        weights = loss_mask.to(log_rho.dtype)
+    return loss_mask, vetoed, weights
+
+
 def prepare_correction(
     old_log_probs: torch.Tensor,
     sampler_log_probs: torch.Tensor | None,
@@ -136,20 +167,7 @@ def prepare_correction(
             load_hook(config.hook), dict(config.hook_args), old, torch.where(response, sampler_log_probs, old), response
         )
     else:
-        loss_mask = response
-        if mode.reject:
-            rej = reject(
-                log_rho, response, level=config.rejection_level, key=config.rejection_key,
-                lower=config.rejection_lower, upper=config.rejection_upper,
-                max_divergence=config.rejection_max_divergence, veto_threshold=config.veto_threshold,
-            )
-            loss_mask, vetoed = rej.mask, rej.vetoed
-        if mode.reweight:
-            weights, loss_mask = importance_weights(
-                log_rho, loss_mask, mode=config.weight_mode, lower=config.weight_lower, upper=config.weight_upper
-            )
-        else:
-            weights = loss_mask.to(old.dtype)
+        loss_mask, vetoed, weights = reject_and_reweight(log_rho, response, config)
 
     keep = loss_mask.any(dim=-1)
     advantages = compute_advantages(

@@ -27,12 +27,12 @@ from typing import Any
 
 import torch
 
-from sparse_rl_megatron.algo.config import CORRECTION_MODES, CorrectionConfig
+from sparse_rl_megatron.algo.config import CorrectionConfig
 from sparse_rl_megatron.algo.hooks import pad
 from sparse_rl_megatron.algo.metrics import masked_quantiles
 from sparse_rl_megatron.algo.ratio import sparsity_log_ratio
-from sparse_rl_megatron.algo.rejection import reject
-from sparse_rl_megatron.algo.reweighting import importance_weights, normalisation_factor, weight_stats
+from sparse_rl_megatron.algo.correction import reject_and_reweight
+from sparse_rl_megatron.algo.reweighting import normalisation_factor, weight_stats
 
 ARGS_PREFIX = "sparse_rl_"
 
@@ -72,7 +72,6 @@ def sparse_rl_correction(
         ``(pg_loss * w, new loss_masks (input dtype), metrics)`` with every metric an ``[N]`` tensor.
     """
     config = config_from_args(args)
-    mode = CORRECTION_MODES.get(config.mode)
     if not (len(train_log_probs) == len(rollout_log_probs) == len(loss_masks)):
         raise ValueError(
             f"per-sample lists differ in length: train_log_probs {len(train_log_probs)}, rollout_log_probs "
@@ -99,20 +98,7 @@ def sparse_rl_correction(
     response = valid & (mask_in != 0)
     log_rho = sparsity_log_ratio(old, sampler, response)
 
-    new_mask, vetoed = response, torch.zeros(len(lengths), dtype=torch.bool, device=old.device)
-    if mode.reject:
-        rej = reject(
-            log_rho, response, level=config.rejection_level, key=config.rejection_key, lower=config.rejection_lower,
-            upper=config.rejection_upper, max_divergence=config.rejection_max_divergence,
-            veto_threshold=config.veto_threshold,
-        )
-        new_mask, vetoed = rej.mask, rej.vetoed
-    if mode.reweight:
-        weights, new_mask = importance_weights(
-            log_rho, new_mask, mode=config.weight_mode, lower=config.weight_lower, upper=config.weight_upper
-        )
-    else:
-        weights = new_mask.to(old.dtype)
+    new_mask, vetoed, weights = reject_and_reweight(log_rho, response, config)
     stats = kwargs.get("sparse_rl_weight_stats")
     stats = weight_stats(weights, new_mask) if stats is None else torch.as_tensor(stats, dtype=torch.float64)
     factor = normalisation_factor(stats.to(weights.device)) if config.normalise_weights else torch.ones((), dtype=torch.float64)
