@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from sparse_rl_megatron.models.arch import ModelArch
+from sparse_rl_megatron.learner import cpu_compat
 
 META_FILE = "sparse_rl_checkpoint.json"
 ASSETS_DIR = "hf_assets"
@@ -86,6 +87,7 @@ def _state(model, optimizer, scheduler, extra: dict | None, is_loading: bool) ->
     return sd
 
 
+@cpu_compat.in_device_mode
 def save_checkpoint(
     ckpt_dir: str | os.PathLike,
     model,
@@ -117,6 +119,7 @@ def save_checkpoint(
     return out
 
 
+@cpu_compat.in_device_mode
 def load_checkpoint(
     ckpt_dir: str | os.PathLike, model, arch: ModelArch, *, optimizer=None, scheduler=None
 ) -> dict[str, Any]:

@@ -18,12 +18,14 @@ from sparse_rl_megatron.learner import checkpoint as ckpt
 from sparse_rl_megatron.learner.hf_io import read_arch, save_hf_checkpoint, torch_dtype
 from sparse_rl_megatron.models import weight_map as wm
 from sparse_rl_megatron.models.arch import ModelArch
+from sparse_rl_megatron.learner import cpu_compat
 
 # megatron-core stores the layers of a homogeneous TransformerBlock stacked along a leading axis,
 # under TE-spec names without the layer index (``decoder.layers.mlp.linear_fc1.weight``: [L, 2F, H]).
 _STACKED = re.compile(r"^decoder\.layers\.(?P<rest>[^0-9].*)$")
 
 
+@cpu_compat.in_device_mode
 def import_from_hf(
     hf_dir: str | os.PathLike,
     megatron_dir: str | os.PathLike,

@@ -9,19 +9,20 @@ and is applied only when ``torch.cuda.is_available()`` is False. ``apply()`` is 
 - W2 the model-parallel RNG tracker keeps CPU generator states instead of CUDA ones.
 - W3 the default causal mask is built on CPU (cached per length, like the original).
 - W4 ``torch.cuda.synchronize()`` is a no-op (called after p2p batches).
-- W5 a global ``TorchFunctionMode`` rewrites ``device="cuda..."`` keyword arguments to ``"cpu"``
+- W5 a ``TorchFunctionMode`` rewrites ``device="cuda..."`` keyword arguments to ``"cpu"``
   (schedules' token counters, grad-norm buffers, the grad scaler, ...) and makes ``Tensor.cuda()`` return
   the tensor itself (tied embeddings at PP > 1: ``weight.data = weight.data.cuda()`` before the first/last
-  stage all-reduce; not in the investigation, found by the tied-embedding PP = 2 test).
+  stage all-reduce; not in the investigation, found by the tied-embedding PP = 2 test). It is SCOPED:
+  active only inside ``device_mode()`` / functions decorated with ``in_device_mode`` (the learner's entry
+  points into megatron-core), because a mode costs one Python call per torch call for everything else in
+  the process (the HF rollout engine decoded 1.9x slower under a global mode in the single-process smoke run).
 - W6 ``clip_grad_by_total_norm_fp32`` without its ``torch.cuda.FloatTensor`` assertion.
 - W7 (opt-in, scoped) ``Tensor.type()`` reports ``torch.cuda.*`` names, only inside
   ``pretend_cuda_tensor_types()``, for the DistributedOptimizer's dtype checks at construction.
 - W8 ``torch.cuda.current_stream()`` returns a stream whose waits are no-ops (DDP grad sync in 0.17+).
 
 On a CUDA machine none of this is applied; the GPU code paths are megatron-core's own.
-The W5 mode lives on the mode stack of the thread that called ``apply()`` (torch keeps one per thread):
-build and drive the learner from that thread. Its cost is one Python call per torch function call
-(not measurable next to the model's matmuls in the investigation).
+The W5 mode lives on the mode stack of the thread that enters ``device_mode()`` (torch keeps one per thread).
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from torch.overrides import TorchFunctionMode
 _LOCK = threading.Lock()
 _APPLIED: list[str] = []  # names of the applied patches, in order; non-empty once applied
 _PRETEND_CUDA_TYPES = False  # W7 switch, flipped only by pretend_cuda_tensor_types()
+_MODE_DEPTH = threading.local()  # per-thread nesting depth of device_mode()
 
 
 def is_applied() -> bool:
@@ -113,8 +115,38 @@ class CudaToCpuMode(TorchFunctionMode):
 
 
 @contextlib.contextmanager
+def device_mode() -> Iterator[None]:
+    """W5, scoped: inside this block ``device="cuda"`` keyword arguments land on the CPU and ``t.cuda()`` is
+    ``t``. Re-entrant (nested blocks push the mode once); a no-op unless ``apply()`` patched this process."""
+    if not is_applied():
+        yield
+        return
+    depth = getattr(_MODE_DEPTH, "value", 0)
+    _MODE_DEPTH.value = depth + 1
+    try:
+        if depth:
+            yield
+        else:
+            with CudaToCpuMode():
+                yield
+    finally:
+        _MODE_DEPTH.value = depth
+
+
+def in_device_mode(fn):
+    """Decorator: run ``fn`` inside ``device_mode()`` (for entry points that drive megatron-core)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with device_mode():
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+@contextlib.contextmanager
 def pretend_cuda_tensor_types() -> Iterator[None]:
-    """W7: inside this block (CPU only) ``t.type()`` reads ``torch.cuda.<T>Tensor``.
+    """W7: inside this block (CPU only, and inside ``device_mode()``) ``t.type()`` reads ``torch.cuda.<T>Tensor``.
 
     Only for the DistributedOptimizer's construction-time dtype checks on CPU; a no-op on GPU.
     """
@@ -193,8 +225,7 @@ def apply(force: bool = False) -> bool:
         torch.cuda.synchronize = lambda *a, **k: None  # W4
         _APPLIED.append("W4")
 
-        CudaToCpuMode().__enter__()  # W5 (W7 piggybacks, off unless pretend_cuda_tensor_types())
-        _APPLIED.append("W5")
+        _APPLIED.append("W5")  # scoped: entered by device_mode() (W7 piggybacks on it)
 
         clip_grads.clip_grad_by_total_norm_fp32 = _clip_grad_by_total_norm_fp32_cpu  # W6
         moptimizer.clip_grad_by_total_norm_fp32 = _clip_grad_by_total_norm_fp32_cpu

@@ -14,6 +14,7 @@ import torch
 
 from sparse_rl_megatron.learner.batch import MicroBatch
 from sparse_rl_megatron.learner.parallel import device
+from sparse_rl_megatron.learner import cpu_compat
 
 
 def _packed_seq_params(mb: MicroBatch, dev: torch.device):
@@ -38,6 +39,7 @@ def model_inputs(mb: MicroBatch, use_thd: bool) -> dict[str, Any]:
     return kwargs
 
 
+@cpu_compat.in_device_mode
 def run_schedule(
     model,
     micro_batches: list[MicroBatch],

@@ -15,6 +15,7 @@ from sparse_rl_megatron.models.arch import DEFAULT_VOCAB_MULTIPLE, ModelArch
 from sparse_rl_megatron.models.megatron_config import transformer_config
 
 from sparse_rl_megatron.utils.registry import Registry
+from sparse_rl_megatron.learner import cpu_compat
 
 LAYER_SPECS: Registry[str] = Registry("layer spec")
 LAYER_SPECS.add("auto", "Transformer Engine when importable with CUDA, else local")
@@ -72,6 +73,7 @@ def _gpt_model_class():
     return LearnerGPTModel
 
 
+@cpu_compat.in_device_mode
 def build_stage_model(
     arch: ModelArch,
     *,

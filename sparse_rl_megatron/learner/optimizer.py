@@ -19,6 +19,7 @@ from sparse_rl_megatron.learner.config import LearnerConfig
 from sparse_rl_megatron.learner.parallel import device
 
 
+@cpu_compat.in_device_mode
 def wrap_ddp(model, config: LearnerConfig):
     """Megatron ``DistributedDataParallel`` around the stage model; wires the schedule's grad hooks."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
@@ -35,6 +36,7 @@ def wrap_ddp(model, config: LearnerConfig):
     return ddp
 
 
+@cpu_compat.in_device_mode
 def build_optimizer(ddp, config: LearnerConfig):
     """``(optimizer, scheduler)`` for the DDP-wrapped model."""
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer

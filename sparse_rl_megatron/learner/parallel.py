@@ -65,6 +65,7 @@ def init_process_group(timeout_s: int = DEFAULT_TIMEOUT_S) -> None:
     )
 
 
+@cpu_compat.in_device_mode
 def init_model_parallel(tp: int, pp: int, seed: int = 1234, timeout_s: int = DEFAULT_TIMEOUT_S) -> ParallelLayout:
     """Initialise (or re-initialise at another layout) megatron-core's parallel state.
 

@@ -25,6 +25,7 @@ from sparse_rl_megatron.learner.forward import run_schedule
 from sparse_rl_megatron.learner.logprobs import to_response_aligned, token_logprobs
 from sparse_rl_megatron.learner.optimizer import all_finite
 from sparse_rl_megatron.learner.parallel import device
+from sparse_rl_megatron.learner import cpu_compat
 
 
 @dataclass
@@ -79,6 +80,7 @@ def _sum_metrics(per_mb: list[dict], extra_keys: tuple[str, ...] = ()) -> dict[s
     return total
 
 
+@cpu_compat.in_device_mode
 def train_step(learner, batch: TrainBatch) -> dict[str, float]:
     """One optimizer step; returns metrics reduced over all ranks (see module docstring)."""
     from megatron.core import parallel_state as ps

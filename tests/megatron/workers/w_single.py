@@ -35,10 +35,21 @@ def check_cpu_compat() -> None:
     assert cpu_compat.applied_patches() == ["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8"]
     # W1
     assert torch.cuda.current_device() == "cpu"
-    # W5: device="cuda" keyword arguments land on the CPU
-    t = torch.zeros(3, device="cuda")
-    assert t.cuda() is t
-    assert t.device.type == "cpu" and torch.ones(2, device=torch.device("cuda", 0)).device.type == "cpu"
+    # W5 is scoped: inside device_mode() (re-entrant, one mode pushed) device="cuda" keyword arguments land on
+    # the CPU and t.cuda() is t; outside, torch behaves as usual (no per-op cost for the rest of the process)
+    with cpu_compat.device_mode():
+        with cpu_compat.device_mode():
+            assert len(_get_current_function_mode_stack()) == modes + 1
+            t = torch.zeros(3, device="cuda")
+            assert t.cuda() is t
+            assert t.device.type == "cpu" and torch.ones(2, device=torch.device("cuda", 0)).device.type == "cpu"
+        assert len(_get_current_function_mode_stack()) == modes + 1
+    assert len(_get_current_function_mode_stack()) == modes
+    try:
+        torch.zeros(1, device="cuda")
+        raise AssertionError("device='cuda' was rewritten outside device_mode()")
+    except (RuntimeError, AssertionError) as err:
+        assert "rewritten" not in str(err), err
     # W3: the default causal mask, on CPU, True above the diagonal
     from megatron.core.fusions import fused_softmax
     from megatron.core.transformer import utils as tutils
@@ -83,9 +94,9 @@ def check_cpu_compat() -> None:
     p.grad = torch.tensor([0.3, 0.4])
     clip_grads.clip_grad_by_total_norm_fp32([p], max_norm=1.0, total_norm=0.5)
     assert torch.equal(p.grad, torch.tensor([0.3, 0.4]))
-    # W7: only inside the scope do CPU tensors report CUDA type names
+    # W7: only inside the scope (within device_mode) do CPU tensors report CUDA type names
     assert torch.zeros(1).type() == "torch.FloatTensor"
-    with cpu_compat.pretend_cuda_tensor_types():
+    with cpu_compat.device_mode(), cpu_compat.pretend_cuda_tensor_types():
         assert torch.zeros(1).type() == "torch.cuda.FloatTensor"
         assert torch.zeros(1, dtype=torch.bfloat16).type() == "torch.cuda.BFloat16Tensor"
     assert torch.zeros(1).type() == "torch.FloatTensor"
