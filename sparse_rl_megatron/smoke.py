@@ -88,6 +88,21 @@ def rollout_metrics(samples: list[Sample]) -> dict[str, float]:
     }
 
 
+OUTPUTS = ("config.yaml", "metrics.jsonl", "metrics.png", "tensorboard", "checkpoint")
+
+
+def archive_previous_outputs(run_dir: Path) -> Path | None:
+    """Move a previous run's outputs into ``run_dir/archive/<time>/`` so a re-run starts clean and loses nothing."""
+    old = [run_dir / name for name in OUTPUTS if (run_dir / name).exists()]
+    if not old:
+        return None
+    dest = run_dir / "archive" / time.strftime("%Y%m%d-%H%M%S")
+    dest.mkdir(parents=True, exist_ok=True)
+    for path in old:
+        path.rename(dest / path.name)
+    return dest
+
+
 def _print_step(console, step: int, metrics: dict[str, float], keys: tuple[str, ...]) -> None:
     from rich.table import Table
 
@@ -118,6 +133,9 @@ def run_smoke(cfg: SmokeConfig) -> dict[str, float]:
     console = Console()
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    archived = archive_previous_outputs(run_dir)
+    if archived:
+        console.print(f"previous outputs of {run_dir} moved to {archived}")
     (run_dir / "config.yaml").write_text(__import__("yaml").safe_dump(to_dict(cfg), sort_keys=False))
     model_path = cfg.model_path
     if model_path == "tiny":

@@ -31,6 +31,13 @@ def test_smoke_runs_all_stages_and_writes_outputs(tmp_path, shared_data):
     assert (run_dir / "metrics.png").stat().st_size > 0
     assert (run_dir / "checkpoint" / "sparse_rl_checkpoint.json").is_file()
     assert any((run_dir / "tensorboard").iterdir())
+    # a second run starts clean and keeps the first run's outputs under archive/
+    out = subprocess.run(cmd + ["steps=1"], capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 1
+    (archived,) = (run_dir / "archive").iterdir()
+    assert len((archived / "metrics.jsonl").read_text().splitlines()) == 2
+    assert (archived / "checkpoint" / "sparse_rl_checkpoint.json").is_file()
 
 
 def test_smoke_refuses_bad_config(tmp_path):
