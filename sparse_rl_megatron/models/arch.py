@@ -2,8 +2,8 @@
 
 ``ModelArch`` holds only what the Megatron model and the weight mapping need. Families are chosen by the
 config's ``model_type`` through a registry (``qwen2``, ``llama``); anything a family does not support
-(sliding windows, RoPE scaling, another activation, MLP bias) is refused with the field that says so,
-rather than converted into a model that silently computes something else.
+(sliding windows, RoPE scaling, another activation, Llama MLP or attention bias) is refused with the field
+that says so, rather than converted into a model that silently computes something else.
 """
 from __future__ import annotations
 
@@ -167,7 +167,12 @@ def _llama(cfg: dict[str, Any]) -> ModelArch:
     """Llama: no biases, RMSNorm, SwiGLU, RoPE, GQA."""
     if cfg.get("mlp_bias"):
         raise ValueError("mlp_bias=True is not supported for llama; valid: false")
-    return _common(cfg, "llama", qkv_bias=bool(cfg.get("attention_bias", False)))
+    # HF Llama's attention_bias puts a bias on o_proj too, which megatron-core can only add together with
+    # every other linear bias (add_bias_linear); loading it would silently drop o_proj.bias.
+    if cfg.get("attention_bias"):
+        raise ValueError("attention_bias=True is not supported for llama (o_proj.bias has no Megatron "
+                         "counterpart); valid: false")
+    return _common(cfg, "llama", qkv_bias=False)
 
 
 def arch_from_hf_config(cfg: dict[str, Any]) -> ModelArch:

@@ -34,6 +34,8 @@ def test_transformers5_rope_parameters_and_llama():
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type='yarn' is not supported; valid: default"),
     ({"use_sliding_window": True}, "use_sliding_window=True is not supported for qwen2"),
     ({"hidden_act": "gelu"}, "hidden_act='gelu' is not supported"),
+    ({"model_type": "llama", "attention_bias": True}, "attention_bias=True is not supported for llama"),
+    ({"model_type": "llama", "mlp_bias": True}, "mlp_bias=True is not supported for llama"),
 ])
 def test_unsupported_configs_are_refused(change, message):
     with pytest.raises(ValueError, match=message):
