@@ -3,7 +3,7 @@
 ``load_config(Cls, "recipe.yaml", overrides=["rollout.n=8"])`` reads the YAML, applies ``key.path=value``
 overrides (values parsed as YAML scalars), and builds ``Cls`` recursively. An unknown key is refused with the
 list of valid keys at that level; a value of the wrong type names its dotted path and the expected type.
-Dataclass ``__post_init__`` validation runs as usual, and its errors are prefixed with the dotted path.
+Dataclass ``__post_init__`` validation runs as usual; its errors become ``ConfigError`` prefixed with the dotted path.
 """
 from __future__ import annotations
 
@@ -83,10 +83,11 @@ def from_dict(cls: type[T], data: dict[str, Any], path: str = "") -> T:
         kwargs[name] = _convert(hints[name], value, f"{path}.{name}" if path else name)
     try:
         return cls(**kwargs)
+    except ConfigError:
+        raise
     except (ValueError, TypeError) as err:
-        if isinstance(err, ConfigError) or not path:
-            raise
-        raise ConfigError(f"{path}: {err}") from err
+        # a ConfigError at every level, so a CLI that catches ConfigError prints one line, not a traceback
+        raise ConfigError(f"{path}: {err}" if path else str(err)) from err
 
 
 def to_dict(obj: Any) -> Any:

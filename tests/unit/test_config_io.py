@@ -53,6 +53,12 @@ def test_errors_name_the_field(data, msg):
         from_dict(Outer, data)
 
 
+def test_top_level_validation_error_is_a_config_error():
+    # a CLI catches ConfigError only: a plain ValueError here would reach the user as a traceback
+    with pytest.raises(ConfigError, match=r"^budget must be >= 1, got 0$"):
+        from_dict(Inner, {"budget": 0})
+
+
 def test_bad_override_and_top_level(tmp_path):
     with pytest.raises(ConfigError, match="must look like key.path=value"):
         load_config(Outer, None, ["seed"])
