@@ -33,6 +33,7 @@ from sparse_rl_megatron.algo.metrics import masked_quantiles
 from sparse_rl_megatron.algo.ratio import sparsity_log_ratio
 from sparse_rl_megatron.algo.correction import reject_and_reweight
 from sparse_rl_megatron.algo.reweighting import normalisation_factor, weight_stats
+from sparse_rl_megatron.algo.validation import check_finite_where
 
 ARGS_PREFIX = "sparse_rl_"
 
@@ -44,7 +45,10 @@ def config_from_args(args: Any) -> CorrectionConfig:
         value = getattr(args, ARGS_PREFIX + name, None) if args is not None else None
         if value is not None:
             values[name] = value
-    config = CorrectionConfig(**values)
+    try:
+        config = CorrectionConfig(**values)
+    except ValueError as err:  # name the attribute the slime user set, not our dataclass field
+        raise ValueError(str(err).replace("CorrectionConfig.", f"args.{ARGS_PREFIX}")) from err
     if config.mode == "custom":
         raise ValueError(f"{ARGS_PREFIX}mode='custom' is not allowed inside the Sparse-RL hook (it would call itself)")
     return config
@@ -96,6 +100,9 @@ def sparse_rl_correction(
     sampler, _ = pad([t.detach().to(old.dtype) for t in rollout_log_probs])
     mask_in, _ = pad([m.to(torch.float32) for m in loss_masks])
     response = valid & (mask_in != 0)
+    # checked here under slime's names (index = (sample, token)); sparsity_log_ratio would say old/sampler
+    check_finite_where(old, response, "train_log_probs")
+    check_finite_where(sampler, response, "rollout_log_probs")
     log_rho = sparsity_log_ratio(old, sampler, response)
 
     new_mask, vetoed, weights = reject_and_reweight(log_rho, response, config)

@@ -118,9 +118,17 @@ def test_hook_input_errors():
     with pytest.raises(ValueError, match="not allowed inside"):
         sparse_rl_correction(argparse.Namespace(sparse_rl_mode="custom", sparse_rl_hook="x.y"), **call)
     bad = [t.clone() for t in rollout]
-    bad[0][1] = float("nan")
-    with pytest.raises(ValueError, match="sampler_log_probs has 1 non-finite"):
+    bad[2][1] = float("nan")
+    with pytest.raises(ValueError, match=r"rollout_log_probs has 1 non-finite .* first at index \(2, 1\)"):
         sparse_rl_correction(None, **{**call, "rollout_log_probs": bad})
+    bad = [t.clone() for t in train]
+    bad[1][0] = float("inf")
+    with pytest.raises(ValueError, match=r"train_log_probs has 1 non-finite .* first at index \(1, 0\)"):
+        sparse_rl_correction(None, **{**call, "train_log_probs": bad})
+    with pytest.raises(ValueError, match=r"args\.sparse_rl_veto_threshold must be in \[0, 1\)"):
+        sparse_rl_correction(argparse.Namespace(sparse_rl_veto_threshold=2.0), **call)
+    with pytest.raises(ValueError, match="args.sparse_rl_weight_mode: unknown reweighting mode 'cap'"):
+        sparse_rl_correction(argparse.Namespace(sparse_rl_weight_mode="cap"), **call)
 
 
 def test_load_hook_errors():
