@@ -30,25 +30,21 @@ class CompressionSchedule:
         self.config = config
         self.enabled = get_scorer(config.method).compresses
 
-    def candidate_start(self, prompt_len: int) -> int:
-        """Number of leading cached tokens that are never candidates (the whole prompt for scope=response)."""
-        return prompt_len if self.config.scope == "response" else 0
+    def candidate_start(self, prompt_lens: torch.Tensor) -> torch.Tensor:
+        """[R] number of leading cached tokens that are never candidates (the whole prompt for scope=response)."""
+        return prompt_lens if self.config.scope == "response" else torch.zeros_like(prompt_lens)
 
-    def after_prefill(self, num_candidates: int) -> bool:
-        """Compress right after the prompt's forward pass?"""
-        return self.enabled and self.config.compress_prefill and num_candidates > self.config.budget
-
-    def after_decode(self, num_candidates: int, last_is_newline: bool = False) -> bool:
-        """Compress after a decode step that left ``num_candidates`` candidates cached?"""
-        if not self.enabled:
-            return False
-        if num_candidates >= self.config.max_candidates:
-            return True
-        return self.config.trigger_on_newline and last_is_newline and num_candidates > self.config.budget
+    def due_after_prefill(self, num_candidates: torch.Tensor) -> torch.Tensor:
+        """Compress right after the prompt's forward pass? [R] int candidate counts -> [R] bool."""
+        due = num_candidates > self.config.budget
+        if not (self.enabled and self.config.compress_prefill):
+            return torch.zeros_like(due)
+        return due
 
     def due_after_decode(self, num_candidates: torch.Tensor,
                          last_is_newline: torch.Tensor | None = None) -> torch.Tensor:
-        """Vectorised :meth:`after_decode`: [R] int counts (and [R] bool newline flags) -> [R] bool."""
+        """Compress after a decode step? [R] int candidate counts (and [R] bool: the token just cached is a
+        newline) -> [R] bool."""
         due = num_candidates >= self.config.max_candidates
         if not self.enabled:
             return torch.zeros_like(due)
@@ -56,12 +52,13 @@ class CompressionSchedule:
             due = due | (last_is_newline & (num_candidates > self.config.budget))
         return due
 
-    def due_after_prefill(self, num_candidates: torch.Tensor) -> torch.Tensor:
-        """Vectorised :meth:`after_prefill`: [R] int counts -> [R] bool."""
-        due = num_candidates > self.config.budget
-        if not (self.enabled and self.config.compress_prefill):
-            return torch.zeros_like(due)
-        return due
+    def after_prefill(self, num_candidates: int) -> bool:
+        """:meth:`due_after_prefill` for one sequence."""
+        return bool(self.due_after_prefill(torch.tensor([num_candidates]))[0])
+
+    def after_decode(self, num_candidates: int, last_is_newline: bool = False) -> bool:
+        """:meth:`due_after_decode` for one sequence."""
+        return bool(self.due_after_decode(torch.tensor([num_candidates]), torch.tensor([last_is_newline]))[0])
 
     def capacity(self, prompt_len: int, max_new_tokens: int) -> int:
         """Largest number of tokens a sequence ever holds per layer and KV head (the cache size to allocate).

@@ -85,7 +85,7 @@ class CompressedKVCache:
         self.lens.copy_(prompt_lens)
         self.next_pos.copy_(prompt_lens)
         self.peak.copy_(prompt_lens)
-        self.cand_start.copy_(prompt_lens if self.config.scope == "response" else torch.zeros_like(prompt_lens))
+        self.cand_start.copy_(self.schedule.candidate_start(prompt_lens))
         self.qptr = 0
 
     # ------------------------------------------------------------------------------------------ decode

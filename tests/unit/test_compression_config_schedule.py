@@ -51,7 +51,8 @@ def test_schedule_triggers():
 def test_schedule_candidates_and_capacity():
     all_ = CompressionSchedule(CompressionConfig(method="rkv", budget=10, window=2, buffer=4))
     resp = CompressionSchedule(CompressionConfig(method="rkv", budget=10, window=2, buffer=4, scope="response"))
-    assert all_.candidate_start(7) == 0 and resp.candidate_start(7) == 7
+    assert all_.candidate_start(torch.tensor([7, 3])).tolist() == [0, 0]
+    assert resp.candidate_start(torch.tensor([7, 3])).tolist() == [7, 3]
     assert all_.capacity(5, 100) == 14          # oscillates between B and B + W
     assert all_.capacity(5, 3) == 7             # never reaches B + W: prompt + 2 fed tokens
     assert all_.capacity(30, 100) == 31         # long prompt: first decode token attended, then cut to B
