@@ -1,16 +1,22 @@
-"""The algorithm core stays framework-free: torch, the stdlib and utils.registry only."""
+"""The algorithm core and the KV compression operators stay framework-free: torch, the stdlib and
+utils.registry only (so the SGLang plugin and any learner can import them)."""
 import ast
 import pathlib
 import sys
 
+import pytest
+
 import sparse_rl_megatron.algo as algo
+import sparse_rl_megatron.compression as compression
 
-ALLOWED_PROJECT = ("sparse_rl_megatron.algo", "sparse_rl_megatron.utils.registry")
 
-
-def test_algo_imports_only_torch_stdlib_and_registry():
+@pytest.mark.parametrize("package", [algo, compression], ids=["algo", "compression"])
+def test_package_imports_only_torch_stdlib_and_registry(package):
+    own = package.__name__
     bad = []
-    for path in pathlib.Path(algo.__file__).parent.glob("*.py"):
+    files = list(pathlib.Path(package.__file__).parent.glob("*.py"))
+    assert len(files) > 3
+    for path in files:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
@@ -22,7 +28,7 @@ def test_algo_imports_only_torch_stdlib_and_registry():
                 top = name.split(".")[0]
                 if top == "torch" or top in sys.stdlib_module_names or top == "__future__":
                     continue
-                if name.startswith(ALLOWED_PROJECT):
+                if name.startswith((own, "sparse_rl_megatron.utils.registry")):
                     continue
                 bad.append(f"{path.name}: {name}")
     assert not bad, bad
