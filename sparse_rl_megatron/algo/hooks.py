@@ -147,9 +147,11 @@ def run_hook_on_batch(
 
     out1, masks1, metrics = call(1.0)
     out2, masks2, _ = call(2.0)
-    if out1.shape != flat_mask.shape or out2.shape != flat_mask.shape:
-        raise ValueError(f"hook returned pg_loss of shape {tuple(out1.shape)}, expected {tuple(flat_mask.shape)}")
-    if not torch.allclose(out2.double(), 2 * out1.double(), rtol=1e-6, atol=1e-12):
+    for out in (out1, out2):
+        if out.shape != flat_mask.shape:
+            raise ValueError(f"hook returned pg_loss of shape {tuple(out.shape)}, expected {tuple(flat_mask.shape)}")
+    # only response tokens are read: padding may hold anything (e.g. NaN from a 0/0 on an empty sample)
+    if not torch.allclose(out2.double()[flat_mask], 2 * out1.double()[flat_mask], rtol=1e-6, atol=1e-12):
         raise ValueError("hook is not per-token multiplicative in pg_loss (f(2) != 2 f(1)); mode 'custom' needs a "
                          "hook of the form pg_loss * weights")
     new_mask = torch.stack([as_bool_mask(m, "hook loss_masks") for m in masks1]) & mask

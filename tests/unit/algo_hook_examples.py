@@ -17,4 +17,10 @@ def wrong_signature(args, pg_loss, train_log_probs, rollout_log_probs, loss_mask
     return pg_loss, loss_masks, {}
 
 
+def nan_on_padding(args, *, pg_loss, train_log_probs, rollout_log_probs, loss_masks, **kwargs):
+    """Multiplicative on response tokens, NaN on padding (whose values nobody may read)."""
+    mask = torch.cat(loss_masks).bool()
+    return torch.where(mask, pg_loss * 0.5, torch.full_like(pg_loss, float("nan"))), loss_masks, {}
+
+
 NOT_CALLABLE = 3

@@ -166,3 +166,8 @@ def test_custom_mode_with_a_tis_hook_and_refusal_of_non_multiplicative_hooks():
     torch.testing.assert_close(p.weights, expected)
     with pytest.raises(ValueError, match="not per-token multiplicative"):
         prepare_correction(*batch(), CorrectionConfig(mode="custom", hook="algo_hook_examples.additive"))
+    # garbage on padding (sample 1 has one padded position) is not read, so it is no reason to refuse
+    p = prepare_correction(*batch(), CorrectionConfig(mode="custom", hook="algo_hook_examples.nan_on_padding"))
+    expected = torch.tensor([[0.5, 0.5, 0.5], [0.5, 0.5, 0.0], [0.5, 0.5, 0.5]], dtype=D)
+    torch.testing.assert_close(p.weights, expected)
+    assert torch.equal(p.loss_mask, p.response_mask)
