@@ -87,6 +87,26 @@ def _state(model, optimizer, scheduler, extra: dict | None, is_loading: bool) ->
     return sd
 
 
+def _staging_dir(out: Path) -> Path:
+    return out.with_name(out.name + ".saving")
+
+
+def _commit(staging: Path, out: Path) -> None:
+    """Put the finished ``staging`` directory in place of ``out`` (rank 0). The renames are the commit:
+    a crash before them leaves ``out`` as it was; between them, no ``out`` at all (``<out>.old`` holds the
+    previous checkpoint); never a directory that mixes two saves."""
+    import shutil
+
+    if out.exists():
+        old = out.with_name(out.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        out.rename(old)
+        staging.rename(out)
+        shutil.rmtree(old)
+    else:
+        staging.rename(out)
+
+
 @cpu_compat.in_device_mode
 def save_checkpoint(
     ckpt_dir: str | os.PathLike,
@@ -99,22 +119,35 @@ def save_checkpoint(
     extra: dict[str, Any] | None = None,
     assets_dir: str | os.PathLike | None = None,
 ) -> Path:
-    """Save (collective: every rank calls it). ``extra`` is a small dict of learner counters."""
+    """Save (collective: every rank calls it). ``extra`` is a small dict of learner counters.
+
+    Atomic: everything is written to ``<ckpt_dir>.saving`` (metadata last) and renamed into place only when
+    complete, so a crash mid-save never leaves a directory that looks like a finished checkpoint (megatron's
+    own ``save`` overwrites in place). An existing ``ckpt_dir`` is replaced only if it is a sparse-rl
+    checkpoint or empty.
+    """
+    import shutil
+
     from megatron.core import dist_checkpointing
 
     from sparse_rl_megatron.learner.hf_io import copy_hf_assets
 
     out = Path(ckpt_dir)
+    if out.exists() and not (out / META_FILE).is_file() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"{out} exists and is not a sparse-rl Megatron checkpoint; refusing to replace it")
+    staging = _staging_dir(out)
     if dist.get_rank() == 0:
-        out.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)  # leftovers of a save that crashed
+        staging.mkdir(parents=True)
     dist.barrier()
-    dist_checkpointing.save(_state(model, optimizer, scheduler, extra, is_loading=False), str(out))
+    dist_checkpointing.save(_state(model, optimizer, scheduler, extra, is_loading=False), str(staging))
     if dist.get_rank() == 0:
+        if assets_dir is not None:
+            copy_hf_assets(assets_dir, staging / ASSETS_DIR)
         meta = {"format_version": FORMAT_VERSION, "arch": arch.to_dict(), "hf_config": hf_config,
                 "has_optimizer": optimizer is not None}
-        (out / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-        if assets_dir is not None and Path(assets_dir).resolve() != (out / ASSETS_DIR).resolve():
-            copy_hf_assets(assets_dir, out / ASSETS_DIR)
+        (staging / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        _commit(staging, out)
     dist.barrier()
     return out
 

@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
             )
         else:
             out = export_to_hf(args.input, args.output, dtype=args.dtype)
-    except (FileNotFoundError, ValueError, KeyError) as err:
+    except (FileNotFoundError, FileExistsError, ValueError, KeyError) as err:
         print(f"sparse-rl convert: error: {err}", file=sys.stderr)
         return 2
     import torch.distributed as dist

@@ -62,7 +62,9 @@ def test_reference_policy_learner(single_launch):
 
 
 def test_resume_with_optimizer_state(single_launch):
-    """step 1, save (model + Adam state + LR schedule + counters), step 2 == load, step 2 (bit-identical)."""
+    """step 1, save (model + Adam state + LR schedule + counters), step 2 == load, step 2 (bit-identical).
+    In between, a save that crashes after megatron wrote its files leaves the step-1 checkpoint byte-identical
+    and no finished-looking directory, and a non-checkpoint directory is refused rather than replaced."""
     single_launch.check("resume_with_optimizer_state")
 
 

@@ -133,6 +133,7 @@ def main() -> None:
         a.save(work / "resume_ckpt")
         a.train_step(C.train_batch(ref))
         wa = C.exported(a)
+        crashed_save_leaves_checkpoint_intact(a, work / "resume_ckpt")  # b must still load step 1 below
         b = C.learner(ref)
         b.load(work / "resume_ckpt")
         assert b.steps == 1 and b.optimizer.param_groups[0]["lr"] == a.optimizer.param_groups[0]["lr"]
@@ -141,6 +142,38 @@ def main() -> None:
         bad = [k for k in wa if not torch.equal(wa[k], wb[k])]
         assert not bad, f"step 2 after resume differs from step 2 without it: {bad[:4]}"
         state["llama_ckpt"] = work / "resume_ckpt"
+
+    def crashed_save_leaves_checkpoint_intact(lrn, target: Path):
+        """A save that dies after megatron wrote its files (before the metadata) must not touch ``target``
+        nor leave anything that looks like a finished checkpoint; a non-checkpoint directory is not replaced."""
+        import pytest
+        from megatron.core import dist_checkpointing
+
+        from sparse_rl_megatron.learner import checkpoint as ckpt
+
+        before = {f.name: f.read_bytes() for f in target.iterdir() if f.is_file()}
+        real_save = dist_checkpointing.save
+
+        def save_then_crash(state, path, *args, **kwargs):
+            real_save(state, path, *args, **kwargs)
+            raise RuntimeError("simulated crash mid-save")
+
+        dist_checkpointing.save = save_then_crash
+        try:
+            with pytest.raises(RuntimeError, match="simulated crash"):
+                lrn.save(target)
+        finally:
+            dist_checkpointing.save = real_save
+        after = {f.name: f.read_bytes() for f in target.iterdir() if f.is_file()}
+        assert after == before, "a crashed save changed the existing checkpoint"
+        partial = target.with_name(target.name + ".saving")
+        assert partial.is_dir() and not (partial / ckpt.META_FILE).exists()
+        other = work / "not_a_checkpoint"
+        other.mkdir(exist_ok=True)
+        (other / "notes.txt").write_text("keep me")
+        with pytest.raises(FileExistsError, match="not a sparse-rl Megatron checkpoint; refusing to replace it"):
+            lrn.save(other)
+        assert (other / "notes.txt").read_text() == "keep me"
 
     def refuse_other_arch():
         import pytest
