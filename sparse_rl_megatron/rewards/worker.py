@@ -51,17 +51,19 @@ def worker_main(conn, soft_timeout_s: float | None, memory_limit_bytes: int | No
             state["armed"] = True
             signal.setitimer(signal.ITIMER_REAL, soft_timeout_s)
         try:
-            verdict = check_answer(response, gold, style)
-            state["armed"] = False
+            try:
+                verdict = check_answer(response, gold, style)
+            finally:
+                # disarm BEFORE any handler below runs: a timer firing inside a handler (str() of a huge
+                # sympy exception, say) would raise out of it and kill the worker (a wrong parse_error verdict)
+                state["armed"] = False
+                signal.setitimer(signal.ITIMER_REAL, 0)
         except _SoftTimeout:
             pass
         except MemoryError:
             verdict = Verdict(0.0, "timeout", answer, "ran out of memory (worker memory cap)")
         except BaseException as exc:  # noqa: BLE001 - report, never die on one answer
             verdict = Verdict(0.0, "parse_error", answer, f"{type(exc).__name__}: {str(exc)[:200]}")
-        finally:
-            state["armed"] = False
-            signal.setitimer(signal.ITIMER_REAL, 0)
         if state["fired"] or verdict is None:  # also when something swallowed our exception
             verdict = Verdict(0.0, "timeout", answer, f"no verdict within {soft_timeout_s:g} s")
         conn.send((task_id, (verdict.reward, verdict.reason, verdict.answer, verdict.detail)))

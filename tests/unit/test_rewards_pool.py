@@ -131,3 +131,39 @@ def test_math_reward_sets_sample_fields():
     assert [(s.reward, s.reward_reason) for s in samples] == [(1.0, "correct"), (0.0, "wrong"), (0.0, "no_answer")]
     assert samples[0].metadata["extracted_answer"] == r"\frac{3}{6}"
     assert reason_counts(verdicts) == {"correct": 1, "wrong": 1, "no_answer": 1, "timeout": 0, "parse_error": 0}
+
+
+def test_worker_timer_is_disarmed_before_error_handling(monkeypatch):
+    # The worker loop, run here in the main thread (the interval timer needs it): a check that raises an
+    # exception whose text is slow to build must still give a parse_error verdict, not let the timer fire
+    # inside the handler and kill the worker.
+    from multiprocessing import Pipe
+
+    from sparse_rl_megatron.rewards import verify, worker
+
+    class SlowText(Exception):
+        def __str__(self):
+            time.sleep(1.0)  # longer than the 0.3 s soft limit below
+            return "slow"
+
+    real = verify.check_answer
+
+    def fake_check(response, gold, style="boxed"):
+        if response == "raise":
+            raise SlowText()
+        return real(response, gold, style)
+
+    monkeypatch.setattr(verify, "check_answer", fake_check)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGALRM)}
+    parent, child = Pipe()
+    parent.send((7, "raise", "1", "boxed"))
+    parent.send(None)
+    try:
+        worker.worker_main(child, 0.3, None)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    assert parent.recv() == ("ready", os.getpid())
+    task_id, (reward, reason, _, detail) = parent.recv()
+    assert (task_id, reward, reason, detail) == (7, 0.0, "parse_error", "SlowText: slow")
