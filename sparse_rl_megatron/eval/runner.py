@@ -20,7 +20,7 @@ from sparse_rl_megatron.eval.config import EvalConfig
 from sparse_rl_megatron.eval.metrics import avg_at_k, default_ks, mean_pass_at_k
 from sparse_rl_megatron.eval.results import FORMAT_VERSION
 from sparse_rl_megatron.rewards.reward import MathReward, reason_counts
-from sparse_rl_megatron.rewards.verify import Verdict
+from sparse_rl_megatron.rewards.verify import REASONS, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ def benchmark_metrics(correct: list[list[bool]], samples: list[dict], ks: list[i
     out["problems"] = len(correct)
     out["samples"] = len(samples)
     counts = Counter(s["reason"] for s in samples)
-    out["reasons"] = {r: counts.get(r, 0) for r in ("correct", "wrong", "no_answer", "timeout", "parse_error")}
+    out["reasons"] = {r: counts.get(r, 0) for r in REASONS}
     out["mean_response_tokens"] = sum(s["response_tokens"] for s in samples) / len(samples)
     out["truncated_fraction"] = sum(s["finish_reason"] == "length" for s in samples) / len(samples)
     out["mean_compression_events"] = sum(s["compression_events"] for s in samples) / len(samples)
