@@ -25,8 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 from sparse_rl_megatron.algo import CorrectionConfig, prepare_correction
+from sparse_rl_megatron.algo.hooks import pad
 from sparse_rl_megatron.compression import CompressionConfig
 from sparse_rl_megatron.rollout.engine import SamplingParams
 from sparse_rl_megatron.rollout.sample import Sample
@@ -67,13 +69,6 @@ class SmokeConfig:
         for name in ("steps", "prompts_per_step", "samples_per_prompt"):
             if getattr(self, name) < 1:
                 raise ValueError(f"SmokeConfig.{name} must be >= 1, got {getattr(self, name)}")
-
-
-def _padded(rows: list[torch.Tensor], width: int) -> torch.Tensor:
-    out = torch.zeros(len(rows), width, dtype=torch.float32)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = r
-    return out
 
 
 def rollout_metrics(samples: list[Sample]) -> dict[str, float]:
@@ -136,7 +131,7 @@ def run_smoke(cfg: SmokeConfig) -> dict[str, float]:
     archived = archive_previous_outputs(run_dir)
     if archived:
         console.print(f"previous outputs of {run_dir} moved to {archived}")
-    (run_dir / "config.yaml").write_text(__import__("yaml").safe_dump(to_dict(cfg), sort_keys=False))
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     model_path = cfg.model_path
     if model_path == "tiny":
         model_path = str(save_tiny_hf_checkpoint(run_dir / "model", seed=cfg.seed, init_std=0.2))
@@ -163,7 +158,7 @@ def run_smoke(cfg: SmokeConfig) -> dict[str, float]:
             # 2. dense recompute of the old policy, then the Sparse-RL correction on the whole batch
             seqs = SequenceBatch.from_lists([s.prompt_ids for s in samples], [s.response_ids for s in samples])
             old = learner.logprobs(seqs)
-            sampler = _padded([s.sampler_logprobs for s in samples], seqs.max_response_len)
+            sampler, _ = pad([s.sampler_logprobs for s in samples])  # [B, T], T = seqs.max_response_len
             prepared = prepare_correction(
                 old, sampler, seqs.response_mask(), torch.tensor([float(s.reward) for s in samples]),
                 torch.tensor([s.group_id for s in samples]), cfg.correction)
