@@ -16,6 +16,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("sparse_rl_megatron.eval.cli", "evaluate a model on math benchmarks, dense or compressed-KV"),
     "plot": ("sparse_rl_megatron.observability.plot_cli", "draw a run's metric curves (PNG) from its metrics.jsonl"),
     "smoke": ("sparse_rl_megatron.smoke", "the embedded CPU default: a small end-to-end Sparse-RL step"),
+    "train": ("sparse_rl_megatron.trainer.cli", "train (or resume) Sparse-RL GRPO; no arguments: the CPU default"),
 }
 
 

@@ -53,3 +53,14 @@ def test_plot_command_writes_png_and_refuses_a_non_run(tmp_path, capsys):
     writer.close()
     assert main(["plot", str(tmp_path)]) == 0
     assert (tmp_path / "metrics.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_resumed_writer_drops_steps_after_the_checkpoint(tmp_path):
+    writer = MetricsWriter(tmp_path, tensorboard=False)
+    for step in range(5):
+        writer.write(step, {"a": step})
+    writer.close()
+    writer = MetricsWriter(tmp_path, tensorboard=False, resume_step=2)  # the checkpoint was at step 2
+    writer.write(3, {"a": 30})
+    writer.close()
+    assert [(r["step"], r["a"]) for r in read_metrics(tmp_path / "metrics.jsonl")] == [(0, 0), (1, 1), (2, 2), (3, 30)]
