@@ -91,6 +91,8 @@ def check_model(cfg: "TrainConfig", world_size: int) -> dict[str, Any] | None:
         arch = arch_from_hf_config(hf_config)
         arch.check_tensor_parallel(tp)
         arch.check_pipeline_parallel(pp)
+    except KeyError as err:
+        raise UserError(f"model_path: the config of {cfg.model_path} has no {err} field") from None
     except ValueError as err:
         raise UserError(f"learner: {err} (model {cfg.model_path})") from None
     return None if cfg.model_path == TINY_MODEL else hf_config
