@@ -20,11 +20,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load(args: argparse.Namespace):
-    """The ``TrainConfig`` of the command line."""
+    """The ``TrainConfig`` of the command line, with its ``plugins`` imported."""
+    import importlib
+
     from sparse_rl_megatron.trainer.config import TrainConfig
     from sparse_rl_megatron.utils.config_io import load_config
+    from sparse_rl_megatron.utils.errors import UserError
 
-    return load_config(TrainConfig, args.config or DEFAULT_RECIPE, args.overrides)
+    cfg = load_config(TrainConfig, args.config or DEFAULT_RECIPE, args.overrides)
+    for i, module in enumerate(cfg.plugins):
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise UserError(f"plugins[{i}]: cannot import '{module}' ({err}); is it on PYTHONPATH?") from None
+    return cfg
 
 
 def run(args: argparse.Namespace) -> int:

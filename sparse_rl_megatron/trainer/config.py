@@ -228,6 +228,20 @@ class LogConfig:
 
 
 @dataclass
+class LaunchConfig:
+    """What the recipe was written for (``sparse-rl preflight`` checks a launch against it)."""
+
+    gpus: int | None = None
+    """GPUs (ranks) the recipe expects in total; None: any count that TP x PP divides."""
+    layout: str = ""
+    """The intended layout in words (nodes, GPUs, TP x PP x DP, where the engines run); printed at start."""
+
+    def __post_init__(self) -> None:
+        if self.gpus is not None and self.gpus < 1:
+            raise ValueError(f"LaunchConfig.gpus must be >= 1 or None, got {self.gpus}")
+
+
+@dataclass
 class TrainConfig:
     """One ``sparse-rl train`` run."""
 
@@ -238,6 +252,8 @@ class TrainConfig:
     directory) or ``task:<name>`` (the task's model, built and warm-started once in the run directory)."""
     seed: int = 0
     """Seed of the prompt order, the sampler, a built model and the weight-sync probe."""
+    plugins: list[str] = field(default_factory=list)
+    """Python modules imported first (on every rank); they may register tasks, rewards, templates, engines."""
     steps: int = 3
     """Rollout steps (each: rollout, reward, recompute, correction, optimizer steps, sync)."""
     global_batch_size: int | None = None
@@ -263,6 +279,8 @@ class TrainConfig:
     """Periodic held-out evaluation (dense and sparse)."""
     log: LogConfig = field(default_factory=LogConfig)
     """Progress, TensorBoard, heartbeat, plot."""
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
+    """The GPUs and layout the recipe expects."""
     phase_timeout_s: int = 4 * 3600
     """Longest time ranks wait for rank 0's rollout, reward or evaluation before they call it a hang."""
 

@@ -155,7 +155,7 @@ def start_run(cfg: TrainConfig):
     plan = preflight(cfg, D.env_world_size())
     D.init(cfg.phase_timeout_s)
     with contextlib.ExitStack() as stack:
-        run = Run(cfg=cfg, plan=plan, run_dir=Path(cfg.run_dir), stack=stack, console=Console(stderr=False))
+        run = Run(cfg=cfg, plan=plan, run_dir=Path(cfg.run_dir), stack=stack, console=Console(soft_wrap=True))
         stack.callback(D.shutdown)
         resume, notes = D.on_main(lambda: _claim_run_dir(cfg, run))
         for note in notes:
