@@ -130,3 +130,25 @@ def test_preflight_names_bad_files(tmp_path):
     with pytest.raises(UserError, match=r"^data.dataset: data file .*nolabel.jsonl has no usable rows \(2 malformed.*"
                                         r"line 1: .*answer"):
         preflight(cfg, 1)
+
+
+def test_paper_recipes_carry_the_reference_settings_and_a_consistent_layout():
+    from sparse_rl_megatron.trainer.launch_check import LaunchShape, check_gpus
+
+    recipes = {p.parent.name + "/" + p.stem: load_config(TrainConfig, p) for p in RECIPES if "recipes" in p.parts}
+    assert len(recipes) == 12  # Qwen2.5 1.5B / 3B / 7B x dense, rkv, snapkv, naive
+    for name, cfg in recipes.items():
+        assert (cfg.rollout.prompts_per_step, cfg.rollout.samples_per_prompt, cfg.global_batch_size) == (128, 8, 256)
+        assert cfg.optimizer_steps_per_rollout == 4 and cfg.rollout.sampling.max_new_tokens == 4096
+        assert (cfg.learner.optim.lr, cfg.learner.loss.kl_coef, cfg.data.dataset) == (1e-6, 1e-4, "math_train_l3to5")
+        assert cfg.rollout.engine == "sglang" and cfg.launch.gpus and cfg.launch.layout
+        method = name.split("/")[1]
+        assert cfg.rollout.compression.method == {"dense": "none", "snapkv": "snapkv"}.get(method, "rkv"), name
+        assert cfg.correction.mode == ("none" if method == "naive" else "sparse_rl"), name
+        if method != "dense":
+            c = cfg.rollout.compression
+            assert (c.budget, c.window, c.buffer) == (512, 8, 128)
+        gpus = cfg.launch.gpus
+        check_gpus(LaunchShape(1, gpus), visible=gpus, tp=cfg.learner.tensor_parallel_size,
+                   pp=cfg.learner.pipeline_parallel_size, expected=gpus)
+        assert cfg.run_dir == f"runs/{name.replace('/', '-')}"
