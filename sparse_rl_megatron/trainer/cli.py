@@ -16,6 +16,8 @@ DEFAULT_RECIPE = Path(__file__).resolve().parents[2] / "configs" / "cpu_default.
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=None,
                         help=f"YAML recipe (default: the embedded CPU default, {DEFAULT_RECIPE.name})")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved config (recipe + includes + overrides) as YAML and exit")
     parser.add_argument("overrides", nargs="*", help="key.path=value overrides, e.g. steps=5 rollout.compression.budget=64")
 
 
@@ -41,6 +43,13 @@ def run(args: argparse.Namespace) -> int:
     from sparse_rl_megatron.utils.errors import UserError
 
     cfg = load(args)
+    if args.print_config:
+        import yaml
+
+        from sparse_rl_megatron.utils.config_io import to_dict
+
+        print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
+        return 0
     from sparse_rl_megatron.trainer.loop import train
 
     try:

@@ -161,8 +161,8 @@ def start_run(cfg: TrainConfig):
         for note in notes:
             run.say(note)
         run.stop = stack.enter_context(StopRequest(run.run_dir, announce=D.env_local_rank() == 0))
-        if D.is_main() and resume is None:
-            run.stop.clear_stop_file()
+        if D.is_main():
+            run.stop.clear_stop_file()  # it asked the previous process to stop; this one has just started
         D.wait_for_main()
         run.heartbeat = Heartbeat(run.run_dir, D.rank(), cfg.log.heartbeat)
         _build_models(cfg, run)

@@ -46,7 +46,7 @@ class StopRequest:
         return None
 
     def clear_stop_file(self) -> None:
-        """Remove a STOP file left by an earlier, stopped run (a new run starts un-stopped)."""
+        """Remove a STOP file left for an earlier process of the run (a new process starts un-stopped)."""
         self.stop_file.unlink(missing_ok=True)
 
     def __enter__(self) -> "StopRequest":
