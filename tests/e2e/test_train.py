@@ -193,3 +193,18 @@ def test_two_torchrun_agents_train_a_task_at_tp2(tmp_path, shared_data):
         assert r["sync/probe_max_abs_diff"] < 1e-3 and r["train/optimizer_steps"] == 2
     assert (run_dir / "checkpoints" / "step_2" / "trainer_state.json").is_file()
     assert sorted(p.name for p in (run_dir / "checkpoints" / "step_2" / "rng").iterdir()) == ["rank0.pt", "rank1.pt"]
+
+    # the engine dies at step 3 of the resumed run: both ranks fail (rank 1 does not wait for samples that never
+    # come), the error names the engine, the step and rank, and where to resume from
+    env.update(NNODES="1", NPROC_PER_NODE="2", SKIP_PREFLIGHT="1", RDZV_ENDPOINT=f"127.0.0.1:{free_port()}")
+    failed = subprocess.run(["bash", str(ROOT / "launch" / "torchrun.sh"), *args, "steps=3", "rollout.engine=flaky"],
+                            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert failed.returncode != 0
+    text = failed.stdout + failed.stderr
+    assert f"resuming from {run_dir / 'checkpoints' / 'step_2'}" in text
+    assert "EngineError: rollout engine 'flaky' failed while generating step 3: ConnectionError: engine process " \
+           "is gone (simulated)" in text
+    assert "MainRankFailed: rank 0 failed: EngineError: rollout engine 'flaky' failed" in text
+    for rank in (0, 1):
+        assert (f"sparse-rl train: failed in the rollout of step 3 on rank {rank}; last complete checkpoint: "
+                f"{run_dir / 'checkpoints' / 'step_2'}; rerun the same command to resume") in text

@@ -43,3 +43,27 @@ class TinySums(Task):
 
 if "tiny_sums" not in TASKS:
     TASKS.add("tiny_sums", TinySums())
+
+
+# ------------------------------------------------------------------------------------------------------------
+# ``rollout.engine: flaky``: the reference engine, except that generation fails (an engine that died).
+from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine  # noqa: E402
+from sparse_rl_megatron.trainer.engines import ENGINES, EngineSpec  # noqa: E402
+
+
+class FlakyEngine(HFRolloutEngine):
+    def generate(self, prompts, n, sampling):
+        raise ConnectionError("engine process is gone (simulated)")
+
+
+def _build_flaky(model_dir, rollout, show_progress):
+    import torch
+
+    return FlakyEngine(model_dir, compression=rollout.compression, dtype=getattr(torch, rollout.dtype),
+                       max_batch_size=rollout.max_batch_size, show_progress=show_progress)
+
+
+if "flaky" not in ENGINES:
+    hf = ENGINES.get("hf")
+    ENGINES.add("flaky", EngineSpec(build=_build_flaky, with_compression=hf.with_compression,
+                                    dense_logprobs=hf.dense_logprobs))
