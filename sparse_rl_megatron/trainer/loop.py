@@ -33,11 +33,14 @@ def train(cfg: TrainConfig) -> dict[str, float]:
 
 def _loop(cfg: TrainConfig, run: Run) -> dict[str, float]:
     hb, main = run.heartbeat, D.is_main()
-    if run.step == 0 and cfg.eval.at_start:
+    stop = _stop_reason(run)  # asked to stop during set-up (a task's warm start can take minutes)
+    if stop:
+        run.say(f"stopped by {stop} before step {run.step + 1}; nothing new to save")
+        return {}
+    if run.step == 0 and cfg.eval.at_start and run.plan.eval_data:
         hb.phase(0, "evaluation")
         run.log(0, run.evaluate(0))
     metrics: dict[str, float] = {}
-    stop = None
     for step in range(run.step + 1, cfg.steps + 1):
         # 1. rollout (rank 0) -> reward -> dense recompute (+ reference) -> correction, on the whole batch
         hb.phase(step, "rollout")
@@ -88,7 +91,7 @@ def _stop_reason(run: Run) -> str | None:
 
 def _finish(cfg: TrainConfig, run: Run) -> None:
     """Plot, and the before/after held-out accuracy of the run."""
-    if not D.is_main():
+    if not D.is_main() or not run.writer.path.is_file():
         return
     if run.step >= cfg.steps:
         run.say(f"nothing to do: {run.resumed_from} is already at step {run.step} of steps={cfg.steps}")
