@@ -12,7 +12,6 @@ import datetime
 import os
 from typing import Any, Callable, TypeVar
 
-import torch
 import torch.distributed as dist
 
 T = TypeVar("T")
@@ -105,15 +104,6 @@ def gather_objects(obj: Any) -> list[Any]:
     out: list[Any] = [None] * world_size()
     dist.all_gather_object(out, obj, group=_group())
     return out
-
-
-def any_rank(flag: bool) -> bool:
-    """True on every rank if ``flag`` is True on any rank."""
-    if world_size() == 1:
-        return bool(flag)
-    t = torch.tensor([1 if flag else 0], dtype=torch.int32)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=_group())
-    return bool(t.item())
 
 
 def wait_for_main() -> None:

@@ -9,7 +9,6 @@ KL is on) -> engine and reward on rank 0 -> checkpoint loaded -> weights synced 
 from __future__ import annotations
 
 import contextlib
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +48,6 @@ class Run:
     step: int = 0
     """Rollout steps completed (the checkpoint's step when resumed)."""
     resumed_from: Path | None = None
-    saved_step: int = -1
 
     # ------------------------------------------------------------------------------------------------ log
     def say(self, text: str) -> None:
@@ -78,9 +76,7 @@ class Run:
     def save(self, step: int) -> Path:
         state = D.on_main(lambda: {"data": self.prompts.state_dict(), "weight_version": step,
                                    "learner_steps": self.learner.steps, "seed": self.cfg.seed})
-        path = checkpoints.save(self.run_dir, step, self.learner, state, self.cfg.checkpoint.keep_last)
-        self.saved_step = step
-        return path
+        return checkpoints.save(self.run_dir, step, self.learner, state, self.cfg.checkpoint.keep_last)
 
     # ------------------------------------------------------------------------------------------- evaluate
     def evaluate(self, step: int) -> dict[str, float]:
@@ -89,13 +85,13 @@ class Run:
 
         if not self.plan.eval_data:
             return {}
-        metrics = D.on_main(lambda: evaluate(self.engine, self.spec, self.reward, self.plan.eval_data, self.cfg,
-                                             self.plan.template, step, self.run_dir))
-        return metrics
+        return D.on_main(lambda: evaluate(self.engine, self.spec, self.reward, self.plan.eval_data, self.cfg,
+                                          self.plan.template, step, self.run_dir))
 
 
-def _claim_run_dir(cfg: TrainConfig, run: Run) -> tuple[str | None, list[str]]:
-    """Rank 0: lock the run directory, choose fresh start or resume, write the resolved config."""
+def _claim_run_dir(cfg: TrainConfig, run: Run) -> tuple[str | None, dict | None, list[str]]:
+    """Rank 0: lock the run directory, choose fresh start or resume (the checkpoint and its trainer state), write
+    the resolved config."""
     from sparse_rl_megatron.utils.run_dir import RunDirLock, archive_previous_outputs
 
     lock = run.stack.enter_context(RunDirLock(run.run_dir))
@@ -104,6 +100,7 @@ def _claim_run_dir(cfg: TrainConfig, run: Run) -> tuple[str | None, list[str]]:
         notes.append(f"took over the lock of a run that is no longer alive (pid {lock.taken_over.get('pid')} on "
                      f"{lock.taken_over.get('host')})")
     resume = checkpoints.resolve_resume(cfg.checkpoint.resume, run.run_dir)
+    state = None if resume is None else checkpoints.read_state(resume)
     if resume is None:
         archived = archive_previous_outputs(run.run_dir, OUTPUTS)
         if archived:
@@ -112,9 +109,9 @@ def _claim_run_dir(cfg: TrainConfig, run: Run) -> tuple[str | None, list[str]]:
         notes.append(f"resuming from {resume}")
         old = run.run_dir / CONFIG_FILE
         if old.is_file():
-            old.replace(run.run_dir / f"{CONFIG_FILE}.before-step{checkpoints.read_state(resume)['step']}")
+            old.replace(run.run_dir / f"{CONFIG_FILE}.before-step{state['step']}")
     (run.run_dir / CONFIG_FILE).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    return (None if resume is None else str(resume)), notes
+    return (None if resume is None else str(resume)), state, notes
 
 
 def _build_models(cfg: TrainConfig, run: Run) -> None:
@@ -157,7 +154,7 @@ def start_run(cfg: TrainConfig):
     with contextlib.ExitStack() as stack:
         run = Run(cfg=cfg, plan=plan, run_dir=Path(cfg.run_dir), stack=stack, console=Console(soft_wrap=True))
         stack.callback(D.shutdown)
-        resume, notes = D.on_main(lambda: _claim_run_dir(cfg, run))
+        resume, state, notes = D.on_main(lambda: _claim_run_dir(cfg, run))
         for note in notes:
             run.say(note)
         run.stop = stack.enter_context(StopRequest(run.run_dir, announce=D.env_local_rank() == 0))
@@ -169,10 +166,9 @@ def start_run(cfg: TrainConfig):
         if D.is_main():
             run.prompts = PromptOrder(plan.train_data.records, cfg.seed, cfg.data.shuffle)
         if resume is not None:
-            state = checkpoints.read_state(resume)
             run.learner.load(resume)
             restored = checkpoints.load_rng(resume, D.rank())
-            run.step, run.resumed_from, run.saved_step = int(state["step"]), Path(resume), int(state["step"])
+            run.step, run.resumed_from = int(state["step"]), Path(resume)
             if D.is_main():
                 for warning in run.prompts.load_state_dict(state["data"]):
                     run.say(f"[yellow]warning[/]: {warning}")
@@ -195,14 +191,9 @@ def start_run(cfg: TrainConfig):
         yield run
 
 
-def exit_note(run: Run | None) -> str:
+def exit_note(run: Run) -> str:
     """Where a run that ends early left its work (for messages)."""
-    if run is None:
-        return ""
     latest = checkpoints.latest_checkpoint(run.run_dir)
     where = f"last complete checkpoint: {latest}" if latest else "no checkpoint yet"
     return f"{where}; rerun the same command to resume (checkpoint.resume: auto)"
 
-
-def print_err(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
