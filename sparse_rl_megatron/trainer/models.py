@@ -30,12 +30,13 @@ class ModelDirs:
 
 
 def build_once(out: Path, build: Callable[[Path], Any]) -> bool:
-    """``build(partial_dir)`` unless ``out`` exists, then rename into place; True when it built."""
+    """``build(partial_dir)`` unless ``out`` exists, then rename into place; True when it built. The builder
+    creates ``partial_dir`` itself (what an interrupted build left there is removed first)."""
     if out.is_dir():
         return False
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
+    partial.parent.mkdir(parents=True, exist_ok=True)
     build(partial)
     partial.rename(out)
     return True

@@ -116,11 +116,13 @@ class CountingTask:
 
     def build_model(self, out_dir, *, seed=0):
         self.calls.append(("build", Path(out_dir).name, seed))
+        Path(out_dir).mkdir()  # a builder that refuses an existing directory is fine
         (Path(out_dir) / "config.json").write_text("{}")
         return Path(out_dir)
 
     def warm_start(self, model_dir, out_dir, *, seed=0, **options):
         self.calls.append(("warm", Path(model_dir).name, Path(out_dir).name, seed, options))
+        Path(out_dir).mkdir()
         (Path(out_dir) / "config.json").write_text("{}")
         return {"sft/heldout_acc": 0.25}
 
