@@ -9,9 +9,8 @@ import argparse
 from pathlib import Path
 
 from sparse_rl_megatron.observability.metrics_writer import METRICS_FILE
+from sparse_rl_megatron.observability.plots import PLOT_FILE
 from sparse_rl_megatron.utils.errors import UserError
-
-PLOT_FILE = "metrics.png"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

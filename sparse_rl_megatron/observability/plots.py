@@ -26,6 +26,8 @@ DEFAULT_PANELS: dict[str, Sequence[str]] = {
     "policy loss": ("loss/pg",),
     "seconds per phase": ("time/rollout_s", "time/recompute_s", "time/train_s", "time/sync_s", "time/eval_s"),
 }
+PLOT_FILE = "metrics.png"
+"""Where a run's figure goes in its run directory."""
 LOG_SCALE_PANELS = frozenset({"rho tail"})
 """Panels drawn on a log y axis: the rho tail spans orders of magnitude (1e-4 veto threshold to ~1)."""
 
@@ -33,11 +35,11 @@ LOG_SCALE_PANELS = frozenset({"rho tail"})
 def plot_metrics(metrics_path: str | Path, out_path: str | Path,
                  panels: dict[str, Sequence[str]] | None = None) -> Path | None:
     """Draw the panels whose keys appear in ``metrics_path``; returns the PNG path (None if nothing to draw)."""
-    import matplotlib.pyplot as plt
-
-    fig = build_figure(read_metrics(metrics_path), panels)
+    fig = build_figure(read_metrics(metrics_path), panels)  # selects the Agg backend before pyplot is imported
     if fig is None:
         return None
+    import matplotlib.pyplot as plt
+
     out = Path(out_path)
     fig.savefig(out, dpi=110)
     plt.close(fig)

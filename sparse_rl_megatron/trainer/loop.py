@@ -96,9 +96,9 @@ def _finish(cfg: TrainConfig, run: Run) -> None:
     if run.step >= cfg.steps:
         run.say(f"nothing to do: {run.resumed_from} is already at step {run.step} of steps={cfg.steps}")
     if cfg.log.plot:
-        from sparse_rl_megatron.observability.plots import plot_metrics
+        from sparse_rl_megatron.observability.plots import PLOT_FILE, plot_metrics
 
-        plot = plot_metrics(run.writer.path, run.run_dir / "metrics.png")
+        plot = plot_metrics(run.writer.path, run.run_dir / PLOT_FILE)
         run.say(f"metrics: {run.writer.path}  plot: {plot}  checkpoints: {run.run_dir / 'checkpoints'}")
     from sparse_rl_megatron.observability.metrics_writer import read_metrics
 

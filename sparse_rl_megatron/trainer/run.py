@@ -15,14 +15,17 @@ from typing import Any
 
 import yaml
 
+from sparse_rl_megatron.observability.metrics_writer import METRICS_FILE
+from sparse_rl_megatron.observability.plots import PLOT_FILE
 from sparse_rl_megatron.trainer import checkpoints, distributed as D
 from sparse_rl_megatron.trainer.config import TrainConfig
+from sparse_rl_megatron.trainer.evaluation import EVAL_DIR
+from sparse_rl_megatron.trainer.progress import HEARTBEAT_DIR
 from sparse_rl_megatron.trainer.preflight import RunPlan, preflight
 from sparse_rl_megatron.utils.config_io import to_dict
 
 CONFIG_FILE = "config.yaml"
-OUTPUTS = (CONFIG_FILE, "metrics.jsonl", "metrics.png", "tensorboard", checkpoints.CHECKPOINTS_DIR, "eval",
-           "heartbeat")
+OUTPUTS = (CONFIG_FILE, METRICS_FILE, PLOT_FILE, "tensorboard", checkpoints.CHECKPOINTS_DIR, EVAL_DIR, HEARTBEAT_DIR)
 """What a fresh start moves to ``archive/`` (the built models under ``model/`` are kept and reused)."""
 
 
