@@ -46,21 +46,29 @@ if "tiny_sums" not in TASKS:
 
 
 # ------------------------------------------------------------------------------------------------------------
-# ``rollout.engine: flaky``: the reference engine, except that generation fails (an engine that died).
+# ``rollout.engine: flaky``: the reference engine, except that its ``fail_at``-th rollout fails (an engine that died).
 from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine  # noqa: E402
 from sparse_rl_megatron.trainer.engines import ENGINES, EngineSpec  # noqa: E402
 
 
 class FlakyEngine(HFRolloutEngine):
+    def __init__(self, *args, fail_at: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fail_at, self.calls = fail_at, 0
+
     def generate(self, prompts, n, sampling):
-        raise ConnectionError("engine process is gone (simulated)")
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise ConnectionError("engine process is gone (simulated)")
+        return super().generate(prompts, n, sampling)
 
 
 def _build_flaky(model_dir, rollout, show_progress):
     import torch
 
     return FlakyEngine(model_dir, compression=rollout.compression, dtype=getattr(torch, rollout.dtype),
-                       max_batch_size=rollout.max_batch_size, show_progress=show_progress)
+                       max_batch_size=rollout.max_batch_size, show_progress=show_progress,
+                       fail_at=int(rollout.engine_options["fail_at"]))
 
 
 if "flaky" not in ENGINES:
