@@ -68,6 +68,13 @@ def test_resume_with_optimizer_state(single_launch):
     single_launch.check("resume_with_optimizer_state")
 
 
+def test_checkpoints_portable_across_te_and_no_te(single_launch):
+    """A checkpoint saved without extra states (no Transformer Engine) loads into a model whose final norm has
+    an ``_extra_state`` (as megatron builds it when TE imports) and trains; that model's checkpoint (with
+    optimizer state) loads back without TE bit-identically; an extra state that holds data survives."""
+    single_launch.check("extra_state_checkpoints")
+
+
 def test_refuses_checkpoint_of_another_architecture(single_launch):
     """A Llama torch_dist checkpoint into a Qwen2 learner, and a 28-head HF checkpoint into a 14-head model,
     are refused with messages naming the differing fields (family, hidden_size, num_attention_heads)."""

@@ -102,6 +102,54 @@ def check_cpu_compat() -> None:
     assert torch.zeros(1).type() == "torch.FloatTensor"
 
 
+class ExtraStateRMSNorm(torch.nn.RMSNorm):
+    """An RMSNorm with ``_extra_state`` like Transformer Engine >= 2.0's (an empty uint8 tensor without fp8,
+    the pickled recipe state with it: ``payload``), built where megatron builds the final norm from TE."""
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5):
+        super().__init__(hidden_size, eps=eps)
+        self.payload = torch.empty(0, dtype=torch.uint8)
+
+    def get_extra_state(self) -> torch.Tensor:
+        return self.payload.clone()
+
+    def set_extra_state(self, state) -> None:
+        self.payload = torch.empty(0, dtype=torch.uint8) if state is None else state.clone()
+
+
+def check_extra_state_checkpoints(refs: dict, work: Path) -> None:
+    """Checkpoints travel between a model without extra states (no TE: CPU, ``convert``) and one whose final
+    norm carries an extra state (TE installed), both ways; an extra state that holds data is kept."""
+    import mcore_checks as C
+    from megatron.core.transformer import transformer_block
+
+    ref = refs["llama"]
+    plain = C.learner(ref, trainable=False)
+    plain.save(work / "no_te_ckpt")
+    built_with = transformer_block.LayerNormImpl
+    transformer_block.LayerNormImpl = ExtraStateRMSNorm  # what megatron does when TE imports
+    try:
+        te = C.learner(ref)
+        assert "decoder.final_layernorm._extra_state" in te.model.state_dict()
+        te.load(work / "no_te_ckpt")  # no TE -> TE (was: Missing key ... final_layernorm._extra_state)
+        C.check_logits(te, ref)
+        te.train_step(C.train_batch(ref))
+        te.save(work / "te_ckpt")
+        te.model.decoder.final_layernorm.payload = torch.arange(5, dtype=torch.uint8)  # fp8 recipe state
+        te.save(work / "te_ckpt_with_state")
+        other = C.learner(ref, trainable=False)
+        other.load(work / "te_ckpt_with_state")
+        assert torch.equal(other.model.decoder.final_layernorm.payload, torch.arange(5, dtype=torch.uint8))
+    finally:
+        transformer_block.LayerNormImpl = built_with
+    back = C.learner(ref)
+    back.load(work / "te_ckpt")  # TE -> no TE, with optimizer state
+    assert back.steps == 1
+    back.load(work / "te_ckpt_with_state", load_optimizer=False)  # the unknown extra state is left out
+    trained = C.exported(te)
+    assert all(torch.equal(v, trained[k]) for k, v in C.exported(back).items())
+
+
 def main() -> None:
     import mcore_checks as C
     from mcore_worker import run_checks
@@ -211,7 +259,8 @@ def main() -> None:
         for name in ("config.json", "tokenizer.json", "chat_template.jinja"):
             assert (out / name).read_bytes() == (src / name).read_bytes(), name
 
-    checks += [("nan_guard_tp1", nan_guard), ("resume_with_optimizer_state", resume),
+    checks += [("extra_state_checkpoints", lambda: check_extra_state_checkpoints(refs, work)),
+               ("nan_guard_tp1", nan_guard), ("resume_with_optimizer_state", resume),
                ("refuse_other_architecture", refuse_other_arch), ("reference_policy_learner", reference_policy),
                ("save_hf_after_training", save_hf_after_training)]
     run_checks(checks, result_dir)
