@@ -83,7 +83,8 @@ def export_hf_buckets(
 ) -> Iterator[Bucket]:
     """Yield lists of ``(hf_name, full tensor)`` of at most ~``bucket_bytes`` each (a single larger tensor
     gets its own bucket). Collective: every rank of the model-parallel group must iterate to the end.
-    ``dtype`` casts the exported tensors (e.g. bf16 for the rollout engine); default: the parameter dtype.
+    ``dtype`` casts the exported tensors (e.g. bf16 for the rollout engine); default: the model's
+    ``params_dtype`` (the same on every stage, whatever dtype single parameters such as norms are kept in).
     """
     from megatron.core import parallel_state as ps
 
@@ -98,8 +99,9 @@ def export_hf_buckets(
         dist.all_gather_object(names_by_stage, sorted(params), group=ps.get_pipeline_model_parallel_group())
     else:
         names_by_stage = [sorted(params)]
-    param_dtype = next(iter(params.values())).dtype
-    out_dtype = dtype or param_dtype
+    # One dtype for every stage, so all stages plan the same buckets: megatron keeps some parameters in
+    # another dtype than the rest (the torch norms stay fp32 in a bf16 model), so no parameter decides it.
+    out_dtype = dtype or inner.config.params_dtype
     stage = ps.get_pipeline_model_parallel_rank()
     device = next(iter(params.values())).device
     for bucket in _buckets(_plan(arch, names_by_stage), bucket_bytes, torch.tensor([], dtype=out_dtype).element_size()):
@@ -124,3 +126,6 @@ def export_hf_buckets(
                         tensors.append((h, flat[pos:pos + n].view(shape)))
                         pos += n
         yield tensors
+        del tensors  # the consumer holds the bucket while it needs it; do not keep it alive here
+        if pp > 1:
+            del flat

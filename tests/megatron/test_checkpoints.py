@@ -18,6 +18,12 @@ def test_export_weights_bit_identical(request, layout, model):
     request.getfixturevalue(fixture).check(f"{tag}_export_{model}")
 
 
+def test_bf16_export_with_pipeline_stages(pair_launch):
+    """bf16 model (norm weights kept fp32 by megatron) at PP = 2: every stage exports in one dtype, so the
+    stages agree on the buckets; every tensor equals the HF weight cast to bf16."""
+    pair_launch.check("bf16_export_tp1pp2")
+
+
 def test_convert_cli_round_trip(mcore_refs, tp1_checkpoint, mcore_root):
     """sparse-rl convert hf-to-megatron, then megatron-to-hf: tensors bit-identical, config.json byte-identical,
     tokenizer files carried along."""

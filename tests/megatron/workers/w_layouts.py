@@ -2,7 +2,7 @@
 
 usage: w_layouts.py RESULT_DIR REF_PT WORK_DIR LAYOUTS [EXTRA ...]
   LAYOUTS: comma-separated TPxPP, e.g. 2x1,1x2,1x1 (the rest of the world is data parallel)
-  EXTRA:   nan_guard_pp2 | reshard:<tp1 checkpoint dir> | distopt
+  EXTRA:   nan_guard_pp2 | reshard:<tp1 checkpoint dir> | distopt | bf16_export_pp2
 """
 from __future__ import annotations
 
@@ -49,6 +49,19 @@ def main() -> None:
         if extra == "nan_guard_pp2":
             checks.append(("nan_guard_tp1pp2", lambda: C.check_nan_guard(C.learner(refs["qwen2_tied"], 1, 2),
                                                                           refs["qwen2_tied"])))
+        elif extra == "bf16_export_pp2":
+            def bf16_export():
+                # megatron keeps the torch norms fp32 in a bf16 model: both stages must still plan one bucket
+                # layout (was: stage 0 planned bf16 from the embedding, stage 1 fp32 from a norm; gloo aborted)
+                ref = refs["qwen2_tied"]
+                lrn = C.learner(ref, 1, 2, trainable=False, params_dtype="bfloat16")
+                assert {p.dtype for p in lrn.model.parameters()} == {torch.bfloat16, torch.float32}
+                got = C.exported(lrn)
+                assert sorted(got) == sorted(ref["hf"])
+                bad = [k for k, v in got.items()
+                       if v.dtype != torch.bfloat16 or not torch.equal(v, ref["hf"][k].to(torch.bfloat16))]
+                assert not bad, f"bf16 export differs from the HF weights cast to bf16: {bad[:4]}"
+            checks.append(("bf16_export_tp1pp2", bf16_export))
         elif extra == "distopt":
             def distopt():
                 # data parallel x TP with Megatron's DistributedOptimizer (CPU: W7 patch at construction)
