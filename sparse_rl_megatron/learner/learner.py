@@ -27,7 +27,7 @@ from sparse_rl_megatron.learner.config import LearnerConfig
 from sparse_rl_megatron.learner.forward import run_schedule
 from sparse_rl_megatron.learner.hf_io import load_hf_into_model, read_arch, save_hf_checkpoint, torch_dtype
 from sparse_rl_megatron.learner.logprobs import to_response_aligned, token_logprobs
-from sparse_rl_megatron.learner.model_provider import build_stage_model, te_available
+from sparse_rl_megatron.learner.model_provider import build_stage_model, resolve_layer_spec
 from sparse_rl_megatron.learner.parallel import current_layout, device, init_model_parallel
 from sparse_rl_megatron.learner.weight_export import DEFAULT_BUCKET_BYTES, Bucket, export_hf_buckets
 from sparse_rl_megatron.models.arch import ModelArch
@@ -53,13 +53,14 @@ class Learner:
         # validate the layout against the architecture before any process group or model exists
         self.arch.check_tensor_parallel(config.tensor_parallel_size)
         self.arch.check_pipeline_parallel(config.pipeline_parallel_size)
+        self.spec = resolve_layer_spec(config.layer_spec)  # "te" or "local"
         self.layout = init_model_parallel(config.tensor_parallel_size, config.pipeline_parallel_size, config.seed)
         self.model = build_stage_model(
-            self.arch, params_dtype=config.torch_params_dtype(), spec=config.layer_spec,
+            self.arch, params_dtype=config.torch_params_dtype(), spec=self.spec,
             vocab_multiple=config.vocab_multiple, overrides=config.megatron_overrides,
         )
         self.model.return_hidden = True
-        self.use_thd = te_available() and config.layer_spec != "local"
+        self.use_thd = self.spec == "te"  # packed rows as THD (TE attention); the local spec takes a dense mask
         self.steps = 0
         self.skipped_steps = 0
         self.trainable = trainable
@@ -162,4 +163,4 @@ class Learner:
     def describe(self) -> str:
         lay = current_layout()
         return (f"{self.arch.family} L={self.arch.num_layers} H={self.arch.hidden_size} TP={lay.tp} PP={lay.pp} "
-                f"DP={lay.dp} dtype={self.config.torch_params_dtype()} spec={self.config.layer_spec}")
+                f"DP={lay.dp} dtype={self.config.torch_params_dtype()} spec={self.spec}")
