@@ -180,17 +180,6 @@ def _clip_grad_by_total_norm_fp32_cpu(parameters, max_norm, total_norm, use_deco
         torch._foreach_mul_(grads, clip_coeff)
 
 
-# ---------------------------------------------------------------- W9: recompute's RNG state on CPU
-def _cpu_get_rng_state(device: Any = "cuda", clone: bool = False, graph_safe: bool = False) -> torch.Tensor:
-    """Stands in for megatron's ``_get_cuda_rng_state``: the CPU generator's state (a fresh tensor)."""
-    return torch.get_rng_state()
-
-
-def _cpu_set_rng_state(new_state: torch.Tensor, device: Any = -1, graph_safe: bool = False) -> None:
-    """Stands in for megatron's ``_set_cuda_rng_state``."""
-    torch.set_rng_state(new_state)
-
-
 # ---------------------------------------------------------------- W8: stream stubs
 class _NullStream:
     """Stands in for ``torch.cuda.Stream`` where megatron only orders work between streams."""
@@ -206,6 +195,17 @@ class _NullStream:
 
     def record_event(self, *args: Any, **kwargs: Any) -> None:
         return None
+
+
+# ---------------------------------------------------------------- W9: recompute's RNG state on CPU
+def _cpu_get_rng_state(device: Any = "cuda", clone: bool = False, graph_safe: bool = False) -> torch.Tensor:
+    """Stands in for megatron's ``_get_cuda_rng_state``: the CPU generator's state (a fresh tensor)."""
+    return torch.get_rng_state()
+
+
+def _cpu_set_rng_state(new_state: torch.Tensor, device: Any = -1, graph_safe: bool = False) -> None:
+    """Stands in for megatron's ``_set_cuda_rng_state``."""
+    torch.set_rng_state(new_state)
 
 
 def apply(force: bool = False) -> bool:
