@@ -88,8 +88,6 @@ class MicroBatch:
     """``[b, S]`` long (b = rows when padded, 1 when packed)."""
     position_ids: torch.Tensor
     """``[b, S]`` long (restarting at 0 for every packed row)."""
-    attention_mask: torch.Tensor | None
-    """None (causal) when padded; ``[1, 1, S, S]`` bool block-diagonal causal mask (True = masked) when packed."""
     seq_lengths: list[int]
     """Fed length of each row, in ``rows`` order (for THD packing on Transformer Engine)."""
     gather_index: torch.Tensor
@@ -100,10 +98,18 @@ class MicroBatch:
     """``[n]`` long: position in ``rows`` of each gathered token."""
     out_col: torch.Tensor
     """``[n]`` long: response index j of each gathered token."""
+    packed: bool = False
+    """True: the rows are concatenated into one sequence and attend block-diagonally."""
 
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.numel())
+
+    def attention_mask(self) -> torch.Tensor | None:
+        """None (causal) when padded; when packed the ``[1, 1, S, S]`` bool block-diagonal causal mask
+        (True = masked), built on each call: only the local attention reads it (Transformer Engine takes the
+        THD row offsets instead), and at 16k tokens it is 256 MiB, so it exists only while a forward uses it."""
+        return _block_causal_mask(self.seq_lengths) if self.packed else None
 
 
 def split_rows(lengths: Sequence[int], parts: int) -> list[list[int]]:
@@ -176,12 +182,10 @@ def build_micro_batch(batch: SequenceBatch, rows: Sequence[int], layout: str, pa
         for r, s in enumerate(seqs):
             ids[r, : lens[r]] = s
         pos = torch.arange(width).unsqueeze(0).expand(len(rows), -1).contiguous()
-        mask = None
         starts = [r * width for r in range(len(rows))]
     elif layout == "packed":
         ids = torch.cat(seqs).unsqueeze(0)
         pos = torch.cat([torch.arange(n) for n in lens]).unsqueeze(0)
-        mask = _block_causal_mask(lens)
         starts = [sum(lens[:r]) for r in range(len(rows))]
     else:
         BATCH_LAYOUTS.check(layout)
@@ -194,6 +198,6 @@ def build_micro_batch(batch: SequenceBatch, rows: Sequence[int], layout: str, pa
         orow.append(torch.full((n,), r, dtype=torch.long))
         ocol.append(torch.arange(n))
     return MicroBatch(
-        rows=list(rows), input_ids=ids, position_ids=pos, attention_mask=mask, seq_lengths=lens,
-        gather_index=torch.cat(gi), labels=torch.cat(lab), out_row=torch.cat(orow), out_col=torch.cat(ocol),
+        rows=list(rows), input_ids=ids, position_ids=pos, seq_lengths=lens, gather_index=torch.cat(gi),
+        labels=torch.cat(lab), out_row=torch.cat(orow), out_col=torch.cat(ocol), packed=layout == "packed",
     )

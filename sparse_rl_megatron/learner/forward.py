@@ -32,10 +32,11 @@ def model_inputs(mb: MicroBatch, use_thd: bool) -> dict[str, Any]:
     """Keyword arguments of ``GPTModel.forward`` for ``mb`` on this rank's device."""
     dev = device()
     kwargs: dict[str, Any] = dict(input_ids=mb.input_ids.to(dev), position_ids=mb.position_ids.to(dev))
-    if mb.attention_mask is not None and use_thd:
+    if mb.packed and use_thd:
         kwargs.update(attention_mask=None, packed_seq_params=_packed_seq_params(mb, dev))
     else:
-        kwargs["attention_mask"] = None if mb.attention_mask is None else mb.attention_mask.to(dev)
+        mask = mb.attention_mask()  # built here, per forward, and only for the local attention
+        kwargs["attention_mask"] = None if mask is None else mask.to(dev)
     return kwargs
 
 

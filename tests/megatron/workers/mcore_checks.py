@@ -37,8 +37,7 @@ def full_logits(lrn, ids: torch.Tensor) -> torch.Tensor | None:
     b, s = ids.shape
     empty = torch.zeros(0, dtype=torch.long)
     mb = MicroBatch(rows=list(range(b)), input_ids=ids, position_ids=torch.arange(s).expand(b, s).contiguous(),
-                    attention_mask=None, seq_lengths=[s] * b, gather_index=empty, labels=empty, out_row=empty,
-                    out_col=empty)
+                    seq_lengths=[s] * b, gather_index=empty, labels=empty, out_row=empty, out_col=empty)
     model = lrn.model
 
     def head(_, hidden):
