@@ -92,7 +92,8 @@ class LearnerConfig:
     loss: LossConfig = field(default_factory=LossConfig)
     """The corrected GRPO loss (from ``sparse_rl_megatron.algo``)."""
     megatron_overrides: dict[str, Any] = field(default_factory=dict)
-    """Extra ``TransformerConfig`` fields, e.g. ``{"recompute_granularity": "full", ...}``."""
+    """Extra ``TransformerConfig`` fields, e.g. ``{"recompute_granularity": "full", "sequence_parallel": True}``
+    (sequence parallel: TP >= 2 and Transformer Engine norms; context parallel is refused)."""
     optimizer_overrides: dict[str, Any] = field(default_factory=dict)
     """Extra ``OptimizerConfig`` fields."""
 
@@ -108,6 +109,14 @@ class LearnerConfig:
             raise ValueError(f"LearnerConfig.max_tokens_per_device must be >= 1, got {self.max_tokens_per_device}")
         if self.logprob_chunk_tokens < 0:
             raise ValueError(f"LearnerConfig.logprob_chunk_tokens must be >= 0 (0 = unchunked), got {self.logprob_chunk_tokens}")
+        overrides = self.megatron_overrides
+        if overrides.get("context_parallel_size", 1) != 1:
+            raise ValueError("LearnerConfig.megatron_overrides.context_parallel_size: context parallel is not "
+                             "supported by the learner (its parallel state, batch split and log-prob gather do not "
+                             f"split the sequence over CP ranks); valid: 1, got {overrides['context_parallel_size']}")
+        if overrides.get("sequence_parallel", False) and self.tensor_parallel_size < 2:
+            raise ValueError("LearnerConfig.megatron_overrides.sequence_parallel=True splits the sequence over the "
+                             f"tensor-parallel ranks and needs tensor_parallel_size >= 2, got {self.tensor_parallel_size}")
         if self.loss.entropy_coef > 0:
             raise ValueError("LearnerConfig.loss.entropy_coef > 0 is not supported by the Megatron learner "
                              "(vocab-parallel entropy is not implemented); valid: 0")

@@ -18,12 +18,13 @@ from sparse_rl_megatron.learner import cpu_compat
 
 
 def _packed_seq_params(mb: MicroBatch, dev: torch.device):
-    """THD packing for Transformer Engine attention (GPU): cumulative row lengths of the packed row."""
+    """THD packing for Transformer Engine attention (GPU): cumulative lengths of the packed blocks."""
     from megatron.core.packed_seq_params import PackedSeqParams
 
-    cu = torch.zeros(len(mb.seq_lengths) + 1, dtype=torch.int32, device=dev)
-    cu[1:] = torch.cumsum(torch.tensor(mb.seq_lengths, dtype=torch.int32, device=dev), 0)
-    longest = max(mb.seq_lengths)
+    segments = mb.segments()
+    cu = torch.zeros(len(segments) + 1, dtype=torch.int32, device=dev)
+    cu[1:] = torch.cumsum(torch.tensor(segments, dtype=torch.int32, device=dev), 0)
+    longest = max(segments)
     return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest,
                            max_seqlen_kv=longest)
 

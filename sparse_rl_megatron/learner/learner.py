@@ -22,12 +22,12 @@ import torch
 import torch.distributed as dist
 
 from sparse_rl_megatron.learner import checkpoint as ckpt
-from sparse_rl_megatron.learner.batch import SequenceBatch, build_micro_batch, plan_micro_batches, split_rows
+from sparse_rl_megatron.learner.batch import MicroBatch, SequenceBatch, build_micro_batch, plan_micro_batches, split_rows
 from sparse_rl_megatron.learner.config import LearnerConfig
 from sparse_rl_megatron.learner.forward import run_schedule
 from sparse_rl_megatron.learner.hf_io import load_hf_into_model, read_arch, save_hf_checkpoint, torch_dtype
 from sparse_rl_megatron.learner.logprobs import to_response_aligned, token_logprobs
-from sparse_rl_megatron.learner.model_provider import build_stage_model, resolve_layer_spec
+from sparse_rl_megatron.learner.model_provider import build_stage_model, check_sequence_parallel, resolve_layer_spec
 from sparse_rl_megatron.learner.parallel import current_layout, device, init_model_parallel
 from sparse_rl_megatron.learner.weight_export import DEFAULT_BUCKET_BYTES, Bucket, export_hf_buckets
 from sparse_rl_megatron.models.arch import ModelArch
@@ -54,6 +54,7 @@ class Learner:
         self.arch.check_tensor_parallel(config.tensor_parallel_size)
         self.arch.check_pipeline_parallel(config.pipeline_parallel_size)
         self.spec = resolve_layer_spec(config.layer_spec)  # "te" or "local"
+        check_sequence_parallel(self.spec, config.megatron_overrides)
         self.layout = init_model_parallel(config.tensor_parallel_size, config.pipeline_parallel_size, config.seed)
         self.model = build_stage_model(
             self.arch, params_dtype=config.torch_params_dtype(), spec=self.spec,
@@ -61,6 +62,8 @@ class Learner:
         )
         self.model.return_hidden = True
         self.use_thd = self.spec == "te"  # packed rows as THD (TE attention); the local spec takes a dense mask
+        # sequence parallel splits every micro-batch's sequence over the TP ranks: lengths are padded to tp
+        self.seq_multiple = self.layout.tp if self.model.config.sequence_parallel else 1
         self.steps = 0
         self.skipped_steps = 0
         self.trainable = trainable
@@ -87,10 +90,7 @@ class Learner:
 
         cfg = self.config
         batch.check_vocab(self.arch.vocab_size)
-        lengths = batch.lengths
-        rows = split_rows(lengths, ps.get_data_parallel_world_size())[ps.get_data_parallel_rank()]
-        groups = plan_micro_batches(lengths, rows, cfg.max_tokens_per_device, cfg.batch_layout)
-        mbs = [build_micro_batch(batch, g, cfg.batch_layout) for g in groups]
+        mbs = self.micro_batches(batch)
         if width is not None and width < batch.max_response_len:
             raise ValueError(f"logprobs width={width} is shorter than the longest response ({batch.max_response_len})")
         width = width or batch.max_response_len
@@ -109,6 +109,19 @@ class Learner:
                 full[torch.tensor(mb.rows, device=full.device)] = lp.float()
         dist.all_reduce(full)
         return full.cpu()
+
+    def data_parallel_rows(self, batch: SequenceBatch) -> list[int]:
+        """The rows of ``batch`` this data-parallel rank computes (token-balanced, see ``split_rows``)."""
+        from megatron.core import parallel_state as ps
+
+        return split_rows(batch.lengths, ps.get_data_parallel_world_size())[ps.get_data_parallel_rank()]
+
+    def micro_batches(self, batch: SequenceBatch) -> list[MicroBatch]:
+        """This rank's rows of ``batch`` cut by the token budget, in the configured layout."""
+        cfg = self.config
+        groups = plan_micro_batches(batch.lengths, self.data_parallel_rows(batch), cfg.max_tokens_per_device,
+                                    cfg.batch_layout)
+        return [build_micro_batch(batch, g, cfg.batch_layout, multiple=self.seq_multiple) for g in groups]
 
     # ------------------------------------------------------------------ training
     def train_step(self, batch) -> dict[str, float]:

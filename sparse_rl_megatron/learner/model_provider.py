@@ -82,6 +82,30 @@ def layer_spec(name: str = "auto"):
     return get_gpt_layer_local_spec(normalization="RMSNorm")
 
 
+def check_sequence_parallel(spec_name: str, overrides: dict[str, Any] | None) -> None:
+    """Refuse ``sequence_parallel`` (a megatron override) where megatron-core cannot run it.
+
+    Sequence parallel needs norms that take part in it (their weight gradients are all-reduced over the TP
+    ranks): Transformer Engine's. megatron's torch norm, which the local spec builds without TE (and apex),
+    asserts instead, deep inside the model build; this says so first, naming the setting.
+    """
+    if not (overrides or {}).get("sequence_parallel", False):
+        return
+    from megatron.core.transformer import transformer_block
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    sub = layer_spec(spec_name).submodules
+    norms = {"input_layernorm": sub.input_layernorm, "pre_mlp_layernorm": sub.pre_mlp_layernorm,
+             "final_layernorm": transformer_block.LayerNormImpl}
+    torch_norms = [name for name, n in norms.items() if getattr(n, "module", n) is WrappedTorchNorm]
+    if torch_norms:
+        raise ValueError(
+            "LearnerConfig.megatron_overrides.sequence_parallel=True needs Transformer Engine norms (layer_spec "
+            f"'te', or 'auto' on a GPU with TE); the {spec_name!r} spec here builds megatron's torch norm for "
+            f"{', '.join(torch_norms)}, which does not support sequence parallel"
+        )
+
+
 def _gpt_model_class():
     from megatron.core.models.gpt import GPTModel
 

@@ -62,3 +62,19 @@ def test_packed_mask_is_built_only_for_the_forward_that_reads_it(monkeypatch):
     assert thd["packed_seq_params"].cu_seqlens_q.tolist() == [0, 4, 5]
     local = model_inputs(mbs[0], use_thd=False)
     assert built == [[4, 1]] and local["attention_mask"].shape == (1, 1, 5, 5)
+
+
+def test_lengths_padded_to_a_multiple_for_sequence_parallel():
+    """Sequence parallel splits S over the TP ranks: padded rows widen to a multiple, a packed sequence gets a
+    padding block of its own; what is gathered (positions, labels) does not change."""
+    b = SequenceBatch.from_lists([[1, 2], [3]], [[4, 5, 6], [7]])  # fed lengths 4 and 1
+    padded = build_micro_batch(b, [0, 1], "padded", multiple=3)
+    assert padded.input_ids.tolist() == [[1, 2, 4, 5, 0, 0], [3, 0, 0, 0, 0, 0]]
+    assert padded.gather_index.tolist() == [1, 2, 3, 6]  # row 1 starts at 6 now
+    packed = build_micro_batch(b, [0, 1], "packed", multiple=4)
+    assert packed.input_ids.tolist() == [[1, 2, 4, 5, 3, 0, 0, 0]] and packed.pad_tokens == 3
+    assert packed.position_ids.tolist() == [[0, 1, 2, 3, 0, 0, 1, 2]] and packed.segments() == [4, 1, 3]
+    assert packed.gather_index.tolist() == [1, 2, 3, 4] and packed.labels.tolist() == [4, 5, 6, 7]
+    allowed = ~packed.attention_mask()[0, 0]
+    assert allowed[5:, :5].sum() == 0 and allowed[:5, 5:].sum() == 0  # the padding is a block of its own
+    assert build_micro_batch(b, [0, 1], "packed", multiple=5).pad_tokens == 0

@@ -142,3 +142,56 @@ def same_on_all_ranks(x: torch.Tensor) -> None:
     t = x.clone()
     dist.broadcast(t, src=0)
     assert torch.equal(t, x), "ranks disagree"
+
+
+class SequenceParallelRMSNorm(torch.nn.RMSNorm):
+    """A torch RMSNorm that takes part in sequence parallel as Transformer Engine's norms do: its weight is
+    marked ``sequence_parallel``, so megatron all-reduces its gradient over the TP ranks. megatron's own torch
+    norm asserts instead, which is why the learner refuses sequence parallel without TE."""
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5):
+        super().__init__(hidden_size, eps=eps)
+        self.weight.sequence_parallel = config.sequence_parallel
+
+
+def check_sequence_parallel(ref: dict) -> None:
+    """Sequence parallel at TP = 2 (with full recompute, as the reference run): refused with the torch norms;
+    with norms that support it, log-probs (padded and packed, chunked and not, odd lengths padded to TP) match
+    HF and one step matches the reference."""
+    import pytest
+    from megatron.core.transformer import transformer_block
+
+    from sparse_rl_megatron.learner import model_provider
+
+    overrides = dict(sequence_parallel=True, recompute_granularity="full", recompute_method="uniform",
+                     recompute_num_layers=1)
+    with pytest.raises(ValueError, match=r"sequence_parallel=True needs Transformer Engine norms.*'local' spec here "
+                                         r"builds megatron's torch norm for input_layernorm, pre_mlp_layernorm, "
+                                         r"final_layernorm"):
+        learner(ref, 2, 1, megatron_overrides=overrides)
+    real_spec, real_final = model_provider.layer_spec, transformer_block.LayerNormImpl
+
+    def spec_with_sp_norms(name="auto"):
+        spec = real_spec(name)
+        spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = SequenceParallelRMSNorm
+        return spec
+
+    model_provider.layer_spec, transformer_block.LayerNormImpl = spec_with_sp_norms, SequenceParallelRMSNorm
+    try:
+        lrn = learner(ref, 2, 1, megatron_overrides=overrides)
+    finally:
+        model_provider.layer_spec, transformer_block.LayerNormImpl = real_spec, real_final
+    assert lrn.model.config.sequence_parallel and lrn.model.output_layer.sequence_parallel and lrn.seq_multiple == 2
+    assert any(len(mb.seq_lengths) > 1 and mb.pad_tokens for mb in _packed(lrn))  # padding to TP is exercised
+    check_logprobs(lrn, ref)
+    same_on_all_ranks(lrn.logprobs(sequence_batch()))
+    check_train_step(lrn, ref)
+
+
+def _packed(lrn):
+    layout = lrn.config.batch_layout
+    lrn.config.batch_layout = "packed"
+    try:
+        return lrn.micro_batches(sequence_batch())
+    finally:
+        lrn.config.batch_layout = layout

@@ -2,7 +2,7 @@
 
 usage: w_layouts.py RESULT_DIR REF_PT WORK_DIR LAYOUTS [EXTRA ...]
   LAYOUTS: comma-separated TPxPP, e.g. 2x1,1x2,1x1 (the rest of the world is data parallel)
-  EXTRA:   nan_guard_pp2 | reshard:<tp1 checkpoint dir> | distopt | bf16_export_pp2
+  EXTRA:   nan_guard_pp2 | reshard:<tp1 checkpoint dir> | distopt | bf16_export_pp2 | sequence_parallel
 """
 from __future__ import annotations
 
@@ -62,6 +62,8 @@ def main() -> None:
                        if v.dtype != torch.bfloat16 or not torch.equal(v, ref["hf"][k].to(torch.bfloat16))]
                 assert not bad, f"bf16 export differs from the HF weights cast to bf16: {bad[:4]}"
             checks.append(("bf16_export_tp1pp2", bf16_export))
+        elif extra == "sequence_parallel":
+            checks.append(("sequence_parallel_tp2", lambda: C.check_sequence_parallel(refs["qwen2_untied"])))
         elif extra == "distopt":
             def distopt():
                 # data parallel x TP with Megatron's DistributedOptimizer (CPU: W7 patch at construction)
