@@ -22,10 +22,12 @@ import torch
 import torch.distributed as dist
 
 from sparse_rl_megatron.learner import checkpoint as ckpt
-from sparse_rl_megatron.learner.batch import MicroBatch, SequenceBatch, build_micro_batch, plan_micro_batches, split_rows
+from sparse_rl_megatron.learner.batch import (
+    MicroBatch, SequenceBatch, build_micro_batch, plan_micro_batches, split_rows,
+)
 from sparse_rl_megatron.learner.config import LearnerConfig
 from sparse_rl_megatron.learner.forward import run_schedule
-from sparse_rl_megatron.learner.hf_io import load_hf_into_model, read_arch, save_hf_checkpoint, torch_dtype
+from sparse_rl_megatron.learner.hf_io import HFCheckpointWriter, load_hf_into_model, read_arch, torch_dtype
 from sparse_rl_megatron.learner.logprobs import to_response_aligned, token_logprobs
 from sparse_rl_megatron.learner.model_provider import build_stage_model, check_sequence_parallel, resolve_layer_spec
 from sparse_rl_megatron.learner.parallel import current_layout, device, init_model_parallel
@@ -137,12 +139,22 @@ class Learner:
         """Full HF-named tensors in buckets of ~``bucket_bytes`` (collective; every rank gets every bucket)."""
         return export_hf_buckets(self.model, self.arch, bucket_bytes=bucket_bytes, dtype=dtype)
 
-    def save_hf(self, out_dir: str | os.PathLike, dtype: str | None = None) -> Path:
-        """Write the current weights as an HF checkpoint (rank 0 writes; collective)."""
+    def save_hf(self, out_dir: str | os.PathLike, dtype: str | None = None,
+                bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Path:
+        """Write the current weights as an HF checkpoint (collective). Buckets stream through: rank 0 copies
+        each to the host writer (``HFCheckpointWriter``, bounded by one safetensors shard), and every rank
+        drops a bucket before the next one is built, so no device ever holds more than one."""
         target = torch_dtype(dtype or self.arch.hf_dtype)
-        tensors = [kv for bucket in self.export_weights(dtype=target) for kv in bucket]
+        writer = None
         if dist.get_rank() == 0:
-            save_hf_checkpoint(out_dir, tensors, self.hf_config, assets_dir=self.assets_dir)
+            writer = HFCheckpointWriter(out_dir, self.hf_config, assets_dir=self.assets_dir)
+        for bucket in self.export_weights(bucket_bytes=bucket_bytes, dtype=target):
+            if writer is not None:
+                for name, tensor in bucket:
+                    writer.add(name, tensor)
+            del bucket
+        if writer is not None:
+            writer.close()
         dist.barrier()
         return Path(out_dir)
 

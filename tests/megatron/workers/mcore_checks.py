@@ -3,6 +3,7 @@ whatever layout the parallel state currently has; the comparisons run on every r
 from __future__ import annotations
 
 import dataclasses
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -48,6 +49,23 @@ def full_logits(lrn, ids: torch.Tensor) -> torch.Tensor | None:
     with torch.no_grad():
         out = run_schedule(model, [mb], head, forward_only=True)
     return out[0] if ps.is_pipeline_last_stage() else None
+
+
+def bucket_lifetimes(lrn) -> list[int]:
+    """Wrap ``lrn.export_weights`` so that, each time a bucket has been built, the returned list gets how many
+    tensors of the bucket before it are still alive (anyone still holding them: the consumer, the exporter)."""
+    real, alive = lrn.export_weights, []
+
+    def export(*args, **kwargs):
+        previous: list = []
+        for bucket in real(*args, **kwargs):
+            alive.append(sum(ref() is not None for ref in previous))
+            previous = [weakref.ref(t) for _, t in bucket]
+            yield bucket
+            del bucket
+
+    lrn.export_weights = export
+    return alive
 
 
 def exported(lrn) -> dict[str, torch.Tensor]:

@@ -82,7 +82,11 @@ def main() -> None:
                 C.check_logits(lrn, ref)
                 C.check_export_identical(lrn, ref)
                 lrn.save(work / "tp2pp2_ckpt")
-                out = lrn.save_hf(work / "tp2pp2_live_hf")  # rank 0 writes what all ranks gathered
+                alive = C.bucket_lifetimes(lrn)
+                out = lrn.save_hf(work / "tp2pp2_live_hf", bucket_bytes=16 * 1024)  # rank 0 writes, streamed
+                assert len(alive) > 4, alive
+                if dist.get_rank() != 0:  # the others let go of each bucket before the next one is built
+                    assert max(alive) == 0, f"tensors of the previous bucket still alive: {alive}"
                 if dist.get_rank() == 0:
                     from safetensors.torch import load_file
 
