@@ -65,7 +65,14 @@ class OptimConfig:
 
 @dataclass
 class LearnerConfig:
-    """The Megatron learner: which model, how it is split, how batches are cut, how it trains."""
+    """The Megatron learner: which model, how it is split, how batches are cut, how it trains.
+
+    Fusions (``models.megatron_config.fusion_settings``), on CUDA: fused SwiGLU (``bias_activation_fusion``)
+    and bias-dropout-add on; fused RoPE on with Transformer Engine; gradient-accumulation fusion and the masked
+    softmax kernels on when apex's kernels import; ``persist_layer_norm`` off (LayerNorm only); DDP's
+    ``overlap_grad_reduce`` on. On CPU all of them are off. ``megatron_overrides`` can still set any of them;
+    ``Learner.describe()`` lists the ones in effect.
+    """
 
     model_path: str
     """An HF checkpoint directory (config.json + safetensors) or a sparse-rl Megatron checkpoint."""

@@ -33,6 +33,7 @@ from sparse_rl_megatron.learner.model_provider import build_stage_model, check_s
 from sparse_rl_megatron.learner.parallel import current_layout, device, init_model_parallel
 from sparse_rl_megatron.learner.weight_export import DEFAULT_BUCKET_BYTES, Bucket, export_hf_buckets
 from sparse_rl_megatron.models.arch import ModelArch
+from sparse_rl_megatron.models.megatron_config import FUSION_SWITCHES
 
 
 def _is_megatron_checkpoint(path: str | os.PathLike) -> bool:
@@ -187,5 +188,11 @@ class Learner:
 
     def describe(self) -> str:
         lay = current_layout()
+        cfg = self.model.config
+        fused = [name for name in FUSION_SWITCHES if getattr(cfg, name, False)]
+        if self.ddp is not None and self.ddp.ddp_config.overlap_grad_reduce:
+            fused.append("overlap_grad_reduce")
+        extras = [f"{k}={getattr(cfg, k)}" for k in ("sequence_parallel", "recompute_granularity") if getattr(cfg, k)]
         return (f"{self.arch.family} L={self.arch.num_layers} H={self.arch.hidden_size} TP={lay.tp} PP={lay.pp} "
-                f"DP={lay.dp} dtype={self.config.torch_params_dtype()} spec={self.spec}")
+                f"DP={lay.dp} dtype={self.config.torch_params_dtype()} spec={self.spec} "
+                f"fusions={','.join(fused) or 'none'}" + "".join(f" {e}" for e in extras))

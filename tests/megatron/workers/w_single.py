@@ -164,6 +164,7 @@ def check_recompute_train_step(refs: dict) -> None:
     ref = refs["qwen2_untied"]
     lrn = C.learner(ref, megatron_overrides=dict(recompute_granularity="full", recompute_method="uniform",
                                                  recompute_num_layers=1))
+    assert lrn.describe().endswith("spec=local fusions=none recompute_granularity=full"), lrn.describe()
     calls = []
     real_backward = mrandom.CheckpointFunction.backward
 
