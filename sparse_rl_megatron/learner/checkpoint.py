@@ -14,14 +14,9 @@ without TE (every CPU run and ``convert``) loads on a TE learner and the other w
 """
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
-import queue
-import signal
-import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +25,7 @@ import torch.distributed as dist
 
 from sparse_rl_megatron.models.arch import ModelArch
 from sparse_rl_megatron.learner import cpu_compat
+from sparse_rl_megatron.learner.save_children import children_die_with_us
 
 META_FILE = "sparse_rl_checkpoint.json"
 EXTRA_STATE_SUFFIX = "_extra_state"
@@ -102,7 +98,7 @@ def _carries_nothing(data: Any) -> bool:
     return isinstance(data, (bytes, bytearray)) and len(data) == 0
 
 
-def portable_model_state(sharded_sd: dict[str, Any], stored_objects: set[str] | None = None) -> dict[str, Any]:
+def _portable_model_state(sharded_sd: dict[str, Any], stored_objects: set[str] | None = None) -> dict[str, Any]:
     """The model's sharded state dict without the extra states that must not travel.
 
     Saving (``stored_objects`` None): drop extra states that carry nothing. Loading: drop the extra states
@@ -129,7 +125,7 @@ def _state(model, optimizer, scheduler, extra: dict | None, is_loading: bool,
            stored_objects: set[str] | None = None) -> dict[str, Any]:
     from sparse_rl_megatron.learner.model_provider import unwrap
 
-    sd: dict[str, Any] = {"model": portable_model_state(unwrap(model).sharded_state_dict(), stored_objects)}
+    sd: dict[str, Any] = {"model": _portable_model_state(unwrap(model).sharded_state_dict(), stored_objects)}
     if optimizer is not None:
         sd["optimizer"] = optimizer.sharded_state_dict(sd["model"], is_loading=is_loading)
     if scheduler is not None:
@@ -137,53 +133,6 @@ def _state(model, optimizer, scheduler, extra: dict | None, is_loading: bool,
     if extra is not None:
         sd["learner"] = dict(extra)
     return sd
-
-
-# ---------------------------------------------------------------- a killed save leaves no process behind
-_saver_pid: int | None = None  # this process's pid while save_checkpoint writes (forked children inherit it)
-_fork_hook_lock = threading.Lock()
-_fork_hook_installed = False
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def _die_with_parent() -> None:
-    """Fork hook: a process forked by the saver during a save (megatron's per-file writers) is killed when the
-    saver dies (Linux ``PR_SET_PDEATHSIG``)."""
-    global _saver_pid
-    saver, _saver_pid = _saver_pid, None  # this child's own children are not the saver's
-    if saver is None or not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != saver:  # the saver died before the line above took effect
-        os._exit(1)
-
-
-@contextlib.contextmanager
-def _children_die_with_us():
-    """While megatron's ``dist_checkpointing.save`` runs, make a SIGKILL of this process take its helpers along.
-
-    A torch_dist save forks one writer per file; killed mid-save, they would write on as orphans. The first save
-    also starts a spawn ``Manager`` server only to carry the writers' results back (and with it multiprocessing's
-    resource tracker), which outlives a killed parent for good. So: the writers forked now die with this process,
-    and megatron's results queue is a plain in-process queue (a synchronous save puts and gets the results in
-    this very process; no server needed).
-    """
-    global _fork_hook_installed, _saver_pid
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
-
-    with _fork_hook_lock:
-        if not _fork_hook_installed:
-            os.register_at_fork(after_in_child=_die_with_parent)
-            _fork_hook_installed = True
-    if filesystem_async._results_queue is None:
-        filesystem_async._results_queue = queue.Queue()
-    _saver_pid = os.getpid()
-    try:
-        yield
-    finally:
-        _saver_pid = None
 
 
 def _staging_dir(out: Path) -> Path:
@@ -239,7 +188,7 @@ def save_checkpoint(
         shutil.rmtree(staging, ignore_errors=True)  # leftovers of a save that crashed
         staging.mkdir(parents=True)
     dist.barrier()
-    with _children_die_with_us():
+    with children_die_with_us():
         dist_checkpointing.save(_state(model, optimizer, scheduler, extra, is_loading=False), str(staging))
     if dist.get_rank() == 0:
         if assets_dir is not None:
