@@ -152,3 +152,5 @@ def test_paper_recipes_carry_the_reference_settings_and_a_consistent_layout():
         check_gpus(LaunchShape(1, gpus), visible=gpus, tp=cfg.learner.tensor_parallel_size,
                    pp=cfg.learner.pipeline_parallel_size, expected=gpus)
         assert cfg.run_dir == f"runs/{name.replace('/', '-')}"
+        sp = cfg.learner.megatron_overrides.get("sequence_parallel", False)
+        assert sp == (cfg.learner.tensor_parallel_size > 1), name  # the reference's SP wherever TP allows it
