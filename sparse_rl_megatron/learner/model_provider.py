@@ -13,6 +13,7 @@ import torch
 
 from sparse_rl_megatron.models.arch import DEFAULT_VOCAB_MULTIPLE, ModelArch
 from sparse_rl_megatron.models.megatron_config import transformer_config
+from sparse_rl_megatron.models.rope import apply_rope_scaling
 
 from sparse_rl_megatron.utils.registry import Registry
 from sparse_rl_megatron.learner import cpu_compat
@@ -28,8 +29,9 @@ def te_available() -> bool:
     return torch.cuda.is_available() and importlib.util.find_spec("transformer_engine") is not None
 
 
-def layer_spec(name: str = "auto"):
-    """The transformer-layer ``ModuleSpec``: ``te``, ``local``, or ``auto`` (TE when available)."""
+def layer_spec(name: str = "auto", qk_layernorm: bool = False):
+    """The transformer-layer ``ModuleSpec``: ``te``, ``local``, or ``auto`` (TE when available).
+    ``qk_layernorm``: per-head RMSNorm of q and k (Qwen3)."""
     from megatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_layer_local_spec,
         get_gpt_layer_with_transformer_engine_spec,
@@ -40,8 +42,8 @@ def layer_spec(name: str = "auto"):
     if use_te:
         if not te_available():
             raise RuntimeError("layer_spec='te' needs Transformer Engine and a CUDA device; use 'local' or 'auto'")
-        return get_gpt_layer_with_transformer_engine_spec()
-    return get_gpt_layer_local_spec(normalization="RMSNorm")
+        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk_layernorm)
+    return get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=qk_layernorm)
 
 
 def _gpt_model_class():
@@ -93,7 +95,7 @@ def build_stage_model(
     cls = _gpt_model_class()
     model = cls(
         config=config,
-        transformer_layer_spec=layer_spec(spec),
+        transformer_layer_spec=layer_spec(spec, qk_layernorm=arch.qk_norm),
         vocab_size=arch.padded_vocab_size(tp, vocab_multiple),
         max_sequence_length=arch.max_position_embeddings,
         pre_process=ps.is_pipeline_first_stage(),
@@ -103,6 +105,7 @@ def build_stage_model(
         position_embedding_type="rope",
         rotary_base=arch.rope_theta,
     )
+    apply_rope_scaling(model, arch)
     model.true_vocab_size = arch.vocab_size
     if torch.cuda.is_available():
         model.cuda(torch.cuda.current_device())
