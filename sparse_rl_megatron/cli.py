@@ -12,6 +12,7 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "convert": ("sparse_rl_megatron.learner.convert_cli", "convert checkpoints HF <-> Megatron (torch_dist)"),
     "eval": ("sparse_rl_megatron.eval.cli", "evaluate a model on math benchmarks, dense or compressed-KV"),
+    "plan": ("sparse_rl_megatron.planning.cli", "per-GPU memory of a learner layout and the rollout KV budget"),
     "smoke": ("sparse_rl_megatron.smoke", "the embedded CPU default: a small end-to-end Sparse-RL step"),
 }
 

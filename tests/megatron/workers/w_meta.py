@@ -88,10 +88,12 @@ def check_hf(name: str, state: dict) -> None:
 
 def check_layout(arch, hf: dict, tp: int, pp: int) -> None:
     from sparse_rl_megatron.models import weight_map as wm
+    from sparse_rl_megatron.planning.params import stage_params
 
     meta = lambda n: torch.empty(hf[n], device="meta")  # noqa: E731
     padded = arch.padded_vocab_size(tp)
     tied_copy = arch.tie_word_embeddings and pp > 1
+    planned = stage_params(arch, tp, pp)  # what ``sparse-rl plan`` counts per GPU
     owner: dict[str, tuple[int, ...]] = {}  # canonical name -> its (per TP rank) shape, on the one owning stage
     count = 0
     for stage in range(pp):
@@ -104,6 +106,8 @@ def check_layout(arch, hf: dict, tp: int, pp: int) -> None:
                 assert want == shape, f"stage {stage} TP rank {r}: {n} is {shape}, the weight map gives {want}"
         if tied_copy and stage == pp - 1:
             assert wm.OUTPUT_LAYER in per_rank[0], "the last stage has no copy of the tied LM head"
+        held = sum(int(torch.Size(shape).numel()) for shape in per_rank[0].values())
+        assert held == planned[stage], f"stage {stage}: {held} parameters per GPU, the planner says {planned[stage]}"
         for n, shape in per_rank[0].items():
             if n == wm.OUTPUT_LAYER and tied_copy:
                 continue  # the last stage's copy of the tied embedding (kept in sync by megatron-core)
