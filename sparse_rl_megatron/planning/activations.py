@@ -3,11 +3,12 @@
 Two kernel sets, chosen by name (``KERNELS``):
 
 - ``local``: megatron-core's own modules (``get_gpt_layer_local_spec``; the CPU learner). Every term below was
-  measured on the CPU learner by recording the tensors autograd saves (``bench/bench_plan.py``): per token and
-  layer the RMSNorm input, normalised input and output for both norms (6h + 2 rstd), RoPE cos/sin for q and k
-  (4d), q and the GQA-expanded k, v (3 a d / t), the attention output (a d / t), the gate/up output, SiLU output,
-  product and fc2 input (5 F / t); per row the softmax probabilities [a / t, s, s]; Qwen3's q/k norms add
-  (3a + 3g) d / t + (a + g) / t (the norm inputs, their outputs, and the fused QKV output that k is a view of).
+  measured on the CPU learner by recording the tensors autograd saves (``tests/megatron``: the learner check
+  ``plan_matches_learner``): per token and layer the RMSNorm input, normalised input and output for both norms
+  (6h + 2 rstd), q and the GQA-expanded k, v (3 a d / t), the attention output (a d / t), the gate/up output,
+  SiLU output, product and fc2 input (5 F / t); per position RoPE's cos/sin for q and k (4d, shared by the
+  rows); per row the softmax probabilities [a / t, s, s]; Qwen3's q/k norms add (3a + 3g) d / t + (a + g) / t
+  per token (the norm inputs, their outputs, and the fused QKV output that k is a view of).
 - ``fused``: Transformer Engine (GPU): LayerNormLinear keeps input and normalised input (2h per norm),
   flash attention keeps q, k, v, its output and the softmax statistics (no [s, s] tensor), the fused SwiGLU keeps
   its input (2F / t) and fc2 its input (F / t). An estimate from what those kernels save; not measured here.
@@ -20,8 +21,10 @@ from typing import Callable
 from sparse_rl_megatron.models.arch import ModelArch
 from sparse_rl_megatron.utils.registry import Registry
 
-# Cross-entropy and loss bookkeeping per scored token (indices, masks, per-token loss terms), measured on CPU.
-LOSS_BYTES_PER_SCORED_TOKEN = 54
+# Per scored token: the gather index and the cross-entropy's target, mask and index tensors (33 B), and the
+# corrected GRPO loss's response-aligned terms (a mask and nine fp32 [rows, T] tensors with the KL term, 37 B).
+# Measured on CPU; a rounding error next to the layers at real sizes.
+LOSS_BYTES_PER_SCORED_TOKEN = 33 + 37
 INPUT_ID_BYTES = 8  # int64 token ids kept by the embedding
 
 
@@ -31,6 +34,8 @@ class LayerActivations:
 
     per_token: float
     """Kept bytes per token of the micro-batch."""
+    per_position: float
+    """Kept bytes per position of the (padded) row, shared by the micro-batch's rows (RoPE's cos / sin)."""
     per_row_square: float
     """Kept bytes per row and per (row length)^2 (unfused attention probabilities)."""
     temporary_per_row_square: float
@@ -48,10 +53,10 @@ KERNELS: Registry[Callable[[ModelArch, int, int], LayerActivations]] = Registry(
 def _local(arch: ModelArch, tp: int, e: int) -> LayerActivations:
     h, d, f = arch.hidden_size, arch.head_dim, arch.ffn_hidden_size
     a, g = arch.num_attention_heads / tp, arch.num_query_groups / tp
-    per_token = 6 * h + 2 + 4 * d + 4 * a * d + 5 * f / tp
+    per_token = 6 * h + 2 + 4 * a * d + 5 * f / tp
     if arch.qk_norm:
         per_token += (3 * a + 3 * g) * d + a + g
-    return LayerActivations(per_token=e * per_token, per_row_square=e * a, temporary_per_row_square=2 * e * a,
+    return LayerActivations(per_token=e * per_token, per_position=e * 4 * d, per_row_square=e * a, temporary_per_row_square=2 * e * a,
                             mask_per_square=1, final_norm_per_token=e * (2 * h + 1))
 
 
@@ -62,7 +67,7 @@ def _fused(arch: ModelArch, tp: int, e: int) -> LayerActivations:
     per_token = e * (4 * h + (2 * a + 2 * g) * d + 3 * f / tp) + 4 * (2 + a)  # + fp32 rstd x 2, softmax stats
     if arch.qk_norm:
         per_token += e * (a + g) * d
-    return LayerActivations(per_token=per_token, per_row_square=0.0, temporary_per_row_square=0.0,
+    return LayerActivations(per_token=per_token, per_position=0.0, per_row_square=0.0, temporary_per_row_square=0.0,
                             mask_per_square=0.0, final_norm_per_token=e * h + 4)
 
 
@@ -89,4 +94,5 @@ def micro_batches(rows_per_rank: int, row_len: int, scored_per_row: int, budget:
 
 def layer_bytes(layer: LayerActivations, mb: MicroBatch) -> float:
     """Bytes one layer keeps for one micro-batch."""
-    return layer.per_token * mb.tokens + layer.per_row_square * mb.rows * mb.row_len ** 2
+    return (layer.per_token * mb.tokens + layer.per_position * mb.row_len
+            + layer.per_row_square * mb.rows * mb.row_len ** 2)

@@ -52,7 +52,7 @@ def single_launch(mcore_refs, mcore_root) -> LaunchResult:
 def pair_launch(mcore_refs, mcore_root) -> LaunchResult:
     work = mcore_root / "pair_work"
     work.mkdir()
-    return launch("w_layouts.py", 2, [str(mcore_refs), str(work), "2x1,1x2,1x1", "nan_guard_pp2", "distopt"],
+    return launch("w_layouts.py", 2, [str(mcore_refs), str(work), "2x1,1x2,1x1", "nan_guard_pp2", "distopt", "plan"],
                   mcore_root / "pair_results")
 
 

@@ -211,6 +211,8 @@ def main() -> None:
         for name in ("config.json", "tokenizer.json", "chat_template.jinja"):
             assert (out / name).read_bytes() == (src / name).read_bytes(), name
 
+    checks += [(f"plan_matches_learner_tp1_{name}", lambda ref=ref: C.check_plan_matches_learner(ref, 1, 1))
+               for name, ref in refs.items()]
     checks += [("nan_guard_tp1", nan_guard), ("resume_with_optimizer_state", resume),
                ("refuse_other_architecture", refuse_other_arch), ("reference_policy_learner", reference_policy),
                ("save_hf_after_training", save_hf_after_training)]
