@@ -56,8 +56,11 @@ def _local(arch: ModelArch, tp: int, e: int) -> LayerActivations:
     per_token = 6 * h + 2 + 4 * a * d + 5 * f / tp
     if arch.qk_norm:
         per_token += (3 * a + 3 * g) * d + a + g
-    return LayerActivations(per_token=e * per_token, per_position=e * 4 * d, per_row_square=e * a, temporary_per_row_square=2 * e * a,
-                            mask_per_square=1, final_norm_per_token=e * (2 * h + 1))
+    # temporaries of one attention: megatron-core's persistent baddbmm input buffer (allocated on GPU; on CPU its
+    # pages are never touched), the scores, and the probabilities being built (or in backward two gradients)
+    return LayerActivations(per_token=e * per_token, per_position=e * 4 * d, per_row_square=e * a,
+                            temporary_per_row_square=3 * e * a, mask_per_square=1,
+                            final_norm_per_token=e * (2 * h + 1))
 
 
 @KERNELS.register("fused")

@@ -97,7 +97,8 @@ def stage_activations(arch: ModelArch, tp: int, pp: int, stage: int, mb: MicroBa
     per_layer = layer_bytes(layer, mb)
     vocab_local = arch.padded_vocab_size(tp) // tp
     chunked = 0 < setting.logprob_chunk_tokens < mb.scored
-    extras = layer.mask_per_square * mb.row_len ** 2 + (INPUT_ID_BYTES * mb.tokens if stage == 0 else 0)
+    mask = layer.mask_per_square * mb.row_len ** 2  # built inside the layers: a recompute rebuilds it
+    extras = INPUT_ID_BYTES * mb.tokens if stage == 0 else 0
     head_temp = head_saved = 0.0
     if stage == pp - 1:
         extras += layer.final_norm_per_token * mb.tokens + e * arch.hidden_size * mb.scored
@@ -110,7 +111,7 @@ def stage_activations(arch: ModelArch, tp: int, pp: int, stage: int, mb: MicroBa
         head_temp += e * vocab_local * arch.hidden_size  # the head's weight gradient before accumulation
     layers = arch.num_layers // pp
     return StageActivations(
-        kept=layers * per_layer + extras + head_saved,
+        kept=layers * per_layer + mask + extras + head_saved,
         kept_recompute=layers * e * arch.hidden_size * mb.tokens + extras + head_saved,
         layer=per_layer, head_saved=head_saved, head_temporary=head_temp,
         attention_temporary=layer.temporary_per_row_square * mb.rows * mb.row_len ** 2,

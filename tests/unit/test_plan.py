@@ -1,19 +1,22 @@
-"""``sparse-rl plan``: figures against hand-computed values, the bundled configs, bad input, suggestions, and the
-planner against what this machine measured at toy sizes (``bench/README.md``, "Learner ... peak memory")."""
+"""``sparse-rl plan``: figures against hand-computed values, the bundled configs, bad input, suggestions, the KV
+bytes the reference engine holds, and the CPU learner's peak memory measured at toy sizes (bench/bench_plan.py)."""
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from sparse_rl_megatron.cli import main
-from sparse_rl_megatron.models.arch import ModelArch, arch_from_hf_config
+from sparse_rl_megatron.models.arch import arch_from_hf_config
 from sparse_rl_megatron.models.catalog import bundled_config, hf_config, known_models
 from sparse_rl_megatron.planning.inputs import GIB, BatchShape, Layout, LearnerSetting, RolloutSetting
 from sparse_rl_megatron.planning.kv import kv_bytes_per_token
 from sparse_rl_megatron.planning.learner_memory import learner_memory
 from sparse_rl_megatron.planning.params import stage_params, total_params
 from sparse_rl_megatron.planning.plan import build_plan
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def plan(model="qwen2.5-7b", tp=4, pp=1, dp=2, compression=None, learner=None, rollout=None, **batch):
@@ -152,24 +155,22 @@ def test_pipeline_first_stage_holds_the_micro_batches_in_flight():
     assert first.activations_recompute > last.activations_recompute
 
 
-# The CPU learner's measured peak of one train step over the RSS before it (bench/README.md, "Learner", peak
-# memory): 1 layer, h 64, 2 query / 1 KV heads, FFN 128, vocab 151936 tied, fp32, one row of 16 + 4096 tokens.
-TOY = ModelArch(family="qwen2", vocab_size=151936, hidden_size=64, num_layers=1, num_attention_heads=2,
-                num_query_groups=1, head_dim=32, ffn_hidden_size=128, rope_theta=1e4, norm_eps=1e-6,
-                tie_word_embeddings=True, qkv_bias=True, max_position_embeddings=8192)
-MEASURED_TRAIN_PEAK_GIB = {512: 0.61, 0: 2.53}
+# The CPU learner's measured peak of one train step (rise of the peak RSS over the RSS before it), recorded by
+# bench/bench_plan.py (bench/README.md, "Memory planner"), MiB per cell.
+MEASURED_PEAK_MIB = {"wide-vocab chunked": 601.9, "wide-vocab unchunked": 2596.3, "deep qwen2": 1381.6,
+                     "deep qwen2, recompute": 814.6, "deep qwen3": 1416.4}
 
 
-@pytest.mark.parametrize("chunk", [512, 0])
-def test_against_the_measured_cpu_learner_peak(chunk):
-    """Activations + the larger temporary vs the measured peak: unchunked within 1%, chunked 19% under (the rest
-    of that peak is not in the plan: allocator and optimizer-step effects at a 0.1 GiB scale, see docs)."""
-    setting = LearnerSetting(params_dtype="float32", distributed_optimizer=False, kernels="local",
-                             max_tokens_per_device=4160, logprob_chunk_tokens=chunk)
-    st = learner_memory(TOY, Layout(1, 1, 1), BatchShape(1, 1, 16, 4096), setting)[0]
-    predicted = (st.total(setting) - st.weights - st.gradients - st.optimizer) / GIB
-    measured = MEASURED_TRAIN_PEAK_GIB[chunk]
-    assert abs(predicted - measured) / measured < (0.01 if chunk == 0 else 0.2), (predicted, measured)
+@pytest.mark.parametrize("cell", list(MEASURED_PEAK_MIB))
+def test_against_the_measured_cpu_learner_peak(cell):
+    """Plan (kept activations + the larger temporary) vs the measured peak: at most 5% over and 25% under (the
+    plan is 0.93-0.99 of it without recompute, 0.78 with; the saved activations themselves agree to 0.3%, see
+    tests/megatron/test_plan_vs_learner.py; what is left is allocator and temporary-overlap effects)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench_plan import CELLS, predicted
+
+    ratio = predicted(CELLS[cell])["peak"] / 2 ** 20 / MEASURED_PEAK_MIB[cell]
+    assert 0.75 <= ratio <= 1.05, ratio
 
 
 @pytest.mark.parametrize("method", ["none", "rkv"])

@@ -145,34 +145,6 @@ def same_on_all_ranks(x: torch.Tensor) -> None:
     assert torch.equal(t, x), "ranks disagree"
 
 
-def saved_bytes_per_micro_batch(lrn, batch) -> list[int]:
-    """Run one train step and return, per micro-batch forward, the bytes of the tensors autograd saved for
-    backward (unique storages; parameters excluded). A forward phase ends at the first backward unpack."""
-    from torch.autograd.graph import saved_tensors_hooks
-
-    params = {p.untyped_storage().data_ptr() for p in lrn.model.parameters()}
-    phases: list[dict[int, int]] = []
-    in_backward = [True]
-
-    def pack(t):
-        if in_backward[0]:
-            phases.append({})
-            in_backward[0] = False
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in params:
-            phases[-1].setdefault(storage.data_ptr(), storage.nbytes())
-        return t
-
-    def unpack(t):
-        in_backward[0] = True
-        return t
-
-    with saved_tensors_hooks(pack, unpack):
-        metrics = lrn.train_step(batch)
-    assert metrics["train/skipped"] == 0.0, metrics
-    return [sum(p.values()) for p in phases]
-
-
 def check_plan_matches_learner(ref: dict, tp: int, pp: int, distributed_optimizer: bool = False) -> None:
     """``sparse-rl plan`` vs the real learner on this rank: parameters, fp32 grads and Adam state exactly (the
     distributed optimizer's shards: disjoint, summing to all moments, each ~1 / DP), and at PP = 1 the activations each micro-batch
@@ -184,6 +156,7 @@ def check_plan_matches_learner(ref: dict, tp: int, pp: int, distributed_optimize
     from sparse_rl_megatron.planning.activations import MicroBatch
     from sparse_rl_megatron.planning.inputs import LearnerSetting
     from sparse_rl_megatron.planning.learner_memory import stage_activations
+    from sparse_rl_megatron.planning.measure import SavedTensorMeter
     from sparse_rl_megatron.planning.params import stage_params
 
     lrn = learner(ref, tp, pp, distributed_optimizer=distributed_optimizer, logprob_chunk_tokens=0,
@@ -192,7 +165,9 @@ def check_plan_matches_learner(ref: dict, tp: int, pp: int, distributed_optimize
                              max_tokens_per_device=40, distributed_optimizer=distributed_optimizer)
     stage, dp = ps.get_pipeline_model_parallel_rank(), ps.get_data_parallel_world_size()
     tb = train_batch(ref)
-    saved = saved_bytes_per_micro_batch(lrn, tb)
+    with SavedTensorMeter(lrn.model.parameters()) as meter:
+        assert lrn.train_step(tb)["train/skipped"] == 0.0
+    saved = meter.phases
     n = stage_params(lrn.arch, tp, pp)[stage]
     assert sum(p.numel() for p in lrn.model.parameters()) == n
     main_grads = sum(p.main_grad.numel() for p in lrn.model.parameters())
