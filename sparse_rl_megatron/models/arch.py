@@ -9,6 +9,7 @@ into a model that silently computes something else.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -110,8 +111,6 @@ class ModelArch:
 
     def padded_vocab_size(self, tp: int, multiple: int = DEFAULT_VOCAB_MULTIPLE) -> int:
         """Embedding rows in the Megatron model: a multiple of ``lcm(multiple, tp)``."""
-        import math
-
         step = multiple * tp // math.gcd(multiple, tp)
         return -(-self.vocab_size // step) * step
 
@@ -130,11 +129,20 @@ class ModelArch:
                 f"valid tensor_parallel_size values divide all of them"
             )
 
+    def tensor_parallel_sizes(self) -> list[int]:
+        """TP sizes that divide the heads, the KV groups and the FFN width."""
+        common = math.gcd(self.num_attention_heads, self.num_query_groups, self.ffn_hidden_size)
+        return [d for d in range(1, common + 1) if common % d == 0]
+
+    def pipeline_parallel_sizes(self) -> list[int]:
+        """PP sizes that divide the layers."""
+        return [d for d in range(1, self.num_layers + 1) if self.num_layers % d == 0]
+
     def check_pipeline_parallel(self, pp: int) -> None:
         if self.num_layers % pp:
             raise ValueError(
                 f"pipeline_parallel_size={pp} does not divide num_layers={self.num_layers}; "
-                f"valid values: {[d for d in range(1, self.num_layers + 1) if self.num_layers % d == 0]}"
+                f"valid values: {self.pipeline_parallel_sizes()}"
             )
 
     def to_dict(self) -> dict[str, Any]:

@@ -12,18 +12,9 @@ from sparse_rl_megatron.planning.learner_memory import learner_memory, peak_stag
 MAX_GPU_MULTIPLE = 8  # when nothing fits on the given GPUs, try up to this many times as many
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def valid_tp(arch: ModelArch, gpus_per_node: int) -> list[int]:
     """TP sizes that divide the heads, the KV groups and the FFN width, within one node."""
-    common = math.gcd(arch.num_attention_heads, arch.num_query_groups, arch.ffn_hidden_size)
-    return [d for d in _divisors(common) if d <= gpus_per_node]
-
-
-def valid_pp(arch: ModelArch) -> list[int]:
-    return _divisors(arch.num_layers)
+    return [d for d in arch.tensor_parallel_sizes() if d <= gpus_per_node]
 
 
 def check_layout(arch: ModelArch, layout: Layout) -> None:
@@ -33,9 +24,9 @@ def check_layout(arch: ModelArch, layout: Layout) -> None:
         raise ValueError(f"--tp {layout.tp} does not divide num_attention_heads={arch.num_attention_heads}, "
                          f"num_key_value_heads={arch.num_query_groups} and intermediate_size={arch.ffn_hidden_size} "
                          f"of this model; valid --tp values: {', '.join(map(str, tps))}")
-    if layout.pp not in valid_pp(arch):
+    if layout.pp not in arch.pipeline_parallel_sizes():
         raise ValueError(f"--pp {layout.pp} does not divide num_hidden_layers={arch.num_layers}; valid --pp values: "
-                         f"{', '.join(map(str, valid_pp(arch)))}")
+                         f"{', '.join(map(str, arch.pipeline_parallel_sizes()))}")
 
 
 @dataclass(frozen=True)
@@ -55,7 +46,7 @@ class Suggestion:
 
 def _candidates(arch: ModelArch, layout: Layout, gpus: int, setting: LearnerSetting):
     for tp in valid_tp(arch, layout.gpus_per_node):
-        for pp in valid_pp(arch):
+        for pp in arch.pipeline_parallel_sizes():
             if gpus % (tp * pp):
                 continue
             lay = dataclasses.replace(layout, tp=tp, pp=pp, dp=gpus // (tp * pp))
