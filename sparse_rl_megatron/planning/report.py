@@ -34,10 +34,10 @@ def render_learner(plan: Plan) -> list[str]:
         [used("activations, no recompute (micro-batches in flight)", not s.recompute)]
         + [f"{_gib(x.activations)} ({x.in_flight})" for x in stages],
         [used("activations, full recompute", s.recompute)] + [_gib(x.activations_recompute) for x in stages],
-        [f"log-prob buffers: LM head, {chunk}"] + [_gib(x.head_temporary) for x in stages],
-        [used("attention temporaries", not s.recompute)] + [_gib(x.layer_temporary) for x in stages],
-        [used("one recomputed layer + attention temporaries", s.recompute)] + [_gib(x.recompute_temporary) for x in stages],
-        ["**total** ((*) rows + the larger temporary)"] + [f"**{_gib(x.total(s))}**" for x in stages],
+        [f"temporary: log-prob buffers (LM head, {chunk})"] + [_gib(x.head_temporary) for x in stages],
+        ["temporary: one recomputed layer + its attention" if s.recompute else "temporary: one layer's attention"]
+        + [_gib(x.recompute_temporary if s.recompute else x.layer_temporary) for x in stages],
+        ["**total**: weights + gradients + (*) rows + the larger temporary"] + [f"**{_gib(x.total(s))}**" for x in stages],
     ]
     peak = plan.peak.total(s)
     verdict = (f"learner fits: peak {_gib(peak)} GiB of {lay.gpu_memory_gib:g} GiB per GPU" if plan.fits else
