@@ -9,9 +9,7 @@ For toy models (fp32, megatron-core local spec, TP = PP = 1, the planner's ``loc
    larger temporary.
 3. KV: bytes of K and V the reference engine allocates per sequence, dense vs rkv, vs the plan.
 
-Each learner cell runs in a fresh process. Full recompute needs megatron-core's ``CheckpointFunction``, which
-reads the CUDA RNG state; the learner's CPU shim does not cover it, so this script stubs the two RNG-state
-helpers for its recompute cells only (dropout is 0 in the learner, nothing random is recomputed).
+Each learner cell runs in a fresh process.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_plan.py
 """
@@ -63,10 +61,6 @@ def worker(cell: dict, model_dir: str) -> None:
     setting = _setting(cell)
     overrides = {}
     if cell["recompute"]:
-        import megatron.core.tensor_parallel.random as mrandom
-
-        mrandom._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
-        mrandom._set_cuda_rng_state = lambda *a, **k: None
         overrides = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     lrn = Learner(LearnerConfig(model_path=model_dir, params_dtype="float32", layer_spec="local",
                                 max_tokens_per_device=setting.max_tokens_per_device,

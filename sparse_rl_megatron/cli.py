@@ -8,6 +8,8 @@ import argparse
 import importlib
 import sys
 
+from sparse_rl_megatron.utils.errors import UserError
+
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "convert": ("sparse_rl_megatron.learner.convert_cli", "convert checkpoints HF <-> Megatron (torch_dist)"),
@@ -38,7 +40,12 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(module_name)
     parser = argparse.ArgumentParser(prog=f"sparse-rl {name}", description=help_text)
     module.add_arguments(parser)
-    return int(module.run(parser.parse_args(rest)) or 0)
+    args = parser.parse_args(rest)
+    try:
+        return int(module.run(args) or 0)
+    except UserError as err:  # a user's mistake: one line, no traceback
+        print(f"sparse-rl {name}: error: {err}", file=sys.stderr)
+        return err.exit_code
 
 
 if __name__ == "__main__":

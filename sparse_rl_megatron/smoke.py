@@ -32,7 +32,8 @@ from sparse_rl_megatron.algo.hooks import pad
 from sparse_rl_megatron.compression import CompressionConfig
 from sparse_rl_megatron.rollout.engine import SamplingParams
 from sparse_rl_megatron.rollout.sample import Sample
-from sparse_rl_megatron.utils.config_io import ConfigError, from_dict, load_config, to_dict
+from sparse_rl_megatron.utils.config_io import from_dict, load_config, to_dict
+from sparse_rl_megatron.utils.run_dir import archive_previous_outputs
 
 
 @dataclass
@@ -86,18 +87,6 @@ def rollout_metrics(samples: list[Sample]) -> dict[str, float]:
 OUTPUTS = ("config.yaml", "metrics.jsonl", "metrics.png", "tensorboard", "checkpoint")
 
 
-def archive_previous_outputs(run_dir: Path) -> Path | None:
-    """Move a previous run's outputs into ``run_dir/archive/<time>/`` so a re-run starts clean and loses nothing."""
-    old = [run_dir / name for name in OUTPUTS if (run_dir / name).exists()]
-    if not old:
-        return None
-    dest = run_dir / "archive" / time.strftime("%Y%m%d-%H%M%S")
-    dest.mkdir(parents=True, exist_ok=True)
-    for path in old:
-        path.rename(dest / path.name)
-    return dest
-
-
 def _print_step(console, step: int, metrics: dict[str, float], keys: tuple[str, ...]) -> None:
     from rich.table import Table
 
@@ -128,7 +117,7 @@ def run_smoke(cfg: SmokeConfig) -> dict[str, float]:
     console = Console()
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    archived = archive_previous_outputs(run_dir)
+    archived = archive_previous_outputs(run_dir, OUTPUTS)
     if archived:
         console.print(f"previous outputs of {run_dir} moved to {archived}")
     (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
@@ -182,9 +171,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        cfg = load_config(SmokeConfig, args.config, args.overrides)
-    except ConfigError as err:
-        raise SystemExit(f"sparse-rl smoke: bad config: {err}") from None
-    run_smoke(cfg)
+    run_smoke(load_config(SmokeConfig, args.config, args.overrides))
     return 0

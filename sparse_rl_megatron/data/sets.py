@@ -70,14 +70,18 @@ def data_root(override: str | os.PathLike | None = None) -> Path:
     return PROJECT_ROOT.parent / "shared" / "data"
 
 
-def dataset_path(name: str, root: str | os.PathLike | None = None) -> Path:
-    """Absolute path of the named set's file; a clear error if the data root does not hold it."""
+def dataset_path(name: str, root: str | os.PathLike | None = None, root_option: str = "data_root") -> Path:
+    """Absolute path of the named set's file; a clear error if the data root does not hold it.
+
+    ``root_option``: how the calling command sets the data root (``--data-root``, ``data.data_root``), for the
+    message.
+    """
     spec = DATASETS.get(name)
     path = data_root(root) / spec.path
     if not path.is_file():
         raise FileNotFoundError(
             f"data set '{name}' expects {path}, which does not exist; point the data root at the shared "
-            f"data folder (config data_root or ${DATA_ROOT_ENV}); it is never downloaded"
+            f"data folder with {root_option} or ${DATA_ROOT_ENV} (it is never downloaded)"
         )
     return path
 
@@ -93,6 +97,7 @@ def load_dataset(
     answer_style: str = "boxed",
     label_is_solution: bool = False,
     limit: int | None = None,
+    root_option: str = "data_root",
 ) -> Dataset:
     """Load a named set (see ``DATASETS``) or a user JSONL/Parquet file.
 
@@ -103,7 +108,8 @@ def load_dataset(
     name = str(name_or_path)
     if name in DATASETS:
         spec = DATASETS.get(name)
-        return load_file(dataset_path(name, root), FORMATS.get(spec.format), name, keep=spec.keep, limit=limit)
+        return load_file(dataset_path(name, root, root_option), FORMATS.get(spec.format), name, keep=spec.keep,
+                         limit=limit)
     path = Path(name)
     if path.suffix not in FILE_SUFFIXES and not path.exists():
         raise ValueError(

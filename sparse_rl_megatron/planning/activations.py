@@ -7,8 +7,9 @@ Two kernel sets, chosen by name (``KERNELS``):
   ``plan_matches_learner``): per token and layer the RMSNorm input, normalised input and output for both norms
   (6h + 2 rstd), q and the GQA-expanded k, v (3 a d / t), the attention output (a d / t), the gate/up output,
   SiLU output, product and fc2 input (5 F / t); per position RoPE's cos/sin for q and k (4d, shared by the
-  rows); per row the softmax probabilities [a / t, s, s]; Qwen3's q/k norms add (3a + 3g) d / t + (a + g) / t
-  per token (the norm inputs, their outputs, and the fused QKV output that k is a view of).
+  rows); per row the softmax probabilities [a / t, s, s]; Qwen3's q/k norms add (2a + 3g) d / t + (a + g) / t
+  per token (the fused QKV output that q and k are views of, the normalised q and k, their rstd), and a d / t
+  more when a rank holds several KV groups (g / t > 1: reshaping q copies it).
 - ``fused``: Transformer Engine (GPU): LayerNormLinear keeps input and normalised input (2h per norm),
   flash attention keeps q, k, v, its output and the softmax statistics (no [s, s] tensor), the fused SwiGLU keeps
   its input (2F / t) and fc2 its input (F / t). An estimate from what those kernels save; not measured here.
@@ -26,6 +27,7 @@ from sparse_rl_megatron.utils.registry import Registry
 # Measured on CPU; a rounding error next to the layers at real sizes.
 LOSS_BYTES_PER_SCORED_TOKEN = 33 + 37
 INPUT_ID_BYTES = 8  # int64 token ids kept by the embedding
+ROPE_EMBEDDING_BYTES = 4  # the fp32 rotary embedding [s, d]: kept once by full recompute's checkpoints
 
 
 @dataclass(frozen=True)
@@ -54,8 +56,10 @@ def _local(arch: ModelArch, tp: int, e: int) -> LayerActivations:
     h, d, f = arch.hidden_size, arch.head_dim, arch.ffn_hidden_size
     a, g = arch.num_attention_heads / tp, arch.num_query_groups / tp
     per_token = 6 * h + 2 + 4 * a * d + 5 * f / tp
-    if arch.qk_norm:
-        per_token += (3 * a + 3 * g) * d + a + g
+    if arch.qk_norm:  # the fused QKV output (q and k are views of it), q and k normalised, their rstd
+        per_token += (a + 2 * g) * d + (a + g) * d + a + g
+        if g > 1:  # several KV groups per rank: reshaping q to [heads, d] copies it, and the norm keeps the copy
+            per_token += a * d
     # temporaries of one attention: megatron-core's persistent baddbmm input buffer (allocated on GPU; on CPU its
     # pages are never touched), the scores, and the probabilities being built (or in backward two gradients)
     return LayerActivations(per_token=e * per_token, per_position=e * 4 * d, per_row_square=e * a,

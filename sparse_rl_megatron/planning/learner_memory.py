@@ -20,6 +20,7 @@ from sparse_rl_megatron.planning.activations import (
     INPUT_ID_BYTES,
     KERNELS,
     LOSS_BYTES_PER_SCORED_TOKEN,
+    ROPE_EMBEDDING_BYTES,
     MicroBatch,
     layer_bytes,
     micro_batches,
@@ -112,7 +113,8 @@ def stage_activations(arch: ModelArch, tp: int, pp: int, stage: int, mb: MicroBa
     layers = arch.num_layers // pp
     return StageActivations(
         kept=layers * per_layer + mask + extras + head_saved,
-        kept_recompute=layers * e * arch.hidden_size * mb.tokens + extras + head_saved,
+        kept_recompute=(layers * e * arch.hidden_size * mb.tokens + ROPE_EMBEDDING_BYTES * arch.head_dim * mb.row_len
+                        + extras + head_saved),
         layer=per_layer, head_saved=head_saved, head_temporary=head_temp,
         attention_temporary=layer.temporary_per_row_square * mb.rows * mb.row_len ** 2,
     )

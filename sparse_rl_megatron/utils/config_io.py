@@ -13,10 +13,12 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
+from sparse_rl_megatron.utils.errors import UserError
+
 T = TypeVar("T")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config file or override that does not fit the config dataclasses."""
 
 
@@ -117,19 +119,44 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override '{item}': '{part}' is not a section")
-        node[parts[-1]] = yaml.safe_load(raw)
+        try:
+            node[parts[-1]] = yaml.safe_load(raw)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"override '{item}': the value is not valid YAML ({_yaml_problem(err)})") from None
+    return data
+
+
+def _yaml_problem(err: Exception) -> str:
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
+
+
+def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
+    """The top-level mapping of a YAML recipe; a missing, malformed or non-mapping file is a ``ConfigError``
+    naming the file (and the line of a syntax error)."""
+    import yaml
+
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"config file {path} cannot be read: {err}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: malformed YAML: {_yaml_problem(err)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level of a config must be a mapping")
     return data
 
 
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
     """Read a YAML recipe (or start empty), apply overrides, and build ``cls``."""
-    import yaml
-
-    data: dict[str, Any] = {}
-    if path is not None:
-        text = Path(path).read_text()
-        data = yaml.safe_load(text) or {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: the top level of a config must be a mapping")
+    data: dict[str, Any] = read_yaml_mapping(path) if path is not None else {}
     apply_overrides(data, list(overrides or []))
     return from_dict(cls, data)
