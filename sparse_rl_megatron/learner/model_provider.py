@@ -16,6 +16,7 @@ import torch
 
 from sparse_rl_megatron.models.arch import DEFAULT_VOCAB_MULTIPLE, ModelArch
 from sparse_rl_megatron.models.megatron_config import transformer_config
+from sparse_rl_megatron.models.rope import apply_rope_scaling
 
 from sparse_rl_megatron.utils.registry import Registry
 from sparse_rl_megatron.learner import cpu_compat
@@ -70,16 +71,17 @@ def resolve_layer_spec(name: str = "auto") -> str:
     return "local"
 
 
-def layer_spec(name: str = "auto"):
-    """The transformer-layer ``ModuleSpec`` of ``resolve_layer_spec(name)``."""
+def layer_spec(name: str = "auto", qk_layernorm: bool = False):
+    """The transformer-layer ``ModuleSpec`` of ``resolve_layer_spec(name)``; ``qk_layernorm``: per-head RMSNorm
+    of q and k (Qwen3)."""
     from megatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_layer_local_spec,
         get_gpt_layer_with_transformer_engine_spec,
     )
 
     if resolve_layer_spec(name) == "te":
-        return get_gpt_layer_with_transformer_engine_spec()
-    return get_gpt_layer_local_spec(normalization="RMSNorm")
+        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk_layernorm)
+    return get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=qk_layernorm)
 
 
 def check_sequence_parallel(spec_name: str, overrides: dict[str, Any] | None) -> None:
@@ -155,7 +157,7 @@ def build_stage_model(
     cls = _gpt_model_class()
     model = cls(
         config=config,
-        transformer_layer_spec=layer_spec(spec),
+        transformer_layer_spec=layer_spec(spec, qk_layernorm=arch.qk_norm),
         vocab_size=arch.padded_vocab_size(tp, vocab_multiple),
         max_sequence_length=arch.max_position_embeddings,
         pre_process=ps.is_pipeline_first_stage(),
@@ -165,6 +167,7 @@ def build_stage_model(
         position_embedding_type="rope",
         rotary_base=arch.rope_theta,
     )
+    apply_rope_scaling(model, arch)
     model.true_vocab_size = arch.vocab_size
     if torch.cuda.is_available():
         model.cuda(torch.cuda.current_device())

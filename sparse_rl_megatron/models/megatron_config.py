@@ -1,7 +1,8 @@
-"""``ModelArch`` -> megatron-core ``TransformerConfig`` (Qwen2 and Llama share one mapping).
+"""``ModelArch`` -> megatron-core ``TransformerConfig`` (Qwen2, Llama and Qwen3 share one mapping).
 
-Both families are pre-norm decoders with RMSNorm, SwiGLU (``gated_linear_unit`` + SiLU, fc1 = [gate; up]),
-RoPE (non-interleaved, like HF's ``rotate_half``), GQA, no linear biases except Qwen2's Q/K/V bias.
+All families are pre-norm decoders with RMSNorm, SwiGLU (``gated_linear_unit`` + SiLU, fc1 = [gate; up]),
+RoPE (non-interleaved, like HF's ``rotate_half``), GQA, no linear biases except Qwen2's Q/K/V bias; Qwen3
+adds a per-head RMSNorm of q and k (``qk_layernorm``; the layer spec must be built with it too).
 """
 from __future__ import annotations
 
@@ -94,6 +95,7 @@ def transformer_config(
         activation_func=F.silu,
         add_bias_linear=False,
         add_qkv_bias=arch.qkv_bias,
+        qk_layernorm=arch.qk_norm,
         attention_dropout=0.0,
         hidden_dropout=0.0,
         tensor_model_parallel_size=tensor_parallel_size,

@@ -54,7 +54,7 @@ def pair_launch(mcore_refs, mcore_root) -> LaunchResult:
     work = mcore_root / "pair_work"
     work.mkdir()
     return launch("w_layouts.py", 2, [str(mcore_refs), str(work), "2x1,1x2,1x1", "nan_guard_pp2", "distopt",
-                                      "bf16_export_pp2", "sequence_parallel"], mcore_root / "pair_results")
+                                      "bf16_export_pp2", "sequence_parallel", "plan"], mcore_root / "pair_results")
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,8 @@
 """Megatron model == HF transformers for the same weights, at TP1 / TP2 / PP2 / DP2 / TP2xPP2.
 
 Models (``workers/mcore_spec.py``): Qwen2 tied (14 q / 2 kv heads), Qwen2 untied (28 q / 4 kv heads, the
-Qwen2.5-7B ratio), Llama (no biases); vocab 250 padded to 256 in Megatron. fp32 throughout.
+Qwen2.5-7B ratio), Llama 3.x (no biases, llama3 RoPE scaling), Qwen3 tied (q/k norms, head_dim != hidden /
+heads); vocab 250 padded to 256 in Megatron; norm weights randomised. fp32 throughout.
 """
 import pytest
 

@@ -189,8 +189,8 @@ def check_sequence_parallel(ref: dict) -> None:
         learner(ref, 2, 1, megatron_overrides=overrides)
     real_spec, real_final = model_provider.layer_spec, transformer_block.LayerNormImpl
 
-    def spec_with_sp_norms(name="auto"):
-        spec = real_spec(name)
+    def spec_with_sp_norms(name="auto", **kwargs):
+        spec = real_spec(name, **kwargs)
         spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = SequenceParallelRMSNorm
         return spec
 
@@ -213,3 +213,57 @@ def _packed(lrn):
         return lrn.micro_batches(sequence_batch())
     finally:
         lrn.config.batch_layout = layout
+
+
+# Not in the plan: the loss's terms for response-aligned padding slots (the plan counts scored tokens) and the
+# vocab-padding mask of the LM head; a few hundred bytes per micro-batch here.
+SMALL_TERMS = 512
+
+
+def check_plan_matches_learner(ref: dict, tp: int, pp: int, distributed_optimizer: bool = False,
+                               recompute: bool = False) -> None:
+    """``sparse-rl plan`` vs the real learner on this rank: parameters, fp32 grads and Adam state exactly (the
+    distributed optimizer's shards: disjoint, summing to all moments, each ~1 / DP), and at PP = 1 the
+    activations each micro-batch keeps for backward (recorded with autograd's saved-tensor hooks) within 0.5%
+    + ``SMALL_TERMS`` bytes.
+    With full recompute only the first micro-batch's forward is compared (the recomputation in backward saves
+    again, interleaved with the next micro-batches)."""
+    from megatron.core import parallel_state as ps
+
+    from sparse_rl_megatron.planning.activations import MicroBatch
+    from sparse_rl_megatron.planning.inputs import LearnerSetting
+    from sparse_rl_megatron.planning.learner_memory import stage_activations
+    from sparse_rl_megatron.planning.measure import SavedTensorMeter
+    from sparse_rl_megatron.planning.params import stage_params
+
+    overrides = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1) if recompute else {}
+    lrn = learner(ref, tp, pp, distributed_optimizer=distributed_optimizer, logprob_chunk_tokens=0,
+                  max_tokens_per_device=40, megatron_overrides=overrides)
+    setting = LearnerSetting(params_dtype="float32", kernels="local", logprob_chunk_tokens=0, recompute=recompute,
+                             max_tokens_per_device=40, distributed_optimizer=distributed_optimizer)
+    stage, dp = ps.get_pipeline_model_parallel_rank(), ps.get_data_parallel_world_size()
+    tb = train_batch(ref)
+    with SavedTensorMeter(lrn.model.parameters()) as meter:
+        assert lrn.train_step(tb)["train/skipped"] == 0.0
+    n = stage_params(lrn.arch, tp, pp)[stage]
+    assert sum(p.numel() for p in lrn.model.parameters()) == n
+    main_grads = sum(p.main_grad.numel() for p in lrn.model.parameters())
+    assert main_grads == n and all(p.main_grad.dtype == torch.float32 for p in lrn.model.parameters())
+    moments = sum(v.numel() for opt in lrn.optimizer.chained_optimizers for s in opt.optimizer.state.values()
+                  for k, v in s.items() if k in ("exp_avg", "exp_avg_sq"))
+    if distributed_optimizer:  # disjoint shards of ~n / DP (bucket padding moves a few elements between ranks)
+        total = torch.tensor([moments], dtype=torch.float64)
+        dist.all_reduce(total, group=ps.get_data_parallel_group())
+        assert total.item() == 2 * n and abs(moments - 2 * n / dp) <= 0.01 * n / dp, (moments, total.item(), n, dp)
+    else:
+        assert moments == 2 * n, (moments, n)  # fp32 params: 4 + 4 + 8 bytes per parameter
+    if pp > 1:
+        return  # 1F1B interleaves micro-batches: the per-micro-batch phases are not separable here
+    mbs = lrn.micro_batches(tb.sequences)
+    saved = meter.phases[:1] if recompute else meter.phases
+    assert recompute or len(saved) == len(mbs), (len(saved), len(mbs))
+    for got, mb in zip(saved, mbs):
+        shape = MicroBatch(rows=mb.input_ids.shape[0], row_len=mb.input_ids.shape[1], scored=len(mb.labels))
+        act = stage_activations(lrn.arch, tp, pp, stage, shape, setting)
+        want = act.kept_recompute if recompute else act.kept
+        assert abs(got - want) <= 0.005 * got + SMALL_TERMS, f"micro-batch {shape}: saved {got} B, planned {want:.0f} B"

@@ -3,6 +3,7 @@
 usage: w_layouts.py RESULT_DIR REF_PT WORK_DIR LAYOUTS [EXTRA ...]
   LAYOUTS: comma-separated TPxPP, e.g. 2x1,1x2,1x1 (the rest of the world is data parallel)
   EXTRA:   nan_guard_pp2 | reshard:<tp1 checkpoint dir> | distopt | bf16_export_pp2 | sequence_parallel
+           | plan (the planner vs the learner, per layout)
 """
 from __future__ import annotations
 
@@ -73,6 +74,12 @@ def main() -> None:
                 assert "DistributedOptimizer" in type(lrn.optimizer.chained_optimizers[0]).__name__
                 C.check_train_step(lrn, refs["qwen2_untied"])
             checks.append(("distributed_optimizer_train", distopt))
+        elif extra == "plan":
+            for tp, pp in layouts:
+                checks.append((f"plan_matches_learner_tp{tp}pp{pp}",
+                               lambda tp=tp, pp=pp: C.check_plan_matches_learner(refs["qwen3"], tp, pp)))
+            checks.append(("plan_matches_learner_distopt", lambda: C.check_plan_matches_learner(
+                refs["qwen2_untied"], 1, 1, distributed_optimizer=True)))
         elif extra.startswith("reshard:"):
             tp1_ckpt = extra.split(":", 1)[1]
 

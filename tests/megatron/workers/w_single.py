@@ -289,6 +289,10 @@ def main() -> None:
         for name in ("config.json", "tokenizer.json", "chat_template.jinja"):
             assert (out / name).read_bytes() == (src / name).read_bytes(), name
 
+    checks += [(f"plan_matches_learner_tp1_{name}", lambda ref=ref: C.check_plan_matches_learner(ref, 1, 1))
+               for name, ref in refs.items()]
+    checks.append(("plan_matches_learner_recompute",
+                   lambda: C.check_plan_matches_learner(refs["qwen3"], 1, 1, recompute=True)))
     checks += [("recompute_full_train", lambda: check_recompute_train_step(refs)),
                ("extra_state_checkpoints", lambda: check_extra_state_checkpoints(refs, work)),
                ("nan_guard_tp1", nan_guard), ("resume_with_optimizer_state", resume),
