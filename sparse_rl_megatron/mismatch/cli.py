@@ -1,7 +1,7 @@
 """``sparse-rl mismatch``: the rho distribution per KV budget, side by side with dense, before training.
 
     sparse-rl mismatch [--config RECIPE.yaml] [key.path=value ...] [--budgets 64,128,256] [--compression rkv]
-                       [--model DIR] [--dataset NAME] [--prompts N] [--n N] [--max-new-tokens N] [--seed S]
+                       [--model DIR] [--dataset NAME] [--prompts N] [--samples N] [--max-new-tokens N] [--seed S]
                        [--output FILE.json] [--overwrite] [--plot]
 
 The study is configured exactly like a training run: a train recipe (default: the embedded CPU default) plus
@@ -22,7 +22,7 @@ FLAG_FIELDS: dict[str, str] = {
     "template": "data.template",
     "compression": "rollout.compression.method",
     "prompts": "rollout.prompts_per_step",
-    "n": "rollout.samples_per_prompt",
+    "samples": "rollout.samples_per_prompt",
     "max_new_tokens": "rollout.sampling.max_new_tokens",
     "seed": "seed",
 }
@@ -49,7 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--dataset", help="prompts (data.dataset): a named set, a JSONL/Parquet file or task:<name>")
     g.add_argument("--template", help="prompt template (data.template)")
     g.add_argument("--prompts", type=int, help="prompts, the run's first ones (rollout.prompts_per_step)")
-    g.add_argument("--n", type=int, help="samples per prompt (rollout.samples_per_prompt)")
+    g.add_argument("--samples", type=int, help="samples per prompt, the GRPO group size (rollout.samples_per_prompt); "
+                                               "not --n, which torchrun would take for its own --nnodes")
     g.add_argument("--max-new-tokens", type=int, help="response length (rollout.sampling.max_new_tokens)")
     g.add_argument("--seed", type=int, help="seed of the prompt order and the sampler (seed)")
     g = parser.add_argument_group("output")
