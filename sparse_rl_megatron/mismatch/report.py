@@ -8,8 +8,8 @@ Results file (``FORMAT_VERSION`` 1; NaN is written as null)::
               "probe_max_abs_diff", "dense_tolerance", "config": {the resolved train config}},
      "histogram_edges": [... bins + 1 log-rho edges shared by every row ...],
      "rows": [{"label", "compression": {...}, "stats": {...}, "histogram": [... counts ...],
-               "samples": [{"group", "index", "reward", "response_tokens", "finish_reason", "compression_events",
-                            "peak_kv_tokens", "log_rho_sum", "rho_min", "kept"}]}]}
+               "samples": [{"group", "index", "source_id", "reward", "response_tokens", "finish_reason",
+                            "compression_events", "peak_kv_tokens", "log_rho_sum", "rho_min", "kept"}]}]}
 """
 from __future__ import annotations
 
@@ -126,8 +126,9 @@ def plot_histograms(document: dict[str, Any], path: str | Path) -> Path:
             if rho and edges[0] <= math.log(rho) <= edges[-1]:
                 ax.axvline(math.log(rho), color="tab:red" if name == "veto" else "tab:gray", ls="--", lw=0.8)
         stats = row["stats"]
-        ax.set_title(f"{row['label']}: p1 {_cell(stats.get('rho/p1'), '.3g')}, min {_cell(stats.get('rho/min'), '.2g')}"
-                     f", rejected tokens {_cell(stats.get('sparse/rejected_token_frac'), '.3f')}", fontsize=9, loc="left")
+        ax.set_title(f"{row['label']}: rho p1 {_cell(stats.get('rho/p1'), '.3g')}, min "
+                     f"{_cell(stats.get('rho/min'), '.2g')}, rejected tokens "
+                     f"{_cell(stats.get('sparse/rejected_token_frac'), '.3f')}", fontsize=9, loc="left")
         ax.set_ylabel("tokens")
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("log rho = log pi_old - log pi_sparse  (dashed: rejection bounds, red: sequence veto)")

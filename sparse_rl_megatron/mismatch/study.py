@@ -39,7 +39,8 @@ class RowResult:
     log_rho: torch.Tensor
     """``[N]`` float32 log rho of every response token of the row (the histogram's input)."""
     samples: list[dict[str, Any]]
-    """Per sample: group, index, reward, length, finish reason, compression events, peak KV, sum and min of rho."""
+    """Per sample: group, index, problem id, reward, length, finish reason, compression events, peak KV, and the
+    sum of log rho and the smallest rho over its response."""
 
 
 def study_rows(compression: CompressionConfig, budgets: Sequence[int]) -> list[tuple[str, CompressionConfig]]:
@@ -76,8 +77,9 @@ def row_result(label: str, compression: CompressionConfig, batch: "RolloutBatch"
     for i, s in enumerate(batch.samples):
         has_tokens = bool(mask[i].any())
         samples.append({
-            "group": s.group_id, "index": s.index_in_group, "reward": s.reward, "response_tokens": s.response_length,
-            "finish_reason": s.finish_reason, "compression_events": s.compression.events,
-            "peak_kv_tokens": s.compression.peak_kv_tokens, "log_rho_sum": float(seq_sum[i]),
+            "group": s.group_id, "index": s.index_in_group, "source_id": s.metadata.get("source_id"),
+            "reward": s.reward, "response_tokens": s.response_length, "finish_reason": s.finish_reason,
+            "compression_events": s.compression.events, "peak_kv_tokens": s.compression.peak_kv_tokens,
+            "log_rho_sum": float(seq_sum[i]),
             "rho_min": float(torch.exp(seq_min[i])) if has_tokens else None, "kept": bool(prepared.keep[i])})
     return RowResult(label, compression, stats, log_rho[mask].float(), samples)

@@ -36,7 +36,8 @@ CASES = [
     (["--budgets", "16,4"], r"--budgets: CompressionConfig.budget must be > window .* got budget=4, window=4"),
     (["--compression", "none"], r"rollout.compression.method is 'none' \(dense\): name the compressor to study with "
                                 r"--compression \(valid: h2o, rkv, snapkv, streamingllm\)"),
-    (["--compression", "zip"], r"rollout.compression: CompressionConfig.method: unknown KV compression method 'zip'; valid names: "),
+    (["--compression", "zip"], r"rollout.compression: CompressionConfig.method: unknown KV compression method 'zip'; "
+                               r"valid names: "),
     (["--prompts", "0"], r"rollout.*prompts_per_step must be >= 1, got 0"),
     (["--output", "{d}/taken.json"], r"--output: {d}/taken.json exists \(an earlier study's results\); pass "
                                      r"--overwrite to replace it or --output another file"),

@@ -74,9 +74,9 @@ def test_row_statistics_exact():
     assert s["rollout/response_len_mean"] == 2.5 and s["rollout/compression_events_mean"] == 0.5
     assert sorted(row.log_rho.tolist()) == pytest.approx(sorted([0.0, L(0.5), L(1e-5), L(2.0), 0.0]), abs=1e-6)
     first, second = row.samples
-    assert first == {"group": 0, "index": 0, "reward": 0.0, "response_tokens": 3, "finish_reason": "eos",
-                     "compression_events": 1, "peak_kv_tokens": 5, "log_rho_sum": pytest.approx(L(0.5) + L(1e-5)),
-                     "rho_min": pytest.approx(1e-5), "kept": False}
+    assert first == {"group": 0, "index": 0, "source_id": None, "reward": 0.0, "response_tokens": 3,
+                     "finish_reason": "eos", "compression_events": 1, "peak_kv_tokens": 5,
+                     "log_rho_sum": pytest.approx(L(0.5) + L(1e-5)), "rho_min": pytest.approx(1e-5), "kept": False}
     assert second["log_rho_sum"] == pytest.approx(L(2.0)) and second["rho_min"] == pytest.approx(1.0)
     assert second["kept"] is True
 
