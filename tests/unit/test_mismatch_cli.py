@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import re
 
 import pytest
+from cli_fixtures import write_cli_inputs
 
 from sparse_rl_megatron.cli import main
 from sparse_rl_megatron.mismatch.cli import FLAG_FIELDS, add_arguments, flag_overrides
@@ -14,14 +14,7 @@ from sparse_rl_megatron.mismatch.cli import FLAG_FIELDS, add_arguments, flag_ove
 
 @pytest.fixture
 def files(tmp_path):
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({
-        "model_type": "qwen2", "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "intermediate_size": 256}))
-    (model / "model.safetensors").write_bytes(b"")
-    (tmp_path / "data.jsonl").write_text(json.dumps({"prompt": "1+1?", "answer": "2"}) + "\n")
-    (tmp_path / "empty.jsonl").write_text("\n")
+    write_cli_inputs(tmp_path)
     (tmp_path / "taken.json").write_text("{}")
     (tmp_path / "taken.png").write_bytes(b"")
     (tmp_path / "free.json").mkdir()
