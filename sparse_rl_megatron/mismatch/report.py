@@ -21,7 +21,6 @@ from sparse_rl_megatron.algo.rho_stats import histogram_counts, histogram_edges
 
 if TYPE_CHECKING:
     from sparse_rl_megatron.mismatch.measure import Measurement
-    from sparse_rl_megatron.mismatch.study import RowResult
 
 FORMAT_VERSION = 1
 HISTOGRAM_BINS = 60
