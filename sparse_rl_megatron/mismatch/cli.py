@@ -111,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from sparse_rl_megatron.compression.scorers import SCORERS
+    from sparse_rl_megatron.mismatch.measure import measure
     from sparse_rl_megatron.mismatch.study import rejecting_correction, study_rows
     from sparse_rl_megatron.trainer import distributed as D
     from sparse_rl_megatron.trainer.cli import BENIGN_WARNINGS, load
@@ -143,8 +144,6 @@ def run(args: argparse.Namespace) -> int:
 
     if note:
         say(f"[yellow]note[/]: {note}")
-    from sparse_rl_megatron.mismatch.measure import measure
-
     try:
         measurement = measure(cfg, plan, rows, correction, say)
     except UserError as err:
