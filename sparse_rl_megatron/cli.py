@@ -14,6 +14,8 @@ from sparse_rl_megatron.utils.errors import UserError
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "convert": ("sparse_rl_megatron.learner.convert_cli", "convert checkpoints HF <-> Megatron (torch_dist)"),
     "eval": ("sparse_rl_megatron.eval.cli", "evaluate a model on math benchmarks, dense or compressed-KV"),
+    "mismatch": ("sparse_rl_megatron.mismatch.cli", "rho = pi_old / pi_sparse per KV budget vs dense: choose a budget "
+                                                    "before training"),
     "plot": ("sparse_rl_megatron.observability.plot_cli", "draw a run's metric curves (PNG) from its metrics.jsonl"),
     "plan": ("sparse_rl_megatron.planning.cli", "per-GPU memory of a learner layout and the rollout KV budget"),
     "preflight": ("sparse_rl_megatron.trainer.launch_check", "check a training launch on this node before torchrun"),

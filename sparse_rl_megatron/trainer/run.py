@@ -120,7 +120,6 @@ def _claim_run_dir(cfg: TrainConfig, run: Run) -> tuple[str | None, dict | None,
 def _build_models(cfg: TrainConfig, run: Run) -> None:
     """Learner (+ reference), engine and reward; rank 0 builds the model directories first."""
     from sparse_rl_megatron.learner import Learner
-    from sparse_rl_megatron.rewards.registry import REWARDS
     from sparse_rl_megatron.trainer.engines import ENGINES
     from sparse_rl_megatron.trainer.models import export_for_engine, prepare_model
     from sparse_rl_megatron.trainer.weight_sync import probe_sequence
@@ -136,10 +135,16 @@ def _build_models(cfg: TrainConfig, run: Run) -> None:
     run.probe = probe_sequence(run.learner.arch.vocab_size, cfg.sync.probe_tokens, cfg.seed)
     if D.is_main():
         run.engine = run.spec.build(hf_dir, cfg.rollout, cfg.log.progress)
-        factory = REWARDS.get(run.plan.reward)
-        reward = factory(cfg.reward.verifier) if run.plan.reward == "math" else factory()
-        run.reward = run.stack.enter_context(reward)
+        run.reward = run.stack.enter_context(make_reward(cfg, run.plan))
     D.wait_for_main()
+
+
+def make_reward(cfg: TrainConfig, plan: RunPlan):
+    """Rank 0: the run's reward (a context manager: the ``math`` reward owns a verifier process pool)."""
+    from sparse_rl_megatron.rewards.registry import REWARDS
+
+    factory = REWARDS.get(plan.reward)
+    return factory(cfg.reward.verifier) if plan.reward == "math" else factory()
 
 
 @contextlib.contextmanager

@@ -2,25 +2,17 @@
 (nothing is written to the run directory)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
+from cli_fixtures import write_cli_inputs
 
 from sparse_rl_megatron.cli import main
 
 
 @pytest.fixture
 def files(tmp_path):
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({
-        "model_type": "qwen2", "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "intermediate_size": 256}))
-    (model / "model.safetensors").write_bytes(b"")
-    (tmp_path / "data.jsonl").write_text(json.dumps({"prompt": "1+1?", "answer": "2"}) + "\n")
-    (tmp_path / "empty.jsonl").write_text("\n")
-    (tmp_path / "nolabel.jsonl").write_text(json.dumps({"prompt": "1+1?", "solution": "2"}) + "\n")
+    write_cli_inputs(tmp_path)
     (tmp_path / "bad.yaml").write_text("steps: 3\nrollout:\n  prompts_per_step: [4\n")
     return tmp_path
 
