@@ -8,7 +8,7 @@ import argparse
 import importlib
 import sys
 
-from sparse_rl_megatron.utils.errors import UserError
+from sparse_rl_megatron.utils.errors import UsageError, UserError
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -43,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(module.run(args) or 0)
     except UserError as err:  # a user's mistake: one line, no traceback
+        if isinstance(err, UsageError):
+            parser.print_usage(sys.stderr)
         print(f"sparse-rl {name}: error: {err}", file=sys.stderr)
         return err.exit_code
 

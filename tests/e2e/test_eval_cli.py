@@ -7,14 +7,8 @@ import pytest
 from sparse_rl_megatron.cli import main
 from sparse_rl_megatron.data import BENCHMARKS, load_dataset
 from sparse_rl_megatron.rewards import REASONS, check_answer
-from sparse_rl_megatron.utils.tiny_models import save_tiny_hf_checkpoint
 
 LIMIT, N, TOKENS = 5, 2, 24
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    return save_tiny_hf_checkpoint(tmp_path_factory.mktemp("tiny") / "model", "qwen2", seed=0)
 
 
 def _eval(model, shared_data, out, *extra):
@@ -70,10 +64,3 @@ def test_eval_dense_sparse_and_compare(tiny_model, shared_data, tmp_path, capsys
     assert "gsm8k: dense n=2 vs sparse n=2" in out and "math500: dense n=2 vs sparse n=2" in out
     assert "sparse - dense" in out and "compression events / sample" in out
     assert "not compared" in out and "aime24" in out  # benchmarks only the dense file has
-
-
-def test_compare_rejects_a_file_that_is_not_results(tmp_path):
-    bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"hello": 1}))
-    with pytest.raises(ValueError, match="format_version"):
-        main(["eval", "--compare", str(bad), str(bad)])
