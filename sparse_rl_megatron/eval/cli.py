@@ -39,10 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("engine and inference mode")
     g.add_argument("--engine", default="hf", help="rollout engine name (hf)")
     g.add_argument("--compression", default="none", help="KV compressor: none (dense), rkv, snapkv, streamingllm, h2o")
-    g.add_argument("--budget", type=positive_int, default=512, help="KV budget B")
-    g.add_argument("--window", type=positive_int, default=8, help="observation window alpha")
-    g.add_argument("--buffer", type=positive_int, default=128, help="buffer W (compress at B + W)")
-    g.add_argument("--scope", default="all", help="budget scope: all | response")
+    g.add_argument("--budget", type=positive_int, default=None, help="KV budget B (default 512; needs --compression)")
+    g.add_argument("--window", type=positive_int, default=None, help="observation window alpha (default 8)")
+    g.add_argument("--buffer", type=positive_int, default=None, help="buffer W: compress at B + W (default 128)")
+    g.add_argument("--scope", default=None, help="budget scope: all (default) | response")
     g.add_argument("--dtype", default="float32", choices=DTYPE_NAMES, help="compute dtype of the engine")
     g.add_argument("--max-batch-size", type=positive_int, default=64)
 
@@ -87,6 +87,22 @@ _CONFIG_FIELD = re.compile(r"\b(?:EvalConfig|BenchmarkSettings|CompressionConfig
 
 def _as_option(field_name: str) -> str:
     return _OPTION_OF_FIELD.get(field_name, "--" + field_name.replace("_", "-"))
+
+
+COMPRESSION_OPTIONS = ("budget", "window", "buffer", "scope")
+"""Options that shape the KV compressor; the CompressionConfig default stands for each one not given."""
+
+
+def _compression_settings(args: argparse.Namespace) -> dict:
+    """The compression options given explicitly; refused without ``--compression`` (they would do nothing)."""
+    from sparse_rl_megatron.compression.config import DENSE_METHOD
+
+    given = {name: getattr(args, name) for name in COMPRESSION_OPTIONS if getattr(args, name) is not None}
+    if given and args.compression == DENSE_METHOD:
+        flags = ", ".join(f"--{name}" for name in given)
+        raise UsageError(f"{flags} without --compression would run dense (the full KV cache); add --compression "
+                         "rkv (or snapkv, streamingllm, h2o), or drop " + flags)
+    return given
 
 
 def _pass_k(text: str | None) -> list[int] | None:
@@ -139,8 +155,7 @@ def _build_config(args: argparse.Namespace):
         base = per_benchmark.get(name, default)
         per_benchmark[name] = BenchmarkSettings(n=fields.get("n", base.n),
                                                 max_new_tokens=fields.get("max_new_tokens", base.max_new_tokens))
-    compression = CompressionConfig(method=args.compression, budget=args.budget, window=args.window,
-                                    buffer=args.buffer, scope=args.scope)
+    compression = CompressionConfig(method=args.compression, **_compression_settings(args))
     return EvalConfig(
         model=args.model, benchmarks=benchmarks, tokenizer=args.tokenizer, data_root=args.data_root,
         limit=args.limit, input_key=args.input_key, label_key=args.label_key, template=args.template,

@@ -55,3 +55,10 @@ def test_compare_refuses_bad_files(tmp_path, capsys):
     assert eval_error(capsys, "--compare", broken, not_results).startswith(f"--compare: {broken} is not valid JSON (")
     assert eval_error(capsys, "--compare", tmp_path / "a.json", not_results) == (
         f"--compare: results file {tmp_path / 'a.json'} does not exist")
+
+
+def test_compression_options_need_a_compressor(tiny_model, shared_data, capsys):
+    msg = eval_error(capsys, "--model", tiny_model, "--data-root", shared_data, "--budget", "64")
+    assert msg.startswith("--budget without --compression would run dense (the full KV cache); add --compression rkv")
+    msg = eval_error(capsys, "--model", tiny_model, "--compression", "none", "--buffer", "8", "--scope", "response")
+    assert msg.startswith("--buffer, --scope without --compression would run dense")
