@@ -1,6 +1,7 @@
 """`sparse-rl eval` refuses a bad command line argparse-style (usage line, one error line naming the option or
 file, exit status 2, no traceback) before it loads any model, and writes nothing."""
 import json
+import re
 
 import pytest
 
@@ -62,3 +63,16 @@ def test_compression_options_need_a_compressor(tiny_model, shared_data, capsys):
     assert msg.startswith("--budget without --compression would run dense (the full KV cache); add --compression rkv")
     msg = eval_error(capsys, "--model", tiny_model, "--compression", "none", "--buffer", "8", "--scope", "response")
     assert msg.startswith("--buffer, --scope without --compression would run dense")
+
+
+def test_prompt_and_new_tokens_must_fit_the_context(tiny_model, shared_data, capsys):
+    # the paper preset asks 8192 new tokens; the tiny model's context is 8192 (as Qwen2.5-Math's 4096 would be
+    # too small): refused with the value that fits, before the model loads (the engine's own check says otherwise)
+    msg = eval_error(capsys, "--model", tiny_model, "--data-root", shared_data, "--benchmarks", "gsm8k,math500",
+                     "--limit", "3")
+    m = re.fullmatch(r"(\w+): the longest prompt \((\d+) tokens\) \+ 8192 new tokens exceed the model's context of "
+                     r"8192 tokens \(max_position_embeddings\); lower --max-new-tokens to (\d+) or less \(or for this "
+                     r"benchmark alone: --bench (\w+):max_new_tokens=(\d+)\); (\w+) overflow too", msg)
+    assert m, msg
+    name, prompt, room, name2, room2, other = m.groups()
+    assert int(room) == int(room2) == 8192 - int(prompt) and name == name2 and {name, other} == {"gsm8k", "math500"}
