@@ -19,6 +19,8 @@ from sparse_rl_megatron.utils.dtypes import DTYPE_NAMES
 from sparse_rl_megatron.utils.errors import UsageError, UserError, positive_int
 from sparse_rl_megatron.utils.preflight import check_model_dir
 
+log = logging.getLogger(__name__)
+
 PRESETS = ("paper", "none")
 _BUILTIN = {"temperature": 0.8, "top_p": 0.95, "n": 1, "max_new_tokens": 8192}
 
@@ -191,7 +193,6 @@ def run(args: argparse.Namespace) -> int:
     from sparse_rl_megatron.eval.report import print_comparison, print_results
     from sparse_rl_megatron.eval.results import read_results, write_results
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.compare:
         try:
             a, b = (read_results(p) for p in args.compare)
@@ -203,6 +204,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     config = build_config(args)
     check_inputs(config)
+    log.info("loading torch and transformers")
     import torch
 
     from sparse_rl_megatron.eval.runner import run_eval

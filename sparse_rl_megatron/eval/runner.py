@@ -166,6 +166,7 @@ def run_eval(config: EvalConfig, *, export_dir: str | None = None, engine=None) 
             hf_config = read_json_file(Path(hf_dir) / "config.json", "model config")
             check_lengths(config, datasets, _load_tokenizer(config.tokenizer or hf_dir),
                           hf_config.get("max_position_embeddings"))
+            log.info("loading %s into the %s engine (%s, %s)", hf_dir, config.engine, config.dtype, config.mode())
             engine = factory(hf_dir, config)
         finally:
             if exported:  # the weights are loaded: the temporary export is no longer needed
@@ -190,7 +191,11 @@ def run_eval(config: EvalConfig, *, export_dir: str | None = None, engine=None) 
         },
         "benchmarks": {},
     }
+    log.info("starting %d answer-checking worker(s)", config.verifier.num_workers)
     with MathReward(config.verifier) as reward:
         for name, dataset in datasets.items():
+            settings = config.settings(name)
+            log.info("%s: sampling %d problems x n=%d, up to %d new tokens (%s)", name, len(dataset), settings.n,
+                     settings.max_new_tokens, config.mode())
             results["benchmarks"][name] = evaluate_benchmark(name, dataset, engine, reward, config)
     return results

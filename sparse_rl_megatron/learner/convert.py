@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 from pathlib import Path
@@ -19,6 +20,8 @@ from sparse_rl_megatron.learner.hf_io import read_arch, save_hf_checkpoint, torc
 from sparse_rl_megatron.models import weight_map as wm
 from sparse_rl_megatron.models.arch import ModelArch
 from sparse_rl_megatron.learner import cpu_compat
+
+log = logging.getLogger(__name__)
 
 # megatron-core stores the layers of a homogeneous TransformerBlock stacked along a leading axis,
 # under TE-spec names without the layer index (``decoder.layers.mlp.linear_fc1.weight``: [L, 2F, H]).
@@ -42,8 +45,12 @@ def import_from_hf(
     arch, cfg = read_arch(hf_dir)
     init_model_parallel(tensor_parallel_size, pipeline_parallel_size)
     dtype = torch_dtype(params_dtype or arch.hf_dtype)
+    log.info("building the %s model at TP=%d x PP=%d (%s)", arch.family, tensor_parallel_size, pipeline_parallel_size,
+             dtype)
     model = build_stage_model(arch, params_dtype=dtype, spec="local" if not torch.cuda.is_available() else "auto")
+    log.info("loading the HF weights of %s", hf_dir)
     load_hf_into_model(model, arch, hf_dir)
+    log.info("saving the torch_dist checkpoint %s", megatron_dir)
     return ckpt.save_checkpoint(megatron_dir, model, arch, cfg, assets_dir=hf_dir)
 
 

@@ -10,7 +10,10 @@ one process: it reads the global tensors and writes safetensors, config.json and
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
+
+log = logging.getLogger(__name__)
 
 DIRECTIONS = ("hf-to-megatron", "megatron-to-hf")
 
@@ -27,6 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    log.info("loading torch%s", " and megatron-core" if args.direction == "hf-to-megatron" else "")
     from sparse_rl_megatron.learner.convert import export_to_hf, import_from_hf
 
     try:
