@@ -17,7 +17,7 @@ from pathlib import Path
 from sparse_rl_megatron.data.sets import BENCHMARKS, check_dataset
 from sparse_rl_megatron.utils.dtypes import DTYPE_NAMES
 from sparse_rl_megatron.utils.errors import UsageError, UserError, positive_int
-from sparse_rl_megatron.utils.preflight import check_model_dir
+from sparse_rl_megatron.utils.preflight import check_model_dir, first_free_path
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("verification and output")
     g.add_argument("--verifier-workers", type=positive_int, default=2)
     g.add_argument("--verifier-timeout", type=float, default=5.0, help="seconds per answer")
-    g.add_argument("--output", default=None, help="results JSON (default eval-<model>-<mode>.json)")
+    g.add_argument("--output", default=None,
+                   help="results JSON, replaced if it exists (default: eval-<parent>_<model dir>-<mode>.json in the "
+                        "current directory, numbered -2, -3, ... rather than replacing an earlier one)")
+    g.add_argument("--overwrite", action="store_true",
+                   help="let the default results name replace an existing file instead of numbering a new one")
     g.add_argument("--no-progress", action="store_true")
     g.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"), default=None,
                    help="print two results files side by side and exit")
@@ -170,9 +174,10 @@ def _build_config(args: argparse.Namespace):
     )
 
 
-def check_inputs(config) -> dict:
-    """Everything the run reads, checked before anything loads: the model directory (its HF config is
-    returned), the tokenizer directory, every benchmark, the engine and the template. Raises ``UsageError``."""
+def check_inputs(config, output: str | None) -> dict:
+    """Everything the run reads and writes, checked before anything loads: the model directory (its HF config is
+    returned), the tokenizer directory, every benchmark, the engine, the template and ``--output``. Raises
+    ``UsageError``."""
     from sparse_rl_megatron.data.templates import TEMPLATES
     from sparse_rl_megatron.eval.engines import ENGINES
 
@@ -184,9 +189,22 @@ def check_inputs(config) -> dict:
             check_dataset(name, config.data_root, option="--benchmarks", root_option="--data-root")
         ENGINES.check(config.engine, "--engine")
         TEMPLATES.check(config.template, "--template")
+        if output is not None and Path(output).is_dir():
+            raise UserError(f"--output: {output} is a directory; give the results file's path")
     except (UserError, ValueError) as err:  # ValueError: UnknownNameError of a registry
         raise UsageError(str(err)) from None
     return hf_config
+
+
+def results_path(args: argparse.Namespace, config) -> Path:
+    """Where the results go: ``--output`` as given; else the default name, or its first free numbered variant
+    unless ``--overwrite`` (an earlier run's results are never replaced unasked)."""
+    from sparse_rl_megatron.eval.results import default_results_name
+
+    if args.output:
+        return Path(args.output)
+    path = Path(default_results_name(config.model, config.mode()))
+    return path if args.overwrite else first_free_path(path)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -203,7 +221,9 @@ def run(args: argparse.Namespace) -> int:
         print_comparison(a, b, labels=labels)
         return 0
     config = build_config(args)
-    check_inputs(config)
+    check_inputs(config, args.output)
+    output = results_path(args, config)
+    log.info("results will be written to %s", output)
     log.info("loading torch and transformers")
     import torch
 
@@ -211,7 +231,9 @@ def run(args: argparse.Namespace) -> int:
 
     torch.manual_seed(config.seed)
     results = run_eval(config, export_dir=args.export_dir)
-    output = args.output or f"eval-{Path(config.model.rstrip('/')).name}-{config.mode()}.json"
+    if results_path(args, config) != output:  # a run that started after this one took the name meanwhile
+        output = results_path(args, config)
+        log.warning("the results file name was taken while this run ran; writing %s instead", output)
     path = write_results(results, output)
     print_results(results)
     print(f"results written to {path}")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,14 @@ from sparse_rl_megatron.utils.errors import UserError
 from sparse_rl_megatron.utils.preflight import read_json_file
 
 FORMAT_VERSION = 1
+
+
+def default_results_name(model: str | os.PathLike, mode: str) -> str:
+    """``eval-<parent>_<model dir>-<mode>.json``: the parent folder tells apart the many model directories named
+    ``checkpoint`` or ``hf`` (``runs/a/step_100/checkpoint`` -> ``eval-step_100_checkpoint-rkv-B512-W128.json``)."""
+    parts = Path(os.path.abspath(model)).parts[-2:]
+    model_id = re.sub(r"[^A-Za-z0-9._-]+", "_", "_".join(p for p in parts if p != os.sep))
+    return f"eval-{model_id}-{mode}.json"
 
 
 def write_results(results: dict[str, Any], path: str | os.PathLike) -> Path:

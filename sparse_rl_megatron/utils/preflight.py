@@ -68,3 +68,14 @@ def check_new_output(path: str | os.PathLike, option: str, overwrite: bool = Fal
     if path.is_dir() and not any(path.iterdir()):
         return path
     raise UserError(f"{option}: {path} already exists and is not empty; choose another path or pass --overwrite")
+
+
+def first_free_path(path: str | os.PathLike) -> Path:
+    """``path`` if nothing is there, else the first free ``<stem>-2<suffix>``, ``<stem>-3<suffix>``, ...: a default
+    output name that never replaces an earlier output."""
+    path = Path(path)
+    candidate, k = path, 1
+    while candidate.exists():
+        k += 1
+        candidate = path.with_name(f"{path.stem}-{k}{path.suffix}")
+    return candidate

@@ -80,3 +80,16 @@ def test_mode_label_sampling_header_and_a_compressor_that_never_runs(tiny_model,
     results = json.loads(out.read_text())
     assert results["meta"]["mode"] == "rkv-B512-W128"
     assert all(s["compression_events"] == 0 for p in results["benchmarks"]["gsm8k"]["problems"] for s in p["samples"])
+
+
+def test_default_results_name_never_replaces_earlier_results(tiny_model, shared_data, tmp_path, monkeypatch):
+    from sparse_rl_megatron.eval.results import default_results_name
+
+    monkeypatch.chdir(tmp_path)
+    earlier = tmp_path / default_results_name(tiny_model, "dense")
+    assert earlier.name == f"eval-{tiny_model.parent.name}_model-dense.json"
+    earlier.write_text("an earlier run's results")
+    assert main(["eval", "--model", str(tiny_model), "--data-root", str(shared_data), "--benchmarks", "gsm8k",
+                 "--limit", "1", "--max-new-tokens", "4", "--no-progress", "--verifier-workers", "1"]) == 0
+    assert earlier.read_text() == "an earlier run's results"
+    assert json.loads((tmp_path / earlier.name.replace(".json", "-2.json")).read_text())["meta"]["mode"] == "dense"

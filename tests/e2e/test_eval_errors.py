@@ -44,6 +44,8 @@ def test_option_errors_are_usage_errors(tiny_model, shared_data, tmp_path, capsy
     assert eval_error(capsys, "--model", tiny_model, "--bench", "aime24:k=4", *common).startswith("--bench 'aime24:k=4'")
     assert eval_error(capsys, "--model", tiny_model, "--benchmarks", "math500", "--bench", "gsm8k:n=2", *common) == (
         "--bench names gsm8k, which are not among the benchmarks being evaluated (math500)")
+    assert eval_error(capsys, "--model", tiny_model, "--output", tmp_path, *common) == (
+        f"--output: {tmp_path} is a directory; give the results file's path")
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 
