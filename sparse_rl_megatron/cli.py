@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from sparse_rl_megatron.utils.errors import UsageError, UserError
@@ -44,7 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     # What a command is loading (our INFO lines) and every warning go to stderr with the time: a first start
     # can take a while. Libraries' own INFO chatter stays off.
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s: %(message)s", datefmt="%H:%M:%S")
-    logging.getLogger("sparse_rl_megatron").setLevel(logging.INFO)
+    # Under torchrun, rank 0 speaks for all.
+    logging.getLogger("sparse_rl_megatron").setLevel(
+        logging.INFO if os.environ.get("RANK", "0") == "0" else logging.WARNING)
     try:
         return int(module.run(args) or 0)
     except UserError as err:  # a user's mistake: one line, no traceback

@@ -17,7 +17,7 @@ from pathlib import Path
 from sparse_rl_megatron.data.sets import BENCHMARKS, check_dataset
 from sparse_rl_megatron.utils.dtypes import DTYPE_NAMES
 from sparse_rl_megatron.utils.errors import UsageError, UserError, positive_int
-from sparse_rl_megatron.utils.preflight import check_model_dir, first_free_path
+from sparse_rl_megatron.utils.preflight import check_model_dir, check_new_output, first_free_path
 
 log = logging.getLogger(__name__)
 
@@ -174,9 +174,10 @@ def _build_config(args: argparse.Namespace):
     )
 
 
-def check_inputs(config, output: str | None) -> dict:
+def check_inputs(config, output: str | None, export_dir: str | None = None) -> dict:
     """Everything the run reads and writes, checked before anything loads: the model directory (its HF config is
-    returned), the tokenizer directory, every benchmark, the engine, the template and ``--output``. Raises
+    returned), the tokenizer directory, every benchmark, the engine, the template, ``--output`` and
+    ``--export-dir`` (new or empty: the export replaces it as a whole). Raises
     ``UsageError``."""
     from sparse_rl_megatron.data.templates import TEMPLATES
     from sparse_rl_megatron.eval.engines import ENGINES
@@ -191,6 +192,8 @@ def check_inputs(config, output: str | None) -> dict:
         TEMPLATES.check(config.template, "--template")
         if output is not None and Path(output).is_dir():
             raise UserError(f"--output: {output} is a directory; give the results file's path")
+        if export_dir is not None:
+            check_new_output(export_dir, "--export-dir")
     except (UserError, ValueError) as err:  # ValueError: UnknownNameError of a registry
         raise UsageError(str(err)) from None
     return hf_config
@@ -221,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
         print_comparison(a, b, labels=labels)
         return 0
     config = build_config(args)
-    check_inputs(config, args.output)
+    check_inputs(config, args.output, args.export_dir)
     output = results_path(args, config)
     log.info("results will be written to %s", output)
     log.info("loading torch and transformers")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 from pathlib import Path
 
 import torch
@@ -108,12 +109,18 @@ def checkpoint_hf_tensors(megatron_dir: str | os.PathLike) -> tuple[ModelArch, d
 def export_to_hf(megatron_dir: str | os.PathLike, out_dir: str | os.PathLike, dtype: str | None = None) -> Path:
     """torch_dist checkpoint -> HF directory (safetensors + config + tokenizer). Model-free, one process.
 
-    ``dtype`` defaults to the dtype of the HF checkpoint the model came from.
+    ``dtype`` defaults to the dtype of the HF checkpoint the model came from. Written to ``<out_dir>.saving``
+    and renamed into place when complete, replacing an existing ``out_dir`` as a whole (never a mix of two
+    exports; the caller decides whether one may be replaced).
     """
     arch, cfg, tensors = checkpoint_hf_tensors(megatron_dir)
     assets = Path(megatron_dir) / ckpt.ASSETS_DIR
-    out = save_hf_checkpoint(
-        out_dir, sorted(tensors.items()), cfg, assets_dir=assets if assets.is_dir() else None,
+    out = Path(out_dir)
+    staging = ckpt._staging_dir(out)
+    shutil.rmtree(staging, ignore_errors=True)  # leftovers of an export that crashed
+    save_hf_checkpoint(
+        staging, sorted(tensors.items()), cfg, assets_dir=assets if assets.is_dir() else None,
         dtype=torch_dtype(dtype or arch.hf_dtype),
     )
+    ckpt._commit(staging, out)
     return out

@@ -60,14 +60,22 @@ def check_model_dir(path: str | os.PathLike, option: str) -> dict[str, Any]:
     return data
 
 
-def check_new_output(path: str | os.PathLike, option: str, overwrite: bool = False) -> Path:
-    """An output location that is free (absent or an empty directory), unless ``overwrite``."""
+def check_new_output(path: str | os.PathLike, option: str, overwrite: bool = False,
+                     replaces: tuple[str, str] | None = None) -> Path:
+    """An output location that is free (absent or an empty directory), unless ``overwrite``.
+
+    ``replaces = (marker file, what it marks)``: with ``overwrite``, only a directory holding the marker (an
+    earlier output of the same kind) may be replaced; any other non-empty directory is still refused.
+    """
     path = Path(path)
-    if overwrite or not path.exists():
+    if not path.exists() or (path.is_dir() and not any(path.iterdir())):
         return path
-    if path.is_dir() and not any(path.iterdir()):
-        return path
-    raise UserError(f"{option}: {path} already exists and is not empty; choose another path or pass --overwrite")
+    if not overwrite:
+        raise UserError(f"{option}: {path} already exists and is not empty; choose another path or pass --overwrite")
+    if replaces is not None and not (path / replaces[0]).is_file():
+        raise UserError(f"{option}: {path} is not {replaces[1]} (no {replaces[0]}); --overwrite only replaces "
+                        f"{replaces[1]}, never another file or directory")
+    return path
 
 
 def first_free_path(path: str | os.PathLike) -> Path:
