@@ -22,7 +22,9 @@ from pathlib import Path
 
 from sparse_rl_megatron.utils.dtypes import DTYPE_NAMES
 from sparse_rl_megatron.utils.errors import UsageError, UserError, positive_int
-from sparse_rl_megatron.utils.preflight import MEGATRON_META_FILE, check_model_dir, check_new_output
+from sparse_rl_megatron.utils.preflight import (
+    MEGATRON_ASSETS_DIR, MEGATRON_META_FILE, TOKENIZER_FILES, check_model_dir, check_new_output, has_tokenizer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +92,10 @@ def check_inputs(args: argparse.Namespace) -> None:
         _check_layout(args, hf_config)
         check_new_output(args.output, "--output", args.overwrite,
                          replaces=(MEGATRON_META_FILE, "a sparse-rl Megatron checkpoint"))
+        if not has_tokenizer(args.input):
+            log.warning("--input %s has no tokenizer files (none of %s): the checkpoint will carry none, and its HF "
+                        "exports will lack them; copy them from the original model", args.input,
+                        ", ".join(TOKENIZER_FILES))
         return
     if not is_megatron:
         raise UsageError(f"--input: {Path(args.input) / MEGATRON_META_FILE} not found: {args.input} is not a "
@@ -98,6 +104,10 @@ def check_inputs(args: argparse.Namespace) -> None:
         raise UsageError("--tensor-parallel-size / --pipeline-parallel-size are for hf-to-megatron; megatron-to-hf "
                          "reads a checkpoint of any layout in one process")
     check_new_output(args.output, "--output", args.overwrite, replaces=("config.json", "an HF model directory"))
+    if not has_tokenizer(Path(args.input) / MEGATRON_ASSETS_DIR):
+        log.warning("the checkpoint %s carries no tokenizer files (none of %s in %s/): the HF export %s will lack "
+                    "them; copy them from the original HF model", args.input, ", ".join(TOKENIZER_FILES),
+                    MEGATRON_ASSETS_DIR, args.output)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -87,7 +88,9 @@ def read_global_tensors(megatron_dir: str | os.PathLike) -> dict[str, torch.Tens
         for k, m in metadata.items()
         if isinstance(m, TensorStorageMetadata) and not k.startswith("optimizer.")
     }
-    load(state, storage_reader=reader, no_dist=True)
+    with warnings.catch_warnings():  # torch warns that it assumes one process: that is the point of no_dist
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        load(state, storage_reader=reader, no_dist=True)
     return state
 
 

@@ -107,7 +107,8 @@ def save_hf_checkpoint(
 ) -> Path:
     """Write ``model.safetensors`` + ``config.json`` (+ tokenizer/template files from ``assets_dir``).
 
-    The ``config.json`` of ``assets_dir`` is kept as is when present; otherwise ``hf_config`` is written.
+    The ``config.json`` of ``assets_dir`` is kept as is when present; otherwise ``hf_config`` is written. Either
+    way its ``dtype`` (and legacy ``torch_dtype``) names the dtype of the tensors written when ``dtype`` is given.
     """
     from safetensors.torch import save_file
 
@@ -119,8 +120,16 @@ def save_hf_checkpoint(
         t = t.detach().to("cpu")
         state[name] = (t.to(dtype) if dtype is not None else t).contiguous()
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    if "config.json" not in copied:  # keep the original file byte for byte when it travelled with the assets
-        (out / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+    config_path = out / "config.json"
+    if "config.json" in copied:
+        hf_config = json.loads(config_path.read_text())
+    written = str(dtype).removeprefix("torch.") if dtype is not None else None
+    keys = [k for k in ("dtype", "torch_dtype") if k in hf_config] or ["dtype"]
+    stale = written is not None and any(hf_config.get(k) != written for k in keys)
+    if stale:  # config.json names the dtype of the tensors written
+        hf_config = {**hf_config, **dict.fromkeys(keys, written)}
+    if stale or "config.json" not in copied:  # a copied config.json that is still right stays byte for byte
+        config_path.write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
     return out
 
 

@@ -13,6 +13,15 @@ from sparse_rl_megatron.utils.errors import UserError
 
 MEGATRON_META_FILE = "sparse_rl_checkpoint.json"
 """Marks a sparse-rl Megatron checkpoint (``learner/checkpoint.py`` writes it); kept here so checks need no torch."""
+MEGATRON_ASSETS_DIR = "hf_assets"
+"""Where a sparse-rl Megatron checkpoint keeps its HF config and tokenizer files (``checkpoint.ASSETS_DIR``)."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+"""A tokenizer's vocabulary (fast tokenizer, SentencePiece model, BPE vocabulary): without one, none loads."""
+
+
+def has_tokenizer(directory: str | os.PathLike) -> bool:
+    """Whether ``directory`` holds a tokenizer vocabulary (one of ``TOKENIZER_FILES``)."""
+    return any((Path(directory) / name).is_file() for name in TOKENIZER_FILES)
 
 
 def read_json_file(path: str | os.PathLike, what: str = "file") -> Any:

@@ -1,12 +1,13 @@
 """`sparse-rl convert` refuses a bad layout, an existing output and overlapping paths before torch loads
 (one line, exit 2, nothing written), replaces only with --overwrite (and only an output of the same kind, as a
 whole), and runs without the CPU-expected megatron-core warnings."""
+import argparse
+import json
 import os
 import shutil
 import subprocess
-import sys
 
-import pytest
+import torch
 
 from mcore_harness import PYTHON, ROOT
 from sparse_rl_megatron.cli import main
@@ -98,3 +99,44 @@ def test_hf_to_megatron_overwrite_replaces_a_checkpoint_without_cpu_warnings(mco
     for step in ("loading torch and megatron-core", "building the qwen2 model at TP=1 x PP=1",
                  "loading the HF weights of", "saving the torch_dist checkpoint"):
         assert step in proc.stderr
+
+
+def test_export_names_its_dtype_and_warns_about_a_missing_tokenizer(mcore_refs, tp1_checkpoint, tmp_path, caplog,
+                                                                     recwarn):
+    from safetensors.torch import load_file
+
+    from sparse_rl_megatron.learner import checkpoint
+    from sparse_rl_megatron.utils.preflight import MEGATRON_ASSETS_DIR
+
+    assert MEGATRON_ASSETS_DIR == checkpoint.ASSETS_DIR
+    source = json.loads((mcore_refs.parent / "qwen2_tied" / "config.json").read_text())
+    assert source["dtype"] == "float32"
+    out = tmp_path / "bf16"
+    assert main(["convert", "megatron-to-hf", "--input", str(tp1_checkpoint), "--output", str(out),
+                 "--dtype", "bfloat16"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config == {**source, "dtype": "bfloat16"}
+    assert {t.dtype for t in load_file(str(out / "model.safetensors")).values()} == {torch.bfloat16}
+    assert not [w for w in recwarn if "torch.distributed is disabled" in str(w.message)]  # no_dist is the point
+    assert "tokenizer" not in caplog.text
+
+    bare = tmp_path / "no_tokenizer_ckpt"
+    shutil.copytree(tp1_checkpoint, bare)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (bare / MEGATRON_ASSETS_DIR / name).unlink()
+    assert main(["convert", "megatron-to-hf", "--input", str(bare), "--output", str(tmp_path / "bare_hf")]) == 0
+    assert (f"the checkpoint {bare} carries no tokenizer files (none of tokenizer.json, tokenizer.model, vocab.json "
+            f"in hf_assets/): the HF export {tmp_path / 'bare_hf'} will lack them") in caplog.text
+    assert not (tmp_path / "bare_hf" / "tokenizer.json").exists()
+
+
+def test_hf_source_without_tokenizer_is_warned_about_before_conversion(mcore_refs, tmp_path, caplog):
+    from sparse_rl_megatron.convert_cli import check_inputs
+
+    hf = tmp_path / "hf"
+    shutil.copytree(mcore_refs.parent / "qwen2_tied", hf)
+    (hf / "tokenizer.json").unlink()
+    check_inputs(argparse.Namespace(direction="hf-to-megatron", input=str(hf), output=str(tmp_path / "out"),
+                                    overwrite=False, tensor_parallel_size=1, pipeline_parallel_size=1))
+    assert (f"--input {hf} has no tokenizer files (none of tokenizer.json, tokenizer.model, vocab.json): the checkpoint "
+            "will carry none, and its HF exports will lack them") in caplog.text
