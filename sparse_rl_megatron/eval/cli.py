@@ -174,16 +174,15 @@ def _build_config(args: argparse.Namespace):
     )
 
 
-def check_inputs(config, output: str | None, export_dir: str | None = None) -> dict:
-    """Everything the run reads and writes, checked before anything loads: the model directory (its HF config is
-    returned), the tokenizer directory, every benchmark, the engine, the template, ``--output`` and
-    ``--export-dir`` (new or empty: the export replaces it as a whole). Raises
-    ``UsageError``."""
+def check_inputs(config, output: str | None, export_dir: str | None = None) -> None:
+    """Everything the run reads and writes, checked before anything loads: the model directory, the tokenizer
+    directory, every benchmark, the engine, the template, ``--output`` and ``--export-dir`` (new or empty: the
+    export replaces it as a whole). Raises ``UsageError``."""
     from sparse_rl_megatron.data.templates import TEMPLATES
     from sparse_rl_megatron.eval.engines import ENGINES
 
     try:
-        hf_config = check_model_dir(config.model, "--model")
+        check_model_dir(config.model, "--model")
         if config.tokenizer is not None and not Path(config.tokenizer).is_dir():
             raise UserError(f"--tokenizer: {config.tokenizer} is not a directory")
         for name in config.benchmarks:
@@ -196,7 +195,6 @@ def check_inputs(config, output: str | None, export_dir: str | None = None) -> d
             check_new_output(export_dir, "--export-dir")
     except (UserError, ValueError) as err:  # ValueError: UnknownNameError of a registry
         raise UsageError(str(err)) from None
-    return hf_config
 
 
 def results_path(args: argparse.Namespace, config) -> Path:

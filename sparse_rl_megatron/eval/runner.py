@@ -122,7 +122,7 @@ def check_lengths(config: EvalConfig, datasets: dict[str, Dataset], tokenizer, c
                                       tokenizer)
         if context is not None and context_error(name, max(lengths), max_new, context):
             overflows.append((max(lengths), name, max_new))
-        dense = dense_prompts(schedule, lengths, max_new) if schedule.enabled else 0
+        dense = dense_prompts(schedule, lengths, max_new) if schedule.enabled else 0  # dense mode: nothing to say
         if dense:
             log.warning("%s: KV compression never runs for %d of %d prompts: prompt + %d new tokens stays below "
                         "B + W = %d (budget %d + buffer %d, scope %s), so %s on the full KV cache; raise "
