@@ -36,7 +36,7 @@ def test_explicit_flags_win_over_the_preset_everywhere():
 
 def test_compression_and_bad_values_are_named():
     c = _config("--compression", "snapkv", "--budget", "256", "--scope", "response")
-    assert c.mode() == "snapkv-B256" and c.compression.scope == "response"
+    assert c.mode() == "snapkv-B256-W128-response" and c.compression.scope == "response"
     with pytest.raises(UsageError, match="--compression: unknown KV compression method 'rkvv'.*rkv"):
         _config("--compression", "rkvv")
     with pytest.raises(UsageError, match="--bench"):
