@@ -72,8 +72,9 @@ def test_mode_label_sampling_header_and_a_compressor_that_never_runs(tiny_model,
     assert main(["eval", "--model", str(tiny_model), "--data-root", str(shared_data), "--benchmarks", "gsm8k",
                  "--limit", "2", "--max-new-tokens", "8", "--temperature", "0", "--compression", "rkv",
                  "--no-progress", "--verifier-workers", "1", "--output", str(out)]) == 0
-    header = capsys.readouterr().out.splitlines()[0]
-    assert "mode=rkv-B512-W128" in header and "greedy" in header and "top-p" not in header
+    printed = capsys.readouterr().out
+    header = " ".join(printed.split("gsm8k:")[0].split())  # before the first table; rich wraps long lines
+    assert "mode=rkv-B512-W128" in header and "greedy" in header and "top-p" not in printed
     # prompt + 8 tokens stays far below B + W = 640: the "compressed" run is a dense one, and says so
     assert "gsm8k: KV compression never runs for 2 of 2 prompts: prompt + 8 new tokens stays below B + W = 640 " \
            "(budget 512 + buffer 128, scope all), so every sample decodes on the full KV cache" in caplog.text
