@@ -16,7 +16,9 @@ from sparse_rl_megatron.utils.errors import UsageError, UserError
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "convert": ("sparse_rl_megatron.convert_cli", "convert checkpoints HF <-> Megatron (torch_dist)"),
     "eval": ("sparse_rl_megatron.eval.cli", "evaluate a model on math benchmarks, dense or compressed-KV"),
-    "smoke": ("sparse_rl_megatron.smoke", "the embedded CPU default: a small end-to-end Sparse-RL step"),
+    "plot": ("sparse_rl_megatron.observability.plot_cli", "draw a run's metric curves (PNG) from its metrics.jsonl"),
+    "preflight": ("sparse_rl_megatron.trainer.launch_check", "check a training launch on this node before torchrun"),
+    "train": ("sparse_rl_megatron.trainer.cli", "train (or resume) Sparse-RL GRPO; no arguments: the CPU default"),
 }
 
 

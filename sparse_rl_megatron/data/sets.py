@@ -87,23 +87,24 @@ def dataset_path(name: str, root: str | os.PathLike | None = None, root_option: 
 
 
 def check_dataset(name_or_path: str | os.PathLike, root: str | os.PathLike | None = None, *,
-                  option: str = "dataset", root_option: str = "data_root") -> Path:
+                  option: str | None = None, root_option: str = "data_root") -> Path:
     """The file behind a named set or a user data file, checked before anything loads.
 
-    ``option`` / ``root_option``: how the calling command names the data set and the data root (for the
-    message). Raises ``DataError`` (neither a named set nor a data file) or ``DataFileNotFoundError``.
+    ``option`` / ``root_option``: how the calling command names the data set (the message starts with it) and
+    the data root. Raises ``DataError`` (neither a named set nor a data file) or ``DataFileNotFoundError``.
     """
     name = str(name_or_path)
     if name in DATASETS:
         return dataset_path(name, root, root_option)
     path = Path(name)
+    where = f"{option}: " if option else ""
     if path.suffix not in FILE_SUFFIXES and not path.exists():
         raise DataError(
-            f"{option}: '{name}' is neither a named data set (valid names: {', '.join(DATASETS.names())}) nor a "
+            f"{where}'{name}' is neither a named data set (valid names: {', '.join(DATASETS.names())}) nor a "
             f"data file ({', '.join(FILE_SUFFIXES)})"
         )
     if not path.is_file():
-        raise DataFileNotFoundError(f"{option}: data file not found: {path}")
+        raise DataFileNotFoundError(f"{where}data file not found: {path}")
     return path
 
 
@@ -118,7 +119,7 @@ def load_dataset(
     answer_style: str = "boxed",
     label_is_solution: bool = False,
     limit: int | None = None,
-    option: str = "dataset",
+    option: str | None = None,
     root_option: str = "data_root",
 ) -> Dataset:
     """Load a named set (see ``DATASETS``) or a user JSONL/Parquet file.

@@ -4,6 +4,10 @@
 overrides (values parsed as YAML scalars), and builds ``Cls`` recursively. An unknown key is refused with the
 list of valid keys at that level; a value of the wrong type names its dotted path and the expected type.
 Dataclass ``__post_init__`` validation runs as usual; its errors become ``ConfigError`` prefixed with the dotted path.
+
+Recipes share settings with ``include:`` (``load_recipe``): a top-level ``include: base.yaml`` (or a list of
+files) names recipes, relative to the including file, that are read first and deep-merged in order; the including
+file's own keys win (mappings merge key by key, anything else replaces). A cycle is refused with its chain.
 """
 from __future__ import annotations
 
@@ -155,8 +159,46 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     return data
 
 
+INCLUDE_KEY = "include"
+
+
+def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """``top`` over ``base``: nested mappings merge key by key, any other value of ``top`` replaces."""
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_recipe(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The mapping of a YAML recipe with its ``include:`` files merged in (see the module docstring)."""
+    path = Path(path)
+    resolved = path.resolve()
+    if resolved in _chain:
+        cycle = " -> ".join(str(p) for p in (*_chain, resolved))
+        raise ConfigError(f"{path}: include cycle: {cycle}")
+    data = read_yaml_mapping(path)
+    includes = data.pop(INCLUDE_KEY, None)
+    if includes is None:
+        return data
+    if isinstance(includes, str):
+        includes = [includes]
+    if not isinstance(includes, list) or not all(isinstance(i, str) and i for i in includes):
+        raise ConfigError(f"{path}: '{INCLUDE_KEY}' must be a file name or a list of file names, got {includes!r}")
+    merged: dict[str, Any] = {}
+    for name in includes:
+        included = (path.parent / name)
+        if not included.is_file():
+            raise ConfigError(f"{path}: included file {included} does not exist")
+        merged = deep_merge(merged, load_recipe(included, (*_chain, resolved)))
+    return deep_merge(merged, data)
+
+
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
-    """Read a YAML recipe (or start empty), apply overrides, and build ``cls``."""
-    data: dict[str, Any] = read_yaml_mapping(path) if path is not None else {}
+    """Read a YAML recipe (or start empty) with its includes, apply overrides, and build ``cls``."""
+    data: dict[str, Any] = load_recipe(path) if path is not None else {}
     apply_overrides(data, list(overrides or []))
     return from_dict(cls, data)

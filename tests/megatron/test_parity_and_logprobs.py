@@ -25,3 +25,11 @@ def test_logprobs_match_hf_log_softmax(request, layout, model):
     layouts, exact zeros at padding, chunked == unchunked (<= 1e-6); identical on every rank."""
     fixture, tag = LAYOUTS[layout]
     request.getfixturevalue(fixture).check(f"{tag}_logprobs_{model}")
+
+
+def test_sequence_parallel_tp2(pair_launch):
+    """megatron_overrides.sequence_parallel at TP = 2 (with full recompute, as the reference run): refused
+    naming the torch norms of the local spec; with norms that take part in sequence parallel (what TE gives),
+    the sequence-split hidden states are gathered before the response positions are indexed, lengths are padded
+    to TP, log-probs match log_softmax(HF) in both layouts and one step matches the reference."""
+    pair_launch.check("sequence_parallel_tp2")

@@ -67,7 +67,7 @@ def test_malformed_or_missing_recipe_names_the_file(tmp_path):
 
 
 def test_cli_prints_a_user_error_as_one_line(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "sparse_rl_megatron.cli", "smoke", "--config", str(tmp_path / "x.yaml")],
+    out = subprocess.run([sys.executable, "-m", "sparse_rl_megatron.cli", "train", "--config", str(tmp_path / "x.yaml")],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "config file" in out.stderr and "x.yaml does not exist" in out.stderr

@@ -3,6 +3,7 @@ whatever layout the parallel state currently has; the comparisons run on every r
 from __future__ import annotations
 
 import dataclasses
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -37,8 +38,7 @@ def full_logits(lrn, ids: torch.Tensor) -> torch.Tensor | None:
     b, s = ids.shape
     empty = torch.zeros(0, dtype=torch.long)
     mb = MicroBatch(rows=list(range(b)), input_ids=ids, position_ids=torch.arange(s).expand(b, s).contiguous(),
-                    attention_mask=None, seq_lengths=[s] * b, gather_index=empty, labels=empty, out_row=empty,
-                    out_col=empty)
+                    seq_lengths=[s] * b, gather_index=empty, labels=empty, out_row=empty, out_col=empty)
     model = lrn.model
 
     def head(_, hidden):
@@ -49,6 +49,23 @@ def full_logits(lrn, ids: torch.Tensor) -> torch.Tensor | None:
     with torch.no_grad():
         out = run_schedule(model, [mb], head, forward_only=True)
     return out[0] if ps.is_pipeline_last_stage() else None
+
+
+def bucket_lifetimes(lrn) -> list[int]:
+    """Wrap ``lrn.export_weights`` so that, each time a bucket has been built, the returned list gets how many
+    tensors of the bucket before it are still alive (anyone still holding them: the consumer, the exporter)."""
+    real, alive = lrn.export_weights, []
+
+    def export(*args, **kwargs):
+        previous: list = []
+        for bucket in real(*args, **kwargs):
+            alive.append(sum(ref() is not None for ref in previous))
+            previous = [weakref.ref(t) for _, t in bucket]
+            yield bucket
+            del bucket
+
+    lrn.export_weights = export
+    return alive
 
 
 def exported(lrn) -> dict[str, torch.Tensor]:
@@ -143,3 +160,56 @@ def same_on_all_ranks(x: torch.Tensor) -> None:
     t = x.clone()
     dist.broadcast(t, src=0)
     assert torch.equal(t, x), "ranks disagree"
+
+
+class SequenceParallelRMSNorm(torch.nn.RMSNorm):
+    """A torch RMSNorm that takes part in sequence parallel as Transformer Engine's norms do: its weight is
+    marked ``sequence_parallel``, so megatron all-reduces its gradient over the TP ranks. megatron's own torch
+    norm asserts instead, which is why the learner refuses sequence parallel without TE."""
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5):
+        super().__init__(hidden_size, eps=eps)
+        self.weight.sequence_parallel = config.sequence_parallel
+
+
+def check_sequence_parallel(ref: dict) -> None:
+    """Sequence parallel at TP = 2 (with full recompute, as the reference run): refused with the torch norms;
+    with norms that support it, log-probs (padded and packed, chunked and not, odd lengths padded to TP) match
+    HF and one step matches the reference."""
+    import pytest
+    from megatron.core.transformer import transformer_block
+
+    from sparse_rl_megatron.learner import model_provider
+
+    overrides = dict(sequence_parallel=True, recompute_granularity="full", recompute_method="uniform",
+                     recompute_num_layers=1)
+    with pytest.raises(ValueError, match=r"sequence_parallel=True needs Transformer Engine norms.*'local' spec here "
+                                         r"builds megatron's torch norm for input_layernorm, pre_mlp_layernorm, "
+                                         r"final_layernorm"):
+        learner(ref, 2, 1, megatron_overrides=overrides)
+    real_spec, real_final = model_provider.layer_spec, transformer_block.LayerNormImpl
+
+    def spec_with_sp_norms(name="auto"):
+        spec = real_spec(name)
+        spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = SequenceParallelRMSNorm
+        return spec
+
+    model_provider.layer_spec, transformer_block.LayerNormImpl = spec_with_sp_norms, SequenceParallelRMSNorm
+    try:
+        lrn = learner(ref, 2, 1, megatron_overrides=overrides)
+    finally:
+        model_provider.layer_spec, transformer_block.LayerNormImpl = real_spec, real_final
+    assert lrn.model.config.sequence_parallel and lrn.model.output_layer.sequence_parallel and lrn.seq_multiple == 2
+    assert any(len(mb.seq_lengths) > 1 and mb.pad_tokens for mb in _packed(lrn))  # padding to TP is exercised
+    check_logprobs(lrn, ref)
+    same_on_all_ranks(lrn.logprobs(sequence_batch()))
+    check_train_step(lrn, ref)
+
+
+def _packed(lrn):
+    layout = lrn.config.batch_layout
+    lrn.config.batch_layout = "packed"
+    try:
+        return lrn.micro_batches(sequence_batch())
+    finally:
+        lrn.config.batch_layout = layout

@@ -66,5 +66,6 @@ def learner_config(path: str, tp: int = 1, pp: int = 1, **kw):
                         use_distributed_optimizer=kw.pop("distributed_optimizer", False))
     kw.setdefault("max_tokens_per_device", 24)  # several micro-batches for the six rows
     kw.setdefault("logprob_chunk_tokens", 5)
-    return LearnerConfig(model_path=path, tensor_parallel_size=tp, pipeline_parallel_size=pp, params_dtype="float32",
-                         layer_spec="local", optim=optim, loss=LossConfig(kl_coef=KL_COEF), **kw)
+    kw.setdefault("params_dtype", "float32")
+    return LearnerConfig(model_path=path, tensor_parallel_size=tp, pipeline_parallel_size=pp, layer_spec="local",
+                         optim=optim, loss=LossConfig(kl_coef=KL_COEF), **kw)
