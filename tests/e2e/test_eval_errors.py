@@ -3,8 +3,6 @@ file, exit status 2, no traceback) before it loads any model, and writes nothing
 import json
 import re
 
-import pytest
-
 from sparse_rl_megatron.cli import main
 
 
