@@ -218,6 +218,9 @@ def apply(force: bool = False) -> bool:
     with _LOCK:
         if _APPLIED:
             return True
+        from sparse_rl_megatron.utils.quiet import silence_expected_cpu_warnings
+
+        silence_expected_cpu_warnings()  # before megatron-core's first import, which raises most of them
         from megatron.core.fusions import fused_softmax
         from megatron.core.optimizer import clip_grads, optimizer as moptimizer
         from megatron.core.tensor_parallel import random as mrandom

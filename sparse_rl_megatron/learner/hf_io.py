@@ -111,7 +111,8 @@ class HFCheckpointWriter:
     safetensors shard whenever ``shard_bytes`` have gathered; ``close`` names the shards (``model.safetensors``
     when there is one, ``model-0000i-of-0000n.safetensors`` + ``model.safetensors.index.json`` otherwise) and
     writes ``config.json`` and the tokenizer/template files of ``assets_dir`` (its ``config.json`` kept as is
-    when present; otherwise ``hf_config`` is written).
+    when present; otherwise ``hf_config`` is written). Either way its ``dtype`` (and legacy ``torch_dtype``)
+    names the dtype of the tensors written when ``dtype`` is given.
     """
 
     def __init__(self, out_dir: str | os.PathLike, hf_config: dict, assets_dir: str | os.PathLike | None = None,
@@ -157,8 +158,16 @@ class HFCheckpointWriter:
             index = {"metadata": {"total_size": self._total}, "weight_map": dict(sorted(weight_map.items()))}
             (self.out / _INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
         copied = copy_hf_assets(self.assets_dir, self.out) if self.assets_dir is not None else []
-        if "config.json" not in copied:  # keep the original file byte for byte when it travelled with the assets
-            (self.out / "config.json").write_text(json.dumps(self.hf_config, indent=2, sort_keys=True) + "\n")
+        config_path, hf_config = self.out / "config.json", self.hf_config
+        if "config.json" in copied:
+            hf_config = json.loads(config_path.read_text())
+        written = str(self.dtype).removeprefix("torch.") if self.dtype is not None else None
+        keys = [k for k in ("dtype", "torch_dtype") if k in hf_config] or ["dtype"]
+        stale = written is not None and any(hf_config.get(k) != written for k in keys)
+        if stale:  # config.json names the dtype of the tensors written
+            hf_config = {**hf_config, **dict.fromkeys(keys, written)}
+        if stale or "config.json" not in copied:  # a copied config.json that is still right stays byte for byte
+            config_path.write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
         return self.out
 
 

@@ -13,6 +13,15 @@ from sparse_rl_megatron.utils.errors import UserError
 
 MEGATRON_META_FILE = "sparse_rl_checkpoint.json"
 """Marks a sparse-rl Megatron checkpoint (``learner/checkpoint.py`` writes it); kept here so checks need no torch."""
+MEGATRON_ASSETS_DIR = "hf_assets"
+"""Where a sparse-rl Megatron checkpoint keeps its HF config and tokenizer files (``checkpoint.ASSETS_DIR``)."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+"""A tokenizer's vocabulary (fast tokenizer, SentencePiece model, BPE vocabulary): without one, none loads."""
+
+
+def has_tokenizer(directory: str | os.PathLike) -> bool:
+    """Whether ``directory`` holds a tokenizer vocabulary (one of ``TOKENIZER_FILES``)."""
+    return any((Path(directory) / name).is_file() for name in TOKENIZER_FILES)
 
 
 def read_json_file(path: str | os.PathLike, what: str = "file") -> Any:
@@ -60,11 +69,30 @@ def check_model_dir(path: str | os.PathLike, option: str) -> dict[str, Any]:
     return data
 
 
-def check_new_output(path: str | os.PathLike, option: str, overwrite: bool = False) -> Path:
-    """An output location that is free (absent or an empty directory), unless ``overwrite``."""
+def check_new_output(path: str | os.PathLike, option: str, overwrite: bool = False,
+                     replaces: tuple[str, str] | None = None) -> Path:
+    """An output location that is free (absent or an empty directory), unless ``overwrite``.
+
+    ``replaces = (marker file, what it marks)``: with ``overwrite``, only a directory holding the marker (an
+    earlier output of the same kind) may be replaced; any other non-empty directory is still refused.
+    """
     path = Path(path)
-    if overwrite or not path.exists():
+    if not path.exists() or (path.is_dir() and not any(path.iterdir())):
         return path
-    if path.is_dir() and not any(path.iterdir()):
-        return path
-    raise UserError(f"{option}: {path} already exists and is not empty; choose another path or pass --overwrite")
+    if not overwrite:
+        raise UserError(f"{option}: {path} already exists and is not empty; choose another path or pass --overwrite")
+    if replaces is not None and not (path / replaces[0]).is_file():
+        raise UserError(f"{option}: {path} is not {replaces[1]} (no {replaces[0]}); --overwrite only replaces "
+                        f"{replaces[1]}, never another file or directory")
+    return path
+
+
+def first_free_path(path: str | os.PathLike) -> Path:
+    """``path`` if nothing is there, else the first free ``<stem>-2<suffix>``, ``<stem>-3<suffix>``, ...: a default
+    output name that never replaces an earlier output."""
+    path = Path(path)
+    candidate, k = path, 1
+    while candidate.exists():
+        k += 1
+        candidate = path.with_name(f"{path.stem}-{k}{path.suffix}")
+    return candidate
