@@ -106,20 +106,16 @@ def output_paths(args: argparse.Namespace, cfg, budgets: list[int]) -> tuple[Pat
 
 
 def run(args: argparse.Namespace) -> int:
-    import warnings
-
     from rich.console import Console
 
     from sparse_rl_megatron.compression.scorers import SCORERS
     from sparse_rl_megatron.mismatch.measure import measure
     from sparse_rl_megatron.mismatch.study import rejecting_correction, study_rows
     from sparse_rl_megatron.trainer import distributed as D
-    from sparse_rl_megatron.trainer.cli import BENIGN_WARNINGS, load
+    from sparse_rl_megatron.trainer.cli import load
     from sparse_rl_megatron.trainer.preflight import preflight
     from sparse_rl_megatron.utils.errors import UserError
 
-    for message in BENIGN_WARNINGS:
-        warnings.filterwarnings("ignore", message=message, category=UserWarning)
     overrides = [*args.overrides, *flag_overrides(args), *STUDY_OVERRIDES]
     cfg = load(argparse.Namespace(config=args.config, overrides=overrides))
     compression = cfg.rollout.compression

@@ -111,6 +111,9 @@ def transformer_config(
         moe_token_dispatcher_type="alltoall",
         calculate_per_token_loss=True,
         sequence_parallel=False,
+        # The whole-layer scope in megatron-core 0.16's current spelling; its default "full" means the same
+        # thing but warns that it is deprecated on every model build.
+        cuda_graph_scope=[],
     )
     kwargs.update(fusion_settings(torch.cuda.is_available()))
     valid = {f.name for f in dataclasses.fields(TransformerConfig)}

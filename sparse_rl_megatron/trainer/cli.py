@@ -11,12 +11,6 @@ import sys
 from pathlib import Path
 
 DEFAULT_RECIPE = Path(__file__).resolve().parents[2] / "configs" / "cpu_default.yaml"
-BENIGN_WARNINGS = (r".*Transformer Engine and Apex are not installed", r"Apex is not installed",
-                   r"full scope is deprecated")
-"""megatron-core's import-time notices on machines without TE/apex (every CPU run): said once in the docs, not
-eight times per rank."""
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=None,
                         help=f"YAML recipe (default: the embedded CPU default, {DEFAULT_RECIPE.name})")
@@ -43,13 +37,9 @@ def load(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    import warnings
-
     from sparse_rl_megatron.trainer import distributed as D
     from sparse_rl_megatron.utils.errors import UserError
 
-    for message in BENIGN_WARNINGS:
-        warnings.filterwarnings("ignore", message=message, category=UserWarning)
     cfg = load(args)
     if args.print_config:
         import yaml

@@ -17,9 +17,6 @@ EXPECTED_CPU_WARNINGS: tuple[tuple[str, str], ...] = (
     ("Apex is not installed. Falling back to Torch Norm",
      "two import-time warnings (models.backends, gpt_layer_specs): same reason; the learner builds the local "
      "layer spec on CPU, whose norm is torch's"),
-    ("full scope is deprecated. Use empty cuda_graph_scope",
-     "TransformerConfig's own default (cuda_graph_scope='full', megatron-core 0.16.1) raises megatron-core's "
-     "own deprecation warning on every model build; CUDA graphs are not used, least of all on CPU"),
 )
 """(start of the message, why it is expected on CPU)."""
 MEGATRON_MODULES = r"megatron\.core(\.|$)"

@@ -18,9 +18,7 @@ def test_only_the_expected_megatron_warnings_are_silenced():
     te = "Transformer Engine and Apex are not installed. Falling back to Torch optimizers."
     assert not _shown(te, "megatron.core.optimizer")
     assert not _shown("Apex is not installed. Falling back to Torch Norm", "megatron.core.models.backends")
-    assert not _shown("full scope is deprecated. Use empty cuda_graph_scope to capture the whole layer.",
-                      "megatron.core.transformer.transformer_config")
     assert _shown(te, "my_project.optim")  # the same words from elsewhere
     assert _shown("Megatron-FSDP is experimental", "megatron.core.distributed")  # another megatron warning
     assert _shown("Apex is not installed. Falling back to Torch Norm", "megatron_lm_fork.core")
-    assert len(EXPECTED_CPU_WARNINGS) == 3 and all(why for _, why in EXPECTED_CPU_WARNINGS)
+    assert len(EXPECTED_CPU_WARNINGS) == 2 and all(why for _, why in EXPECTED_CPU_WARNINGS)
