@@ -54,9 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-new-tokens", type=int, help="response length (rollout.sampling.max_new_tokens)")
     g.add_argument("--seed", type=int, help="seed of the prompt order and the sampler (seed)")
     g = parser.add_argument_group("output")
-    g.add_argument("--output", default=None, help=f"results JSON (default: <run_dir>/{RESULTS_DIR}/<method>-B<budgets>"
-                                                  ".json); an existing file is kept unless --overwrite")
-    g.add_argument("--overwrite", action="store_true", help="replace existing results (JSON and PNG)")
+    g.add_argument("--output", default=None, help=f"results JSON, written as given (default: <run_dir>/{RESULTS_DIR}/"
+                                                  "<method>-B<budgets>.json, numbered -2, -3, ... when taken)")
+    g.add_argument("--overwrite", action="store_true", help="let the default name replace an earlier study's results (JSON and PNG)")
     g.add_argument("--plot", action="store_true", help="also draw the log-rho histograms next to the JSON (.png)")
     # key=value overrides may come before, between or after the flags (plain parse_args takes them in one run)
     parser.parse_args = parser.parse_intermixed_args
@@ -85,24 +85,22 @@ def parse_budgets(text: str | None, default: int) -> list[int]:
 
 
 def output_paths(args: argparse.Namespace, cfg, budgets: list[int]) -> tuple[Path, Path | None]:
-    """The results JSON and PNG (None without ``--plot``); an existing one is refused unless ``--overwrite``."""
+    """The results JSON and PNG (None without ``--plot``), by the rule ``eval`` follows too: an explicit ``--output``
+    is written as given; the default name never replaces an earlier study's files (numbered -2, -3, ... when taken)
+    unless ``--overwrite``."""
     from sparse_rl_megatron.utils.errors import UserError
+    from sparse_rl_megatron.utils.preflight import first_free_path
 
     if args.output:
         json_path = Path(args.output)
+        if json_path.is_dir():
+            raise UserError(f"--output: {json_path} is a directory; give the results file's path")
     else:
         name = f"{cfg.rollout.compression.method}-B{'-'.join(map(str, budgets))}.json"
         json_path = Path(cfg.run_dir) / RESULTS_DIR / name
-    png_path = json_path.with_suffix(".png") if args.plot else None
-    for path in (json_path, png_path):
-        if path is None:
-            continue
-        if path.is_dir():
-            raise UserError(f"--output: {path} is a directory; give the results file's path")
-        if path.exists() and not args.overwrite:
-            raise UserError(f"--output: {path} exists (an earlier study's results); pass --overwrite to replace it "
-                            "or --output another file")
-    return json_path, png_path
+        if not args.overwrite:
+            json_path = first_free_path(json_path, (".png",) if args.plot else ())
+    return json_path, json_path.with_suffix(".png") if args.plot else None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -87,12 +87,13 @@ def check_new_output(path: str | os.PathLike, option: str, overwrite: bool = Fal
     return path
 
 
-def first_free_path(path: str | os.PathLike) -> Path:
+def first_free_path(path: str | os.PathLike, companions: tuple[str, ...] = ()) -> Path:
     """``path`` if nothing is there, else the first free ``<stem>-2<suffix>``, ``<stem>-3<suffix>``, ...: a default
-    output name that never replaces an earlier output."""
+    output name that never replaces an earlier output. ``companions``: other suffixes written beside it (e.g.
+    ``(".png",)``) that must be free under the same name too."""
     path = Path(path)
     candidate, k = path, 1
-    while candidate.exists():
+    while candidate.exists() or any(candidate.with_suffix(s).exists() for s in companions):
         k += 1
         candidate = path.with_name(f"{path.stem}-{k}{path.suffix}")
     return candidate

@@ -32,11 +32,8 @@ CASES = [
     (["--compression", "zip"], r"rollout.compression: CompressionConfig.method: unknown KV compression method 'zip'; "
                                r"valid names: "),
     (["--prompts", "0"], r"rollout.*prompts_per_step must be >= 1, got 0"),
-    (["--output", "{d}/taken.json"], r"--output: {d}/taken.json exists \(an earlier study's results\); pass "
-                                     r"--overwrite to replace it or --output another file"),
-    (["--output", "{d}/taken.json", "--plot", "--overwrite", "--model", "{d}/missing"],
-     r"model_path: {d}/missing does not exist"),  # --overwrite lets it replace: the next check speaks
-    (["--output", "{d}/taken.json", "--plot"], r"--output: {d}/taken.json exists"),
+    (["--output", "{d}/taken.json", "--plot", "--model", "{d}/missing"],
+     r"model_path: {d}/missing does not exist"),  # an explicit --output is written as given: the next check speaks
     (["--output", "{d}/free.json"], r"--output: {d}/free.json is a directory; give the results file's path"),
     (["--dataset", "{d}/empty.jsonl"], r"data.dataset: data file {d}/empty.jsonl has no usable rows"),
     (["--model", "{d}/missing"], r"model_path: {d}/missing does not exist"),
@@ -62,12 +59,27 @@ def test_bad_input_is_one_line_before_any_model_loads(files, capsys, monkeypatch
     assert (files / "taken.json").read_text() == "{}"
 
 
-def test_an_existing_histogram_png_is_kept_too(files, capsys):
-    (files / "new.png").write_bytes(b"")
-    assert main(["mismatch", f"run_dir={files / 'run'}", "--output", str(files / "new.json"), "--plot"]) == 2
-    assert capsys.readouterr().err.strip() == (f"sparse-rl mismatch: error: --output: {files / 'new.png'} exists (an "
-                                               "earlier study's results); pass --overwrite to replace it or --output "
-                                               "another file")
+def test_default_results_name_never_replaces_an_earlier_study(tmp_path):
+    """The rule eval follows too: the default name is numbered when taken (by the JSON or, with --plot, the PNG);
+    --overwrite lets it replace; an explicit --output is written as given."""
+    from sparse_rl_megatron.mismatch.cli import output_paths
+
+    cfg = argparse.Namespace(run_dir=str(tmp_path), rollout=argparse.Namespace(
+        compression=argparse.Namespace(method="rkv")))
+
+    def paths(**kw):
+        return output_paths(argparse.Namespace(**{"output": None, "overwrite": False, "plot": True, **kw}), cfg,
+                            [12, 24])
+
+    first = tmp_path / "mismatch" / "rkv-B12-24.json"
+    assert paths() == (first, first.with_suffix(".png"))
+    first.parent.mkdir()
+    first.with_suffix(".png").write_bytes(b"")  # a PNG alone takes the name
+    second = first.with_name("rkv-B12-24-2.json")
+    assert paths() == (second, second.with_suffix(".png"))
+    assert paths(plot=False) == (first, None)
+    assert paths(overwrite=True) == (first, first.with_suffix(".png"))
+    assert paths(output=str(tmp_path / "mine.json")) == (tmp_path / "mine.json", tmp_path / "mine.png")
 
 
 def test_flags_are_train_config_fields_and_come_after_the_overrides():

@@ -19,4 +19,6 @@ def test_first_free_path_numbers_instead_of_replacing(tmp_path):
     assert first_free_path(base) == tmp_path / "eval-x-dense-2.json"
     (tmp_path / "eval-x-dense-2.json").write_text("second")
     assert first_free_path(base) == tmp_path / "eval-x-dense-3.json"
+    (tmp_path / "eval-x-dense-3.png").write_text("")  # a companion file takes the name too
+    assert first_free_path(base, (".png",)) == tmp_path / "eval-x-dense-4.json"
     assert base.read_text() == "first"
