@@ -69,6 +69,8 @@ def test_rng_states_round_trip():
 
 
 def test_stop_request_by_signal_file_and_second_ctrl_c(tmp_path, capsys):
+    # whatever earlier tests of this process installed (e.g. an asyncio loop's handler) must come back
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
     with StopRequest(tmp_path) as stop:
         assert stop.reason is None
         os.kill(os.getpid(), signal.SIGUSR1)
@@ -76,7 +78,7 @@ def test_stop_request_by_signal_file_and_second_ctrl_c(tmp_path, capsys):
         os.kill(os.getpid(), signal.SIGTERM)  # a later signal does not change the first reason
         assert stop.reason == "SIGUSR1"
     assert "SIGUSR1 received: stopping at the end of the current step" in capsys.readouterr().err
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handlers restored on exit
+    assert {s: signal.getsignal(s) for s in before} == before  # handlers restored on exit
     with StopRequest(tmp_path) as stop:
         (tmp_path / "STOP").write_text("")
         assert stop.reason == "STOP file"
