@@ -45,6 +45,14 @@ class SFTConfig:
     """Global grad-norm clip (0 = off)."""
     log_every: int = 50
     """Steps between progress lines (0 = none)."""
+    key_dropout: float = 0.0
+    """Largest key-dropout rate of response keys: each sequence draws u in [0, 1] and each of its queries loses
+    each older response key with probability u * key_dropout (``key_dropout_mask``), so the model learns to
+    tolerate a compressed KV cache. 0 = plain causal attention."""
+    key_dropout_prompt: float = 0.0
+    """Largest key-dropout rate of prompt keys (u * key_dropout_prompt); 0 = the prompt always stays visible."""
+    key_dropout_keep_recent: int = 4
+    """Keys this close to the query (itself included) are never dropped (the compressors' recent window)."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size"):
@@ -59,6 +67,12 @@ class SFTConfig:
                 raise ValueError(f"SFTConfig.{name} must be >= 0, got {getattr(self, name)}")
         if not 0 <= self.adam_beta2 < 1:
             raise ValueError(f"SFTConfig.adam_beta2 must be in [0, 1), got {self.adam_beta2}")
+        for name in ("key_dropout", "key_dropout_prompt"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"SFTConfig.{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.key_dropout_keep_recent < 1:
+            raise ValueError(f"SFTConfig.key_dropout_keep_recent must be >= 1 (a query always sees itself), "
+                             f"got {self.key_dropout_keep_recent}")
 
     def lr_at(self, step: int) -> float:
         """Learning rate of optimizer step ``step`` (0-based)."""
@@ -81,9 +95,30 @@ def collate(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tup
     return ids, labels
 
 
-def response_loss(model, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy over the labelled (response) tokens."""
-    logits = model(input_ids=ids).logits[:, :-1].float()
+def key_dropout_mask(prompt_lens: torch.Tensor, length: int, rate: float, prompt_rate: float = 0.0,
+                     keep_recent: int = 1, generator: torch.Generator | None = None) -> torch.Tensor:
+    """``[b, 1, L, L]`` bool attention mask (True = visible): causal, minus a random subset of older keys.
+
+    Row ``b`` (prompt length ``prompt_lens[b]``) draws ``u_b ~ U[0, 1]``; each query ``i`` then loses each
+    key ``j <= i - keep_recent`` independently, with probability ``u_b * rate`` for a response key and
+    ``u_b * prompt_rate`` for a prompt key (DropKey-style: masked before the softmax, so the kept keys are
+    renormalised, as after a KV-cache eviction). Keys within ``keep_recent`` of the query are always visible.
+    """
+    batch = len(prompt_lens)
+    i = torch.arange(length).view(1, 1, length, 1)
+    j = torch.arange(length).view(1, 1, 1, length)
+    u = torch.rand(batch, 1, 1, 1, generator=generator)
+    in_prompt = j < prompt_lens.view(batch, 1, 1, 1)
+    p_drop = u * torch.where(in_prompt, torch.tensor(prompt_rate), torch.tensor(rate))
+    dropped = torch.rand(batch, 1, length, length, generator=generator) < p_drop
+    return (j <= i) & ((i - j < keep_recent) | ~dropped)
+
+
+def response_loss(model, ids: torch.Tensor, labels: torch.Tensor, attention_mask: torch.Tensor | None = None
+                  ) -> torch.Tensor:
+    """Mean next-token cross-entropy over the labelled (response) tokens. ``attention_mask``: None (causal) or
+    a ``[b, 1, L, L]`` bool mask (True = visible; right padding needs no masking, it is never attended)."""
+    logits = model(input_ids=ids, attention_mask=attention_mask).logits[:, :-1].float()
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
                                              ignore_index=-100)
 
@@ -147,8 +182,13 @@ def supervised_finetune(
         for step in range(config.steps):
             for group in optimizer.param_groups:
                 group["lr"] = config.lr_at(step)
-            ids, labels = collate([examples[rng.randrange(len(examples))] for _ in range(config.batch_size)], pad_id)
-            loss = response_loss(model, ids, labels)
+            batch = [examples[rng.randrange(len(examples))] for _ in range(config.batch_size)]
+            ids, labels = collate(batch, pad_id)
+            mask = None
+            if config.key_dropout > 0 or config.key_dropout_prompt > 0:
+                mask = key_dropout_mask(torch.tensor([len(p) for p, _ in batch]), ids.shape[1], config.key_dropout,
+                                        config.key_dropout_prompt, config.key_dropout_keep_recent)
+            loss = response_loss(model, ids, labels, mask)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if config.clip_grad > 0:

@@ -59,3 +59,34 @@ def test_bad_options_and_existing_output_are_refused_before_training(init_dir, t
     (tmp_path / "x").mkdir()
     with pytest.raises(FileExistsError, match="already exists"):
         task.warm_start(init_dir, tmp_path / "x", steps=1)
+
+
+def test_key_dropout_mask_keeps_causality_prompt_and_recent_keys():
+    from sparse_rl_megatron.tasks.sft import key_dropout_mask
+
+    g = torch.Generator().manual_seed(0)
+    length, prompt_lens = 40, torch.tensor([5, 9, 1, 12])
+    mask = key_dropout_mask(prompt_lens, length, rate=1.0, prompt_rate=0.0, keep_recent=3, generator=g)
+    assert mask.shape == (4, 1, length, length) and mask.dtype == torch.bool
+    i, j = torch.arange(length).view(-1, 1), torch.arange(length).view(1, -1)
+    causal = j <= i
+    for b, p in enumerate(prompt_lens.tolist()):
+        m = mask[b, 0]
+        assert not (m & ~causal).any()                       # never a future key
+        assert m[causal & ((i - j) < 3)].all()               # the recent window (and the query itself)
+        assert m[causal & (j < p)].all()                     # prompt keys, with prompt_rate 0
+    droppable = causal & ((i - j) >= 3) & (j >= 12)
+    assert (~mask[:, 0][:, droppable]).any()                 # some response keys are dropped
+    # rate 0 everywhere: plain causal attention
+    assert torch.equal(key_dropout_mask(prompt_lens, length, 0.0, 0.0, 1, generator=g)[:, 0], causal.expand(4, -1, -1))
+    # prompt keys drop too with prompt_rate > 0; a row's drop rate is u * rate with u ~ U[0, 1]
+    many = key_dropout_mask(torch.full((400,), 5), length, 0.0, 1.0, 1, generator=g)[:, 0]
+    dropped_prompt = (~many[:, causal & (j < 5) & (i != j)]).float().mean()
+    assert 0.4 < float(dropped_prompt) < 0.6
+
+
+def test_warm_start_with_key_dropout_learns(init_dir, tmp_path):
+    task = ModChainTask(TINY)
+    m = task.warm_start(init_dir, tmp_path / "kd", seed=0, steps=30, lr=1e-2, batch_size=8, log_every=0,
+                        eval_problems=0, key_dropout=0.9, key_dropout_prompt=0.3)
+    assert m["sft/loss_last"] < 0.7 * m["sft/loss_first"], m
