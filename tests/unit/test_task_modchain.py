@@ -55,7 +55,7 @@ def test_splits_never_overlap_and_cover_all_problems():
 
 def test_records_are_deterministic_disjoint_and_well_formed(task):
     train, heldout = task.records("train"), task.records("heldout")
-    assert len(train) == 300 * 10 and len(heldout) == 100 * 2
+    assert len(train) == 300 * 10 and len(heldout) == 100 * 4
     key = lambda r: (r.extra["x0"], r.extra["a"], r.extra["b"])  # noqa: E731
     assert not {key(r) for r in train} & {key(r) for r in heldout}
     assert not {r.prompt for r in train} & {r.prompt for r in heldout}
