@@ -2,6 +2,7 @@
 ``score_samples(samples) -> list[Verdict]``, which also sets each sample's ``reward`` and ``reward_reason``.
 
 - ``math``: math-verify equivalence of the final answer with the gold answer, in a process pool (``MathReward``).
+- ``exact``: exact string match of the final answer with the gold answer, in-process (``ExactReward``).
 
 Tasks built in code (``sparse_rl_megatron.tasks``) name the reward they are scored with.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
+from sparse_rl_megatron.rewards.exact import ExactReward
 from sparse_rl_megatron.rewards.reward import MathReward
 from sparse_rl_megatron.rewards.verify import Verdict
 from sparse_rl_megatron.utils.registry import Registry
@@ -27,3 +29,4 @@ class Reward(Protocol):
 
 REWARDS: Registry[Callable[..., Reward]] = Registry("reward")
 REWARDS.add("math", MathReward)
+REWARDS.add("exact", ExactReward)
