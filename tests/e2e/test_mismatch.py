@@ -33,8 +33,9 @@ def test_two_budgets_and_dense_under_torchrun_at_tp2(tmp_path, shared_data):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
            "--master-port", str(_free_port()), "-m", "sparse_rl_megatron.cli", "mismatch", f"run_dir={run_dir}",
            "--budgets", "12,24", "--prompts", "2", "--samples", "2", "--max-new-tokens", "16",
-           "rollout.compression.window=2", "rollout.compression.buffer=4", "learner.tensor_parallel_size=2",
-           "log.progress=false", "--plot"]
+           "--model", "tiny", "--dataset", "gsm8k_train", "--template", "qwen25_chat",
+           "rollout.compression.scope=all", "rollout.compression.window=2", "rollout.compression.buffer=4",
+           "learner.tensor_parallel_size=2", "log.progress=false", "--plot"]
     out = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     assert "Traceback" not in out.stderr

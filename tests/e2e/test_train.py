@@ -18,10 +18,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 RECIPE = str(ROOT / "configs" / "cpu_default.yaml")
-# The CPU default, smaller: 2 prompts x 2 samples of 16 tokens, 2 optimizer steps per rollout, tiny evals.
-SMALL = ["rollout.prompts_per_step=2", "rollout.samples_per_prompt=2", "global_batch_size=2",
-         "rollout.sampling.max_new_tokens=16", "rollout.compression.budget=12", "rollout.compression.window=2",
-         "rollout.compression.buffer=4", "eval.limit=2", "eval.max_new_tokens=8", "eval.every=2", "log.progress=false"]
+# The CPU default (task:modchain, R-KV B=8 + W=4 response tokens), smaller: a 4-step warm start, 2 prompts x 2
+# samples of 16 tokens, 2 optimizer steps per rollout, tiny evals.
+SMALL = ["warm_start={steps: 4, eval_problems: 0}", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2",
+         "global_batch_size=2", "rollout.sampling.max_new_tokens=16", "eval.limit=2", "eval.max_new_tokens=8",
+         "eval.every=2", "log.progress=false"]
 # Metrics that measure time differ between two identical runs; everything else must not.
 TIMING = ("time", "time/", "throughput/", "train/step_time_s", "train/tokens_per_s", "sync/seconds")
 
@@ -166,10 +167,12 @@ def test_two_torchrun_agents_train_a_task_at_tp2_until_the_engine_dies(tmp_path,
     env = {**_env(shared_data), "NNODES": "2", "NPROC_PER_NODE": "1", "RDZV_ID": f"test-{os.getpid()}",
            "RDZV_ENDPOINT": f"127.0.0.1:{free_port()}", "PYTHON": sys.executable}
     run_dir = tmp_path / "run"
-    # two steps train; the engine dies in the third rollout
+    # two steps train; the engine dies in the third rollout. A random model's rewards are mostly all 0 (advantage
+    # 0): weight decay moves the policy anyway, so the KL to the reference is measurable after the first step.
     args = ["--config", RECIPE, f"run_dir={run_dir}", *SMALL, "steps=3", "checkpoint.save_every=1",
             "plugins=[train_task_plugin]", "model_path=task:tiny_sums", "data.dataset=task:tiny_sums",
-            "eval.datasets=[]", "warm_start={lr: 0.5}", "learner.tensor_parallel_size=2", "learner.loss.kl_coef=0.001",
+            "eval.datasets=[]", "warm_start={lr: 0.5}", "rollout.compression.budget=12", "rollout.compression.scope=all",
+            "learner.tensor_parallel_size=2", "learner.loss.kl_coef=0.001", "learner.optim.weight_decay=0.1",
             "rollout.engine=flaky", "rollout.engine_options={fail_at: 3}"]
     agents = [subprocess.Popen(["bash", str(ROOT / "launch" / "torchrun.sh"), *args], env=env, cwd=tmp_path,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)

@@ -21,12 +21,12 @@ def files(tmp_path):
     return tmp_path
 
 
-# the CPU default's compression is rkv B=32, window 4
+# the CPU default's compression is rkv B=8, window 2
 CASES = [
     (["--budgets", "16,abc"], r"--budgets: 'abc' is not a positive whole number; give budgets like 64,128,256"),
     (["--budgets", "16,0"], r"--budgets: '0' is not a positive whole number"),
     (["--budgets", "16,16"], r"--budgets: 16 is given twice"),
-    (["--budgets", "16,4"], r"--budgets: CompressionConfig.budget must be > window .* got budget=4, window=4"),
+    (["--budgets", "16,2"], r"--budgets: CompressionConfig.budget must be > window .* got budget=2, window=2"),
     (["--compression", "none"], r"rollout.compression.method is 'none' \(dense\): name the compressor to study with "
                                 r"--compression \(valid: h2o, rkv, snapkv, streamingllm\)"),
     (["--compression", "zip"], r"rollout.compression: CompressionConfig.method: unknown KV compression method 'zip'; "
@@ -37,7 +37,7 @@ CASES = [
     (["--output", "{d}/free.json"], r"--output: {d}/free.json is a directory; give the results file's path"),
     (["--dataset", "{d}/empty.jsonl"], r"data.dataset: data file {d}/empty.jsonl has no usable rows"),
     (["--model", "{d}/missing"], r"model_path: {d}/missing does not exist"),
-    # the study takes no optimizer step: the recipe's global batch (8) need not divide 3 x 4 samples
+    # the study takes no optimizer step: the recipe's global batch (32) need not divide 3 x 8 samples
     (["--prompts", "3", "--model", "{d}/missing"], r"model_path: {d}/missing does not exist"),
     (["learner.tensor_parallel_size=3"], r"learner.tensor_parallel_size x learner.pipeline_parallel_size = 3 x 1 = 3 "
                                          r"does not divide the world size 2"),

@@ -1,0 +1,65 @@
+"""``sparse-rl train`` with no recipe (the embedded default, ``configs/cpu_default.yaml``: task ``modchain``) in a
+fast form: the same recipe with a short warm start, 2 steps of 4 prompts x 4 samples and a 16-problem held-out
+set. It checks that the default runs from nothing (no data root, no model directory) and writes what the full run
+writes; the full run's rising accuracy is in docs/embedded-default.md, not asserted here."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+FAST = ["steps=2", "warm_start.steps=20", "warm_start.eval_problems=0", "rollout.prompts_per_step=4",
+        "rollout.samples_per_prompt=4", "global_batch_size=8", "eval.limit=16", "eval.every=1"]
+
+
+def test_the_embedded_default_runs_from_nothing_and_writes_its_outputs(tmp_path):
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT),
+           "PYTHONWARNINGS": "ignore", "SPARSE_RL_DATA": str(tmp_path / "no-data-here")}
+    out = subprocess.run([sys.executable, "-m", "sparse_rl_megatron.cli", "train", f"run_dir={run_dir}", *FAST],
+                         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    assert "Traceback" not in out.stderr
+
+    # the recipe is the embedded default (only the fast-form fields differ)
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    default = yaml.safe_load((ROOT / "configs" / "cpu_default.yaml").read_text())
+    assert config["model_path"] == default["model_path"] == "task:modchain"
+    compression = default["rollout"]["compression"]
+    assert compression["method"] == "rkv" and compression["scope"] == "response"
+    assert {k: config["rollout"]["compression"][k] for k in compression} == compression
+    assert config["data"]["dataset"] == "task:modchain" and config["steps"] == 2 != default["steps"]
+    # the task's model was built and warm-started in the run directory
+    assert (run_dir / "model" / "init" / "config.json").is_file()
+    warm = json.loads((run_dir / "model" / "warm" / "warm_start.json").read_text())
+    assert warm["sft/steps"] == 20 and warm["sft/loss_last"] < warm["sft/loss_first"]
+    # progress, the plot and the before/after held-out accuracy, dense and sparse
+    assert "sparse-rl train:" in out.stdout and "KV rkv B=8" in out.stdout and "step 2/2" in out.stdout
+    for mode in ("dense", "sparse"):
+        assert re.search(rf"^held-out accuracy \({mode}\): step 0 \d\.\d{{3}} -> step 2 \d\.\d{{3}}$", out.stdout,
+                         re.MULTILINE), out.stdout[-3000:]
+    assert (run_dir / "metrics.png").read_bytes()[:4] == b"\x89PNG"
+    # metrics: an evaluation at every step (dense and sparse, 16 held-out problems), rewards, the correction's rho
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2]
+    for r in records:
+        for mode in ("dense", "sparse"):
+            assert 0.0 <= r[f"eval/{mode}/accuracy"] <= 1.0
+            assert r[f"eval/{mode}/modchain/accuracy"] == r[f"eval/{mode}/accuracy"]
+    for r in records[1:]:
+        assert math.isfinite(r["loss/pg"]) and r["train/optimizer_steps"] == 2
+        assert r["rollout/compression_events_mean"] > 0 and 0.0 <= r["rollout/reward_mean"] <= 1.0
+        assert 0.0 <= r["sparse/rho_p1"] and r["sync/probe_max_abs_diff"] < 1e-3
+    sparse_eval = json.loads((run_dir / "eval" / "step_2.sparse.json").read_text())
+    assert sparse_eval["compression"].startswith("rkv B=8")
+    assert len(sparse_eval["benchmarks"]["task:modchain"]["problems"]) == 16
+    # the final checkpoint
+    state = json.loads((run_dir / "checkpoints" / "step_2" / "trainer_state.json").read_text())
+    assert state["step"] == 2 and state["data"]["consumed"] == 8
