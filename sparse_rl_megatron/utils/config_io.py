@@ -67,6 +67,12 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
         return value
     if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
+    if tp is float and isinstance(value, str):
+        # PyYAML follows YAML 1.1, which reads ``1e-4`` (no dot in the mantissa) as a string
+        try:
+            return float(value)
+        except ValueError:
+            raise ConfigError(f"{path}: expected float, got {value!r}") from None
     if tp in (int, str, bool):
         if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
             raise ConfigError(f"{path}: expected {tp.__name__}, got {value!r}")

@@ -96,3 +96,13 @@ def test_include_errors_name_the_file(tmp_path):
     (tmp_path / "f.yaml").write_text("name: [unclosed\n")
     with pytest.raises(ConfigError, match=r"f\.yaml: malformed YAML"):
         load_config(Outer, tmp_path / "e.yaml")
+
+
+def test_exponent_without_a_dot_is_a_float(tmp_path):
+    # YAML 1.1 (PyYAML) reads 1e-4 as the string '1e-4'; a float field takes it, from a file and an override
+    path = tmp_path / "c.yaml"
+    path.write_text("inner:\n  ratio: 1e-4\n")
+    assert load_config(Outer, path).inner.ratio == 1e-4
+    assert load_config(Outer, None, ["inner.ratio=3e-5"]).inner.ratio == 3e-5
+    with pytest.raises(ConfigError, match=r"inner.ratio: expected float, got 'fast'"):
+        load_config(Outer, None, ["inner.ratio=fast"])
