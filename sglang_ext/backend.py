@@ -91,6 +91,7 @@ class SparseKVBackend(AttentionBackend):
         self.scaling: dict[int, float] = {}
         self.plan: ForwardPlan | None = None
         self._newline = None
+        self._last_idle = None
         self._clip_admission()
         global _ACTIVE
         _ACTIVE = self
@@ -113,7 +114,7 @@ class SparseKVBackend(AttentionBackend):
         meta = {"method": config.method, "budget": None if config.is_dense else config.budget,
                 "window": 0 if config.is_dense else config.window, "buffer": 0 if config.is_dense else config.buffer,
                 "scope": config.scope, "events": 0, "peak_kv_tokens": 0, "kept_digest": None,
-                "logprobs": _logprob_convention()}
+                "logprobs": _logprob_convention(), "retractions": int(getattr(req, "retraction_count", 0) or 0)}
         from sparse_rl_megatron.compression import KeptDigest
 
         digest = KeptDigest() if self.state.pos is not None and not config.is_dense else None
@@ -131,7 +132,7 @@ class SparseKVBackend(AttentionBackend):
         previous = old.get(REQUEST_KEY)
         info = self.make_info(row, len(req.origin_input_ids), req)
         if previous:  # a retracted request re-prefilled: keep what its first attempt recorded
-            info.meta = previous[0]
+            info.meta = {**previous[0], "retractions": info.meta["retractions"]}
         self.state.reset(row, generation, info)
         req.customized_info = {**old, REQUEST_KEY: [info.meta]}
 

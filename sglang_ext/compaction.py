@@ -123,12 +123,14 @@ def _destinations(backend, rows: list[int], cand: torch.Tensor, budget: int):
 
 def _candidate_positions(state, rows: list[int], n: int, first: np.ndarray) -> torch.Tensor:
     """[L, m, Hkv, n] logical position of every candidate slot, per layer and KV head."""
-    device = state.table.device
-    rows_t = torch.as_tensor(rows, device=device)
-    out = state.pos[:, rows_t, :, :n].clone()
-    for i in np.nonzero(first)[0].tolist():     # never compressed: candidates are logical positions in order
-        start = int(state.cand_start[rows[i]])
-        out[:, i] = torch.arange(start, start + n, device=device)
+    layers, _, heads, _ = state.pos.shape
+    out = torch.empty(layers, len(rows), heads, n, dtype=state.pos.dtype, device=state.pos.device)
+    for i, row in enumerate(rows):
+        if first[i]:   # never compressed: the candidates are consecutive logical positions (n may exceed B + W)
+            start = int(state.cand_start[row])
+            out[:, i] = torch.arange(start, start + n, device=state.pos.device)
+        else:
+            out[:, i] = state.pos[:, row, :, :n]
     return out
 
 
@@ -159,3 +161,15 @@ def record_stats(backend, plan, *, compressing: int) -> None:
             "compressing": compressing}
     with open(backend.config.stats_path, "a") as f:
         f.write(json.dumps(line) + "\n")
+
+
+def record_idle(backend, pool_stats, *, total: int, leak: bool) -> None:
+    """One JSON line of the idle pool (SGLang's own counters), written when it changed since the last one."""
+    tree = backend.tree_cache
+    line = {"idle": True, "total": int(total), "available": int(pool_stats.full_available_size),
+            "evictable": int(pool_stats.full_evictable_size),
+            "protected": 0 if tree is None else int(tree.protected_size()), "leak": leak}
+    if line != getattr(backend, "_last_idle", None):
+        backend._last_idle = line
+        with open(backend.config.stats_path, "a") as f:
+            f.write(json.dumps(line) + "\n")

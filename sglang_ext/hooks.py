@@ -8,6 +8,7 @@ installing the plugin changes nothing for servers that do not select it.
 | ``ServerArgs.check_server_args`` | after | validate the config and refuse unsupported settings at start |
 | ``ModelRunner.forward`` | after | compress due rows after the layers ran (outside any graph) |
 | ``ReqToTokenPool.alloc`` | after | bind a request (its config, prompt length, provenance) to its row |
+| ``Req._compute_max_prefix_len`` | around | a radix-cache hit leaves the last alpha tokens to prefill (their queries fill the ring) |
 | ``BasePrefixCache.free_kv_row`` | around | release a compressed row's real slots, skipping evicted ones |
 | ``pool_stats_observer.kv_private_tokens`` | around | the busy memory checker counts what rows really own |
 | ``allocation.alloc_for_decode`` | around | reserve slots for first compressions that copy a shared prompt |
@@ -15,6 +16,7 @@ installing the plugin changes nothing for servers that do not select it.
 | ``schedule_batch.release_req`` | around | a retracted request that already compressed is refused, not resumed dense |
 | ``ScheduleBatch.retract_decode`` | around | the refusal carries the plugin's message |
 | ``SchedulerOutputStreamer.is_request_level_customized_info_key`` | around | provenance sent once per request |
+| ``SchedulerInvariantChecker._check_all_pools`` | after | with ``stats_path``: log the idle pool (tests) |
 """
 from __future__ import annotations
 
@@ -57,6 +59,15 @@ def _bind_rows(result, pool, reqs, *args, **kwargs):
             info.config = CompressionConfig()
             row = req.kv.req_pool_idx
             backend.state.reset(row, int(pool.req_generation[row]), info)
+
+
+def _max_prefix_len(original, req, input_len):
+    limit = original(req, input_len)
+    backend = active_backend()
+    if backend is None or backend.state.qwin is None:
+        return limit
+    # The scorers need the post-RoPE queries of the last alpha tokens; KV from the radix tree has none.
+    return max(min(limit, input_len - backend.config.compression.window), 0)
 
 
 def _free_kv_row(original, cache, kv, ranges):
@@ -128,6 +139,14 @@ def _request_level_key(original, streamer, key):
     return key == REQUEST_KEY or original(streamer, key)
 
 
+def _idle_pool_check(result, checker, pool_stats, *args, **kwargs):
+    backend = active_backend()
+    if backend is not None and backend.config.stats_path:
+        from sglang_ext.compaction import record_idle
+
+        record_idle(backend, pool_stats, total=checker.max_total_num_tokens, leak=bool(result[0]))
+
+
 def register_hooks() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
@@ -136,6 +155,7 @@ def register_hooks() -> None:
         ("sglang.srt.server_args.ServerArgs.check_server_args", _check_server_args, after),
         ("sglang.srt.model_executor.model_runner.ModelRunner.forward", _after_model_forward, after),
         ("sglang.srt.mem_cache.memory_pool.ReqToTokenPool.alloc", _bind_rows, after),
+        ("sglang.srt.managers.schedule_batch.Req._compute_max_prefix_len", _max_prefix_len, around),
         ("sglang.srt.mem_cache.base_prefix_cache.BasePrefixCache.free_kv_row", _free_kv_row, around),
         ("sglang.srt.managers.scheduler_components.pool_stats_observer.kv_private_tokens", _kv_private_tokens,
          around),
@@ -146,5 +166,7 @@ def register_hooks() -> None:
         ("sglang.srt.managers.schedule_batch.ScheduleBatch.retract_decode", _retract_decode, around),
         ("sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer."
          "is_request_level_customized_info_key", _request_level_key, around),
+        ("sglang.srt.managers.scheduler_components.invariant_checker.SchedulerInvariantChecker._check_all_pools",
+         _idle_pool_check, after),
     ]:
         HookRegistry.register(target, hook, kind)
