@@ -39,9 +39,12 @@ def _extent(backend, row: int, kv=None) -> tuple[int, int]:
     return int(kv.cache_protected_len), int(kv.kv_allocated_len)
 
 
-def owned_slots(backend, row: int, kv=None) -> int:
-    """Slots the request in ``row`` owns now (SGLang's row past the tree-owned prefix, plus extras)."""
+def owned_slots(backend, row: int, kv=None, *, beyond_prompt: bool = False) -> int:
+    """Slots the request in ``row`` owns now (SGLang's row past the tree-owned prefix, plus extras);
+    ``beyond_prompt``: leave out its prompt (not yet handed to the radix tree, or the tree is off)."""
     protected, allocated = _extent(backend, row, kv)
+    if beyond_prompt:
+        protected = max(protected, backend.state.info[row].prompt_len)
     return int(_row_entries(backend, row, protected, allocated).numel() + live_extras(backend, row, allocated).numel())
 
 

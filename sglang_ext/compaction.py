@@ -35,7 +35,8 @@ def compress_due_rows(backend, plan) -> None:
     newline = None
     for i, row in enumerate(plan.rows.tolist()):
         info = state.info[row]
-        info.meta["peak_kv_tokens"] = int(state.peak[row])
+        info.meta_before_last = dict(info.meta)
+        info.meta["peak_kv_tokens"] = max(info.meta["peak_kv_tokens"], int(state.peak[row]))
         cfg = info.config
         if cfg.is_dense or not (plan.is_decode or state.logical_len[row] > info.prompt_len):
             continue
@@ -96,8 +97,6 @@ def compress_rows(backend, rows: list[int], n: int) -> None:
             info.meta["kept_digest"] = info.digest.hexdigest()
         state.events[row] += 1
         info.meta["events"] = int(state.events[row])
-        if first[i] and info.req is not None:
-            info.req.skip_radix_cache_insert = True  # its slots no longer hold one token per position
     state.compressed[rows] = True
 
 
@@ -149,22 +148,26 @@ def _give_back(backend, rows: list[int], freed: torch.Tensor) -> None:
 
 
 def record_stats(backend, plan, *, compressing: int) -> None:
-    """One JSON line of pool usage, read from SGLang's allocator and rows (before this forward's compactions)."""
+    """One JSON line of pool usage, read from SGLang's allocator and rows (before this forward's compactions):
+    slots in use, held by the radix tree, owned by each request of the batch (all, and past its prompt)."""
     from sglang_ext.accounting import owned_slots
 
     alloc = backend.allocator
     tree = backend.tree_cache
     held_by_tree = 0 if tree is None else int(tree.evictable_size()) + int(tree.protected_size())
-    owned = [owned_slots(backend, int(r)) for r in plan.rows.tolist()]
+    rows = plan.rows.tolist()
+    owned = [owned_slots(backend, r) for r in rows]
+    response = [owned_slots(backend, r, beyond_prompt=True) for r in rows]
     line = {"decode": plan.is_decode, "running": len(owned), "used": int(alloc.size - alloc.available_size()),
-            "tree": held_by_tree, "owned": owned, "phys": [int(backend.state.phys_len[r]) for r in plan.rows],
+            "tree": held_by_tree, "owned": owned, "owned_response": response, "phys": [int(backend.state.phys_len[r]) for r in rows],
             "compressing": compressing}
     with open(backend.config.stats_path, "a") as f:
         f.write(json.dumps(line) + "\n")
+    backend._last_idle = None
 
 
 def record_idle(backend, pool_stats, *, total: int, leak: bool) -> None:
-    """One JSON line of the idle pool (SGLang's own counters), written when it changed since the last one."""
+    """One JSON line of the idle pool (SGLang's own counters), written once per change or after forwards."""
     tree = backend.tree_cache
     line = {"idle": True, "total": int(total), "available": int(pool_stats.full_available_size),
             "evictable": int(pool_stats.full_evictable_size),

@@ -115,7 +115,11 @@ def _plan_ring_writes(state: RowState, plan: ForwardPlan, device) -> None:
     tokens, ring_rows, slots = [], [], []
     start = 0
     for row, e in zip(plan.rows.tolist(), plan.ext.tolist()):
-        alpha = state.info[row].config.window
+        config = state.info[row].config
+        if config.is_dense:   # never scored
+            start += e
+            continue
+        alpha = config.window
         ptr = int(state.ring_ptr[row])
         m = min(e, alpha)
         for j in range(m):

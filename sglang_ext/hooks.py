@@ -9,6 +9,7 @@ installing the plugin changes nothing for servers that do not select it.
 | ``ModelRunner.forward`` | after | compress due rows after the layers ran (outside any graph) |
 | ``ReqToTokenPool.alloc`` | after | bind a request (its config, prompt length, provenance) to its row |
 | ``Req._compute_max_prefix_len`` | around | a radix-cache hit leaves the last alpha tokens to prefill (their queries fill the ring) |
+| ``common.release_kv_cache`` | around | a compressed request is not inserted into the radix tree when it ends |
 | ``BasePrefixCache.free_kv_row`` | around | release a compressed row's real slots, skipping evicted ones |
 | ``pool_stats_observer.kv_private_tokens`` | around | the busy memory checker counts what rows really own |
 | ``allocation.alloc_for_decode`` | around | reserve slots for first compressions that copy a shared prompt |
@@ -70,6 +71,18 @@ def _max_prefix_len(original, req, input_len):
     return max(min(limit, input_len - backend.config.compression.window), 0)
 
 
+def _release_kv_cache(original, req, tree_cache, *, checkpoint: bool):
+    backend = active_backend()
+    row = req.kv.req_pool_idx
+    if backend is not None and row is not None:
+        info = backend.state.info[row]
+        if req.finished() and info is not None:
+            info.finalize_meta(int(backend.state.logical_len[row]), len(req.origin_input_ids) + len(req.output_ids) - 1)
+        if checkpoint and backend.state.compressed[row]:
+            checkpoint = False  # its slots no longer hold one token per position: the tree keeps only the prompt
+    return original(req, tree_cache, checkpoint=checkpoint)
+
+
 def _free_kv_row(original, cache, kv, ranges):
     from sglang_ext.accounting import handles_row, release_row
 
@@ -121,7 +134,7 @@ def _release_req(original, *args, **kwargs):
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
     setattr(req, _REFUSED_ATTR, True)
-    req.to_finish = FINISH_ABORT(REFUSED_RETRACTION, HTTPStatus.SERVICE_UNAVAILABLE)
+    req.to_finish = FINISH_ABORT(REFUSED_RETRACTION)  # no status code: returned as an output, not raised
     return False
 
 
@@ -131,7 +144,7 @@ def _retract_decode(original, batch, *args, **kwargs):
 
     for req in aborted:
         if getattr(req, _REFUSED_ATTR, False):
-            req.to_finish = FINISH_ABORT(REFUSED_RETRACTION, HTTPStatus.SERVICE_UNAVAILABLE)
+            req.to_finish = FINISH_ABORT(REFUSED_RETRACTION)
     return retracted, ratio, aborted
 
 
@@ -156,6 +169,7 @@ def register_hooks() -> None:
         ("sglang.srt.model_executor.model_runner.ModelRunner.forward", _after_model_forward, after),
         ("sglang.srt.mem_cache.memory_pool.ReqToTokenPool.alloc", _bind_rows, after),
         ("sglang.srt.managers.schedule_batch.Req._compute_max_prefix_len", _max_prefix_len, around),
+        ("sglang.srt.mem_cache.common.release_kv_cache", _release_kv_cache, around),
         ("sglang.srt.mem_cache.base_prefix_cache.BasePrefixCache.free_kv_row", _free_kv_row, around),
         ("sglang.srt.managers.scheduler_components.pool_stats_observer.kv_private_tokens", _kv_private_tokens,
          around),

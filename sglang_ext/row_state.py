@@ -37,6 +37,14 @@ class RowInfo:
     meta: dict = field(default_factory=dict)
     """The provenance dict sent back in ``meta_info['sparse_kv']`` (updated in place)."""
     digest: KeptDigest | None = None
+    meta_before_last: dict | None = None
+    """``meta`` as it was before the latest forward (see ``finalize_meta``)."""
+
+    def finalize_meta(self, cached_now: int, fed_tokens: int) -> None:
+        """At finish: with SGLang's overlap scheduler a finished request rides one more decode forward that
+        feeds its last sampled token (never fed in the reference schedule); drop that forward's record."""
+        if cached_now > fed_tokens and self.meta_before_last is not None:
+            self.meta.update(self.meta_before_last)
 
 
 class RowState:

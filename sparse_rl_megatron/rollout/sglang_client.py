@@ -112,7 +112,8 @@ class HttpClient:
                 text = resp.read().decode()
         except urllib.error.HTTPError as err:
             detail = err.read().decode(errors="replace")[:500]
-            raise RuntimeError(f"SGLang server {url}{path} answered HTTP {err.code}: {detail}") from None
+            kind = ValueError if err.code == 400 else RuntimeError  # 400: the request itself was refused
+            raise kind(f"SGLang server {url}{path} answered HTTP {err.code}: {detail}") from None
         except urllib.error.URLError as err:
             raise RuntimeError(f"SGLang server {url}{path} is unreachable: {err.reason}") from None
         return json.loads(text) if text.strip() else None

@@ -1,0 +1,115 @@
+"""What the sparse_kv plugin refuses, and what happens when things go wrong.
+
+- Bad settings are refused when the server starts (``ServerArgs.check_server_args``), before any model
+  loads, with one line naming the field.
+- A deliberately broken free (evicted slots dropped but never freed) is caught by SGLang's strict idle
+  memory checker: the oracle of every other engine test really can fail.
+- A forced retraction (SGLang's test switch, small pool, no radix cache) ends either compressed and correct
+  (retracted before its first compression, re-prefilled and compressed the same way) or refused and
+  resubmitted (retracted after it), never resumed dense.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from conftest import assert_matches_reference, scheduler_env, teacher_forced
+
+from sparse_rl_megatron.compression import CompressionConfig
+from sparse_rl_megatron.rollout.engine import SamplingParams
+from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
+from sparse_rl_megatron.utils.config_io import ConfigError
+
+RKV = {"method": "rkv", "budget": 8, "window": 2, "buffer": 4}
+
+
+def _start_args(model_dir, config: dict | None, **overrides):
+    """Resolve and check server arguments exactly as ``sglang.Engine`` does before launching anything."""
+    from sglang_ext import cpu_compat
+    from sglang_ext.config import CONFIG_ENV
+
+    cpu_compat.apply()
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import ServerArgs
+
+    load_plugins()  # as sglang.Engine does first
+    kwargs = {**cpu_compat.cpu_engine_kwargs(), "model_path": str(model_dir), "attention_backend": "sparse_kv",
+              **overrides}
+    with scheduler_env(**({CONFIG_ENV: json.dumps(config)} if config is not None else {})):
+        args = ServerArgs(**kwargs)
+        args.resolve_once()
+        args.check_server_args()
+
+
+@pytest.mark.parametrize("config,overrides,message", [
+    ({"compression": {"method": "foo"}}, {}, "unknown KV compression method 'foo'; valid names: h2o, none, rkv"),
+    ({"compression": {"bugdet": 4}}, {}, "unknown key(s) bugdet; valid keys:"),
+    ({"compression": {"method": "rkv", "budget": 4, "window": 8}}, {}, "budget must be > window"),
+    ({"compression": {"method": "h2o"}}, {}, "'h2o' is not supported by the SGLang plugin"),
+    ({"compression": {**RKV, "compress_prefill": True}}, {}, "compress_prefill is not supported"),
+    ({"compression": RKV}, {"page_size": 2}, "page_size=2: sparse_kv needs page_size 1"),
+    ({"compression": RKV}, {"disable_cuda_graph": False}, "does not support CUDA graphs"),
+])
+def test_bad_settings_are_refused_at_start_in_one_line(tiny_model_dir, config, overrides, message):
+    with pytest.raises(ConfigError) as err:
+        _start_args(tiny_model_dir, config, **overrides)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_good_settings_pass(tiny_model_dir):
+    _start_args(tiny_model_dir, {"compression": RKV, "kept_digest": True})
+
+
+_PROBE = textwrap.dedent("""
+    import sys
+    from sparse_rl_megatron.compression import CompressionConfig
+    from sparse_rl_megatron.rollout.engine import SamplingParams
+    from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
+    from sparse_rl_megatron.rollout.sglang_engine import SGLangRolloutEngine
+
+    if __name__ == "__main__":
+        config = SGLangEngineConfig(model_path=sys.argv[1], dtype="float32", max_total_tokens=1024,
+                                    compression=CompressionConfig(method="rkv", budget=8, window=2, buffer=4))
+        with SGLangRolloutEngine(config) as engine:
+            for _ in range(3):
+                engine.generate([[5, 17, 42]], 2, SamplingParams(max_new_tokens=20, ignore_eos=True))
+                engine.client.flush_cache()
+        print("PROBE FINISHED")
+""")
+
+
+def test_strict_checker_catches_a_deliberately_broken_free(tiny_model_dir, tmp_path):
+    from sglang_ext.config import FAULT_ENV
+
+    script = tmp_path / "probe.py"
+    script.write_text(_PROBE)
+    with scheduler_env(**{FAULT_ENV: "skip_free"}):
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+        proc = subprocess.run([sys.executable, str(script), str(tiny_model_dir)], env=env, capture_output=True,
+                              text=True, timeout=900)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "PROBE FINISHED" not in log
+    assert "memory leak detected" in log, log[-3000:]
+
+
+def test_forced_retraction_ends_compressed_and_correct_or_refused(tiny_model_dir, hf_model):
+    from sparse_rl_megatron.rollout.sglang_engine import SGLangRolloutEngine
+
+    compression = CompressionConfig(**RKV)
+    config = SGLangEngineConfig(model_path=str(tiny_model_dir), compression=compression, dtype="float32",
+                                max_total_tokens=512, radix_cache=False, max_resubmits=30)
+    with scheduler_env(SGLANG_TEST_RETRACT="1", SGLANG_TEST_RETRACT_INTERVAL="4"):
+        engine = SGLangRolloutEngine(config)
+    try:
+        prompts = [[5, 17, 42], [300, 12, 8, 77], list(range(100, 113))]
+        samples = engine.generate(prompts, 2, SamplingParams(temperature=1.0, max_new_tokens=24, ignore_eos=True))
+    finally:
+        engine.shutdown()
+    assert engine.resubmitted >= 1                                   # refused after a compression, resubmitted
+    resumed = [s for s in samples if s.metadata["retractions"] and s.compression.events]
+    assert resumed                                                   # retracted before, compressed after
+    assert_matches_reference(samples, teacher_forced(hf_model, compression, samples))
