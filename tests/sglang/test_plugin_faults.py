@@ -22,7 +22,7 @@ from conftest import assert_matches_reference, scheduler_env, teacher_forced
 from sparse_rl_megatron.compression import CompressionConfig
 from sparse_rl_megatron.rollout.engine import SamplingParams
 from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
-from sparse_rl_megatron.utils.config_io import ConfigError
+from sparse_rl_megatron.utils.config_io import ConfigError, to_dict
 
 RKV = {"method": "rkv", "budget": 8, "window": 2, "buffer": 4}
 
@@ -87,7 +87,8 @@ def test_strict_checker_catches_a_deliberately_broken_free(tiny_model_dir, tmp_p
 
     script = tmp_path / "probe.py"
     script.write_text(_PROBE)
-    with scheduler_env(**{FAULT_ENV: "skip_free"}):
+    # the idle checker alone (the busy one, on in the other tests, would stop it one step earlier)
+    with scheduler_env(**{FAULT_ENV: "skip_free", "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "0"}):
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
         proc = subprocess.run([sys.executable, str(script), str(tiny_model_dir)], env=env, capture_output=True,
                               text=True, timeout=900)
@@ -97,19 +98,29 @@ def test_strict_checker_catches_a_deliberately_broken_free(tiny_model_dir, tmp_p
 
 
 def test_forced_retraction_ends_compressed_and_correct_or_refused(tiny_model_dir, hf_model):
+    """SGLang retracts the running request with the shortest output (ties: the longest prompt) every few
+    steps. Phase 1: requests retracted after their first compression are refused and resubmitted. Phase 2: a
+    request retracted before it (its companion keeps the batch at two) is re-prefilled, then compressed."""
     from sparse_rl_megatron.rollout.sglang_engine import SGLangRolloutEngine
 
     compression = CompressionConfig(**RKV)
-    config = SGLangEngineConfig(model_path=str(tiny_model_dir), compression=compression, dtype="float32",
+    late = CompressionConfig(method="rkv", budget=12, window=2, buffer=4)
+    config = SGLangEngineConfig(model_path=str(tiny_model_dir), compression=late, dtype="float32",
                                 max_total_tokens=512, radix_cache=False, max_resubmits=30)
     with scheduler_env(SGLANG_TEST_RETRACT="1", SGLANG_TEST_RETRACT_INTERVAL="4"):
         engine = SGLangRolloutEngine(config)
     try:
-        prompts = [[5, 17, 42], [300, 12, 8, 77], list(range(100, 113))]
-        samples = engine.generate(prompts, 2, SamplingParams(temperature=1.0, max_new_tokens=24, ignore_eos=True))
+        sampling = SamplingParams(temperature=1.0, max_new_tokens=24, ignore_eos=True)
+        samples = engine.generate([[5, 17, 42], [300, 12, 8, 77]], 3, sampling, compression=compression)
+        assert engine.resubmitted >= 1                       # refused after a compression, then resubmitted
+        assert_matches_reference(samples, teacher_forced(hf_model, compression, samples))
+        # Phase 2: A (longer prompt) is the retraction victim while B runs; A compresses only after B is done.
+        prompts = [list(range(100, 108)), [5, 17, 42]]
+        params = [engine._sampling(sampling, g, 0, 0, to_dict(late)) for g in range(2)]
+        params[1]["max_new_tokens"] = 6
+        outs = engine.client.generate(prompts, params)
+        a = engine._sample(outs[0], prompts[0], prompts[0], 0, 0, sampling)
     finally:
         engine.shutdown()
-    assert engine.resubmitted >= 1                                   # refused after a compression, resubmitted
-    resumed = [s for s in samples if s.metadata["retractions"] and s.compression.events]
-    assert resumed                                                   # retracted before, compressed after
-    assert_matches_reference(samples, teacher_forced(hf_model, compression, samples))
+    assert a.metadata["retractions"] >= 1 and a.compression.events >= 1    # retracted, re-prefilled, compressed
+    assert_matches_reference([a], teacher_forced(hf_model, late, [a]))
