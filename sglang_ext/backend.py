@@ -201,7 +201,7 @@ class SparseKVBackend(AttentionBackend):
         """Admission reserves ``min(max_new_tokens, CLIP)`` future tokens per request; compressed requests
         never hold more than B + W candidates, so CLIP becomes B + W (plus the next token's slot)."""
         c = self.config.compression
-        if c.is_dense:
+        if c.is_dense or not self.config.free_evicted:  # nothing is freed: a request grows as if dense
             return
         from sglang.srt.managers import schedule_policy
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections import defaultdict
 
 import numpy as np
@@ -48,10 +49,16 @@ def compress_due_rows(backend, plan) -> None:
             due = token < newline.numel() and bool(newline[token])
         if due:
             groups[(repr(cfg), n)].append(row)
-    if backend.config.stats_path:
-        record_stats(backend, plan, compressing=sum(len(g) for g in groups.values()))
+    usage = pool_usage(backend, plan) if backend.config.stats_path else None
+    wall, cpu = time.perf_counter(), time.process_time()
     for (_, n), rows in groups.items():
         compress_rows(backend, rows, n)
+    if usage is not None:
+        usage.update(compressing=sum(len(g) for g in groups.values()), t=time.perf_counter(),
+                     cpu=time.process_time(), compact_s=time.perf_counter() - wall,
+                     compact_cpu=time.process_time() - cpu)
+        _append(backend, usage)
+        backend._last_idle = None
 
 
 def compress_rows(backend, rows: list[int], n: int) -> None:
@@ -147,23 +154,24 @@ def _give_back(backend, rows: list[int], freed: torch.Tensor) -> None:
     backend.allocator.free(freed)
 
 
-def record_stats(backend, plan, *, compressing: int) -> None:
-    """One JSON line of pool usage, read from SGLang's allocator and rows (before this forward's compactions):
-    slots in use, held by the radix tree, owned by each request of the batch (all, and past its prompt)."""
+def pool_usage(backend, plan) -> dict:
+    """Pool usage read from SGLang's allocator and rows: slots in use, held by the radix tree, owned by each
+    request of the batch (all, and past its prompt), and the physical lengths the kernels read."""
     from sglang_ext.accounting import owned_slots
 
     alloc = backend.allocator
     tree = backend.tree_cache
-    held_by_tree = 0 if tree is None else int(tree.evictable_size()) + int(tree.protected_size())
     rows = plan.rows.tolist()
-    owned = [owned_slots(backend, r) for r in rows]
-    response = [owned_slots(backend, r, beyond_prompt=True) for r in rows]
-    line = {"decode": plan.is_decode, "running": len(owned), "used": int(alloc.size - alloc.available_size()),
-            "tree": held_by_tree, "owned": owned, "owned_response": response, "phys": [int(backend.state.phys_len[r]) for r in rows],
-            "compressing": compressing}
+    return {"decode": plan.is_decode, "running": len(rows), "used": int(alloc.size - alloc.available_size()),
+            "tree": 0 if tree is None else int(tree.evictable_size()) + int(tree.protected_size()),
+            "owned": [owned_slots(backend, r) for r in rows],
+            "owned_response": [owned_slots(backend, r, beyond_prompt=True) for r in rows],
+            "phys": [int(backend.state.phys_len[r]) for r in rows]}
+
+
+def _append(backend, line: dict) -> None:
     with open(backend.config.stats_path, "a") as f:
         f.write(json.dumps(line) + "\n")
-    backend._last_idle = None
 
 
 def record_idle(backend, pool_stats, *, total: int, leak: bool) -> None:
@@ -172,7 +180,6 @@ def record_idle(backend, pool_stats, *, total: int, leak: bool) -> None:
     line = {"idle": True, "total": int(total), "available": int(pool_stats.full_available_size),
             "evictable": int(pool_stats.full_evictable_size),
             "protected": 0 if tree is None else int(tree.protected_size()), "leak": leak}
-    if line != getattr(backend, "_last_idle", None):
+    if line != backend._last_idle:
         backend._last_idle = line
-        with open(backend.config.stats_path, "a") as f:
-            f.write(json.dumps(line) + "\n")
+        _append(backend, line)

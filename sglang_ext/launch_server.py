@@ -7,8 +7,8 @@
 validated before anything starts. The launcher then sets ``SPARSE_RL_KV_CONFIG`` and
 ``SGLANG_RETURN_ORIGINAL_LOGPROB=1`` (T=1 log-probs, the convention of ``SGLangRolloutEngine``), adds the
 flags the plugin needs unless given (``--attention-backend sparse_kv``, ``--page-size 1``, CUDA graphs
-off; on a machine without CUDA the CPU engine's ``--device cpu --sampling-backend pytorch`` and the stand-in
-``sgl_kernel``), and hands over to SGLang's own ``sglang.launch_server``.
+off; on a machine without CUDA the CPU engine's ``--device cpu --sampling-backend pytorch``, a 65536-token
+pool and the stand-in ``sgl_kernel``), and hands over to SGLang's own ``sglang.launch_server``.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import os
 import sys
 
 from sglang_ext.config import BACKEND_NAME, CONFIG_ENV, parse_config
+from sparse_rl_megatron.rollout.sglang_config import CPU_DEFAULT_POOL_TOKENS
 from sparse_rl_megatron.utils.config_io import ConfigError
 
 
@@ -36,6 +37,8 @@ def server_argv(argv: list[str], *, on_cpu: bool) -> list[str]:
     if on_cpu:
         add("--device", "cpu")
         add("--sampling-backend", "pytorch")
+        if "--mem-fraction-static" not in given:   # SGLang would size the CPU pool from a large share of RAM
+            add("--max-total-tokens", str(CPU_DEFAULT_POOL_TOKENS))
     return out
 
 

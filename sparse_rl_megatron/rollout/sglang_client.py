@@ -116,7 +116,10 @@ class HttpClient:
             raise kind(f"SGLang server {url}{path} answered HTTP {err.code}: {detail}") from None
         except urllib.error.URLError as err:
             raise RuntimeError(f"SGLang server {url}{path} is unreachable: {err.reason}") from None
-        return json.loads(text) if text.strip() else None
+        try:
+            return json.loads(text) if text.strip() else None
+        except json.JSONDecodeError:
+            return text  # e.g. /flush_cache answers plain text
 
     def _wait_healthy(self, url: str, deadline: float) -> None:
         while True:
@@ -127,6 +130,17 @@ class HttpClient:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"SGLang server {url} did not become healthy in time: {err}") from None
                 time.sleep(2.0)
+
+    def align_weight_version(self, version: str) -> None:
+        """Servers that never got a version (SGLang's ``default``) take ``version``; any other must match it."""
+        for url in self.urls:
+            current = str((self._request(url, "/model_info", None, method="GET") or {}).get("weight_version"))
+            if current == "default":
+                _check("update_weight_version", self._request(
+                    url, "/update_weight_version", {"new_version": version, "abort_all_requests": False}))
+            elif current != version:
+                raise ValueError(f"SGLang server {url} is at weight version {current}, not {version}; pass "
+                                 f"weight_version={current} to SGLangRolloutEngine (or update its weights)")
 
     def generate(self, input_ids: list[list[int]], sampling_params: list[dict]) -> list[dict]:
         n = len(self.urls)

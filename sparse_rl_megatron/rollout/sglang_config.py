@@ -7,6 +7,8 @@ from typing import Any
 from sparse_rl_megatron.compression import CompressionConfig
 
 WEIGHT_SYNCS = ("tensor", "distributed", "disk")
+CPU_DEFAULT_POOL_TOKENS = 1 << 16
+"""KV pool of an in-process CPU engine when neither max_total_tokens nor mem_fraction_static is set."""
 DISTRIBUTED_BACKENDS = ("gloo", "nccl")
 
 
@@ -30,7 +32,8 @@ class SGLangEngineConfig:
     tp_size: int = 1
     """Tensor parallel size of the in-process engine."""
     max_total_tokens: int | None = None
-    """KV pool size in tokens of the in-process engine (None: SGLang sizes it from ``mem_fraction_static``)."""
+    """KV pool size in tokens of the in-process engine (None: SGLang sizes it from ``mem_fraction_static`` on
+    GPU; on CPU, where SGLang would claim a large share of RAM, ``CPU_DEFAULT_POOL_TOKENS``)."""
     mem_fraction_static: float | None = None
     """Fraction of device memory for weights + KV pool (None: SGLang's default)."""
     max_running_requests: int | None = None

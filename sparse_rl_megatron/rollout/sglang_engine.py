@@ -35,7 +35,7 @@ from sparse_rl_megatron.compression import CompressionConfig
 from sparse_rl_megatron.rollout.engine import SamplingParams
 from sparse_rl_megatron.rollout.sample import CompressionInfo, Sample
 from sparse_rl_megatron.rollout.sampling import sample_seed
-from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
+from sparse_rl_megatron.rollout.sglang_config import CPU_DEFAULT_POOL_TOKENS, SGLangEngineConfig
 from sparse_rl_megatron.utils.config_io import to_dict
 
 _SEED_MOD = 2**31 - 1  # SGLang's sampling_seed is a 32-bit signed int
@@ -74,6 +74,7 @@ class SGLangRolloutEngine:
 
             self.client = HttpClient(config.urls, timeout_s=config.request_timeout_s,
                                      startup_timeout_s=config.startup_timeout_s)
+            self.client.align_weight_version(str(weight_version))
             self._per_request = to_dict(config.compression)
         else:
             self.client = self._start_in_process()
@@ -103,6 +104,8 @@ class SGLangRolloutEngine:
         for name in ("max_total_tokens", "mem_fraction_static", "max_running_requests"):
             if getattr(c, name) is not None:
                 kwargs[name] = getattr(c, name)
+        if on_cpu and c.max_total_tokens is None and c.mem_fraction_static is None:
+            kwargs["max_total_tokens"] = CPU_DEFAULT_POOL_TOKENS
         kwargs.update(c.extra_args)
         self._seeded = on_cpu
         env = {CONFIG_ENV: c.plugin_config().to_json(), "SGLANG_RETURN_ORIGINAL_LOGPROB": "1"}

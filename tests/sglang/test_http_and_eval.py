@@ -9,6 +9,8 @@ import signal
 import socket
 import subprocess
 import sys
+import time
+import urllib.request
 
 import pytest
 from conftest import STRICT_MEMORY_CHECKS, assert_matches_reference, teacher_forced
@@ -42,7 +44,18 @@ def server(tiny_model_dir, tmp_path_factory):
              "--model-path", str(tiny_model_dir), "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
              "--max-total-tokens", "1024", "--random-seed", "0", "--log-level", "error"],
             env=_launcher_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    yield f"http://127.0.0.1:{port}", proc, log
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 900
+    while True:   # fail fast (with the server's log) if it dies while starting
+        try:
+            urllib.request.urlopen(url + "/health_generate", timeout=30).read()
+            break
+        except Exception:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                os.killpg(proc.pid, signal.SIGTERM)
+                pytest.fail(f"the server did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(2)
+    yield url, proc, log
     os.killpg(proc.pid, signal.SIGTERM)
     proc.wait(timeout=60)
 
@@ -54,10 +67,7 @@ def test_http_server_samples_like_the_reference_and_takes_weights_over_gloo(serv
     url, proc, log = server
     config = SGLangEngineConfig(model_path=str(tiny_model_dir), urls=[url], compression=COMPRESSION,
                                 weight_sync="distributed", distributed_backend="gloo", startup_timeout_s=900)
-    try:
-        engine = SGLangRolloutEngine(config)
-    except RuntimeError:
-        pytest.fail(f"server did not start: {log.read_text()[-3000:]}")
+    engine = SGLangRolloutEngine(config)
     prompts = ["First, 2 + 3 = 5. Then", [5, 17, 42]]
     sampling = SamplingParams(temperature=1.0, max_new_tokens=24)
     samples = engine.generate(prompts, 2, sampling)          # the client's compression goes per request
