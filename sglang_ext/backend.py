@@ -90,7 +90,6 @@ class SparseKVBackend(AttentionBackend):
                                                                                       self.state.table)))
         self.scaling: dict[int, float] = {}
         self.plan: ForwardPlan | None = None
-        self._newline = None
         self._last_idle = None
         self._clip_admission()
         global _ACTIVE
@@ -145,8 +144,7 @@ class SparseKVBackend(AttentionBackend):
         self.plan = plan_forward(
             self.state, forward_batch, req_to_token=self.req_to_token_pool.req_to_token,
             req_generation=self.req_to_token_pool.req_generation,
-            default_info=lambda row, seq: self.make_info(row, seq),
-            need_last_tokens=self.config.compression.trigger_on_newline)
+            default_info=lambda row, seq: self.make_info(row, seq))
         self.inner.init_forward_metadata(self.plan.phys_batch)
 
     def _record_queries(self, q: torch.Tensor, layer) -> None:
@@ -185,18 +183,6 @@ class SparseKVBackend(AttentionBackend):
             compress_due_rows(self, plan)
 
     # ------------------------------------------------------------------------------------------- helpers
-    def newline_mask(self) -> torch.Tensor:
-        """[V] bool: tokens whose text contains a newline (``trigger_on_newline``), from the server's tokenizer."""
-        if self._newline is None:
-            from transformers import AutoTokenizer
-
-            args = self.runner.server_args
-            tok = AutoTokenizer.from_pretrained(args.tokenizer_path or args.model_path,
-                                                trust_remote_code=bool(getattr(args, "trust_remote_code", False)))
-            texts = tok.batch_decode([[i] for i in range(len(tok))])
-            self._newline = torch.tensor(["\n" in t for t in texts], dtype=torch.bool)
-        return self._newline
-
     def _clip_admission(self) -> None:
         """Admission reserves ``min(max_new_tokens, CLIP)`` future tokens per request; compressed requests
         never hold more than B + W candidates, so CLIP becomes B + W (plus the next token's slot)."""

@@ -1,8 +1,7 @@
 """After each forward: which rows compress, and the compression itself (score, gather, free).
 
 When (``sparse_rl_megatron.compression.schedule``): after a forward that cached decode tokens, a row whose
-candidate count reached B + W (or, with ``trigger_on_newline``, cached a newline with more than B
-candidates) keeps B candidates per layer and KV head. A plain prefill never compresses (prefill compression
+candidate count reached B + W keeps B candidates per layer and KV head. A plain prefill never compresses (prefill compression
 is refused at start); an extend that re-caches response tokens (a retracted request re-prefilled before its
 first event) follows the decode rule, as the tokens would have.
 
@@ -33,8 +32,7 @@ def compress_due_rows(backend, plan) -> None:
     """Compress the rows of ``plan`` that are due (see the module docstring) and refresh their provenance."""
     state = backend.state
     groups: dict[tuple, list[int]] = defaultdict(list)
-    newline = None
-    for i, row in enumerate(plan.rows.tolist()):
+    for row in plan.rows.tolist():
         info = state.info[row]
         info.meta_before_last = dict(info.meta)
         info.meta["peak_kv_tokens"] = max(info.meta["peak_kv_tokens"], int(state.peak[row]))
@@ -42,12 +40,7 @@ def compress_due_rows(backend, plan) -> None:
         if cfg.is_dense or not (plan.is_decode or state.logical_len[row] > info.prompt_len):
             continue
         n = int(state.phys_len[row] - state.cand_start[row])
-        due = n >= cfg.max_candidates
-        if not due and cfg.trigger_on_newline and n > cfg.budget:
-            newline = backend.newline_mask() if newline is None else newline
-            token = int(plan.last_tokens[i])
-            due = token < newline.numel() and bool(newline[token])
-        if due:
+        if n >= cfg.max_candidates:
             groups[(repr(cfg), n)].append(row)
     usage = pool_usage(backend, plan) if backend.config.stats_path else None
     wall, cpu = time.perf_counter(), time.process_time()

@@ -63,6 +63,8 @@ class SparseKVConfig:
         if c.compress_prefill:
             raise ValueError("compression.compress_prefill is not supported by the SGLang plugin (Sparse-RL "
                              "compresses during decode only); set it to false")
+        if c.trigger_on_newline:
+            raise ValueError("compression.trigger_on_newline is not supported by the SGLang plugin; set it to false")
         if self.inner_backend and self.inner_backend not in INNER_BACKENDS:
             raise ValueError(f"inner_backend must be one of {', '.join(INNER_BACKENDS)} (or '' for the "
                              f"device default); got '{self.inner_backend}'")
@@ -115,7 +117,10 @@ def request_compression(base: CompressionConfig, overrides: Any) -> CompressionC
         raise ConfigError(f"custom_params.{REQUEST_KEY} must be a mapping of compression fields; got {overrides!r}")
     merged = {**to_dict(base), **overrides}
     config = from_dict(CompressionConfig, merged, path=f"custom_params.{REQUEST_KEY}")
-    SparseKVConfig(compression=config)  # the plugin's own restrictions (methods, prefill compression)
+    try:
+        SparseKVConfig(compression=config)  # the plugin's own restrictions (methods, prefill compression)
+    except ValueError as err:
+        raise ConfigError(f"custom_params.{REQUEST_KEY}: {err}") from None
     if config.window > base.window:
         raise ConfigError(f"custom_params.{REQUEST_KEY}.window ({config.window}) exceeds the server's window "
                           f"({base.window}), which sizes the query ring")

@@ -34,8 +34,6 @@ class ForwardPlan:
     """[T'] its request row."""
     ring_slots: torch.Tensor | None = None
     """[T'] its slot in that row's ring."""
-    last_tokens: np.ndarray | None = None
-    """[bs] the last token id each row cached in this forward (newline trigger)."""
 
 
 def _cpu(t) -> np.ndarray:
@@ -43,7 +41,7 @@ def _cpu(t) -> np.ndarray:
 
 
 def plan_forward(state: RowState, fb, *, req_to_token: torch.Tensor, req_generation: torch.Tensor,
-                 default_info, need_last_tokens: bool = False) -> ForwardPlan:
+                 default_info) -> ForwardPlan:
     """Update ``state`` for the forward described by ``fb`` and return its :class:`ForwardPlan`.
 
     ``default_info(row, prompt_len)`` builds the :class:`RowInfo` of a row no scheduler bound (unit tests).
@@ -76,9 +74,6 @@ def plan_forward(state: RowState, fb, *, req_to_token: torch.Tensor, req_generat
     plan = ForwardPlan(rows=rows, ext=ext, is_decode=is_decode, phys_batch=pb)
     if state.qwin is not None:
         _plan_ring_writes(state, plan, device)
-    if need_last_tokens:
-        ends = np.cumsum(ext) - 1
-        plan.last_tokens = _cpu(fb.input_ids)[ends]
     return plan
 
 

@@ -49,7 +49,7 @@ class InProcessClient:
 
         self.engine = sglang.Engine(**engine_kwargs)
 
-    def generate(self, input_ids: list[list[int]], sampling_params: list[dict]) -> list[dict]:
+    def generate(self, input_ids: list[list[int]], sampling_params: list[dict], groups=None) -> list[dict]:
         return self.engine.generate(input_ids=input_ids, sampling_params=sampling_params, return_logprob=True)
 
     def _run(self, name: str, fields: dict) -> Any:
@@ -142,9 +142,12 @@ class HttpClient:
                 raise ValueError(f"SGLang server {url} is at weight version {current}, not {version}; pass "
                                  f"weight_version={current} to SGLangRolloutEngine (or update its weights)")
 
-    def generate(self, input_ids: list[list[int]], sampling_params: list[dict]) -> list[dict]:
+    def generate(self, input_ids: list[list[int]], sampling_params: list[dict], groups=None) -> list[dict]:
+        """Requests of one group (``groups[j]``, default: each its own) go to one server, so they share
+        the prompt's KV in its radix cache."""
         n = len(self.urls)
-        shards = [list(range(i, len(input_ids), n)) for i in range(n)]
+        groups = list(range(len(input_ids))) if groups is None else groups
+        shards = [[j for j in range(len(input_ids)) if groups[j] % n == i] for i in range(n)]
         futures = [self._pool.submit(self._request, url, "/generate", {
             "input_ids": [input_ids[j] for j in idx], "sampling_params": [sampling_params[j] for j in idx],
             "return_logprob": True}) for url, idx in zip(self.urls, shards) if idx]

@@ -137,7 +137,8 @@ class SGLangRolloutEngine:
         done: dict[tuple[int, int], Sample] = {}
         for attempt in range(self.config.max_resubmits + 1):
             outs = self.client.generate([prompt_ids[g] for g, _ in todo],
-                                        [self._sampling(sampling, g, i, attempt, overrides) for g, i in todo])
+                                        [self._sampling(sampling, g, i, attempt, overrides) for g, i in todo],
+                                        groups=[g for g, _ in todo])
             retry = []
             for (g, i), out in zip(todo, outs):
                 if self._refused(out):
@@ -250,8 +251,9 @@ class SGLangRolloutEngine:
 
     def update_weights_from_disk(self, model_path: str, version: int) -> None:
         """Reload every server from an HF directory visible to it."""
-        body = {"model_path": str(model_path), "weight_version": str(version)}
-        self.client.call_each("update_weights_from_disk", [body] * self.client.num_servers)
+        from sparse_rl_megatron.rollout.sglang_weights import reload_from_disk
+
+        reload_from_disk(self.client, model_path, str(version))
         self.weight_version = version
 
     # ------------------------------------------------------------------------------------------- memory

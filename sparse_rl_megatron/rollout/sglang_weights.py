@@ -22,9 +22,8 @@ GROUP_NAME = "sparse_rl_weight_sync"
 def push_weights(engine, buckets: list[list[tuple[str, torch.Tensor]]], version: str) -> None:
     c = engine.config
     if c.weight_sync == "disk":
-        path = write_hf_dir(buckets, Path(c.weight_sync_dir) / f"v{version}", c.model_path)
-        engine.client.call_each("update_weights_from_disk", [{"model_path": str(path), "weight_version": version}]
-                                * engine.client.num_servers)
+        reload_from_disk(engine.client, write_hf_dir(buckets, Path(c.weight_sync_dir) / f"v{version}", c.model_path),
+                         version)
         return
     client = engine.client
     client.call_each("begin_weight_update", [{"selector": "all"}] * client.num_servers)
@@ -47,6 +46,12 @@ def push_weights(engine, buckets: list[list[tuple[str, torch.Tensor]]], version:
                     future.result()
     finally:
         client.call_each("end_weight_update", [{}] * client.num_servers)
+
+
+def reload_from_disk(client, path, version: str) -> None:
+    """Every server reloads the HF directory ``path`` (visible to it) and takes weight version ``version``."""
+    client.call_each("update_weights_from_disk", [{"model_path": str(path), "weight_version": version}]
+                     * client.num_servers)
 
 
 def _free_port() -> int:
