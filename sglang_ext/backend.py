@@ -18,9 +18,10 @@ from typing import Any
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
-from sglang_ext.config import BACKEND_NAME, ConfigError, SparseKVConfig, request_compression
+from sglang_ext.config import BACKEND_NAME, REQUEST_KEY, ConfigError, SparseKVConfig, request_compression
 from sglang_ext.forward_plan import ForwardPlan, plan_forward
 from sglang_ext.row_state import RowInfo, RowState
+from sparse_rl_megatron.compression import KeptDigest
 
 logger = logging.getLogger(__name__)
 
@@ -101,10 +102,7 @@ class SparseKVBackend(AttentionBackend):
         """The row facts of a new request (its compression config validated here)."""
         overrides = None
         if req is not None:
-            custom = getattr(req.sampling_params, "custom_params", None) or {}
-            from sglang_ext.config import REQUEST_KEY
-
-            overrides = custom.get(REQUEST_KEY)
+            overrides = (getattr(req.sampling_params, "custom_params", None) or {}).get(REQUEST_KEY)
         base = self.config.compression
         config = request_compression(base, overrides)
         if not config.is_dense and base.is_dense:
@@ -114,8 +112,6 @@ class SparseKVBackend(AttentionBackend):
                 "window": 0 if config.is_dense else config.window, "buffer": 0 if config.is_dense else config.buffer,
                 "scope": config.scope, "events": 0, "peak_kv_tokens": 0, "kept_digest": None,
                 "logprobs": _logprob_convention(), "retractions": int(getattr(req, "retraction_count", 0) or 0)}
-        from sparse_rl_megatron.compression import KeptDigest
-
         digest = KeptDigest() if self.state.pos is not None and not config.is_dense else None
         return RowInfo(config=config, prompt_len=prompt_len, req=req, meta=meta, digest=digest)
 
@@ -126,8 +122,6 @@ class SparseKVBackend(AttentionBackend):
         if self.state.generation[row] == generation and info is not None and info.req is req:
             return  # a chunked prefill continuing in its row
         old = getattr(req, "customized_info", None) or {}
-        from sglang_ext.config import REQUEST_KEY
-
         previous = old.get(REQUEST_KEY)
         info = self.make_info(row, len(req.origin_input_ids), req)
         if previous:  # a retracted request re-prefilled: keep what its first attempt recorded

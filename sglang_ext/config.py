@@ -17,6 +17,7 @@ Everything is validated when the server starts (:func:`validate_server_args`, ho
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -101,6 +102,22 @@ def parse_config(text: str, source: str = CONFIG_ENV) -> SparseKVConfig:
         return from_dict(SparseKVConfig, data, path="sparse_kv")
     except ConfigError as err:
         raise ConfigError(f"{source}: {err}") from None
+
+
+@contextlib.contextmanager
+def scheduler_env(**variables: str):
+    """Set environment variables for the SGLang processes started inside the block (spawned processes copy
+    the environment when they start: the plugin config, SGLang's switches), then restore the caller's."""
+    saved = {k: os.environ.get(k) for k in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def config_from_env() -> SparseKVConfig:

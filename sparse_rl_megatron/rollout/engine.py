@@ -39,6 +39,21 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
 
+def encode_prompt(prompt: str | Sequence[int], index: int, tokenizer=None, vocab_size: int | None = None) -> list[int]:
+    """A prompt as token ids (strings need ``tokenizer``); refuses empty prompts and ids outside the vocab."""
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise ValueError(f"prompt {index} is a string but the engine has no tokenizer; pass token ids")
+        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    else:
+        ids = [int(t) for t in prompt]
+    if not ids:
+        raise ValueError(f"prompt {index} is empty (at least one token is needed)")
+    if vocab_size is not None and (min(ids) < 0 or max(ids) >= vocab_size):
+        raise ValueError(f"prompt {index} has token ids outside [0, {vocab_size})")
+    return ids
+
+
 @runtime_checkable
 class RolloutEngine(Protocol):
     """A generator of GRPO groups that can receive new weights."""

@@ -14,7 +14,7 @@ from typing import Iterable, Sequence
 import torch
 
 from sparse_rl_megatron.compression import CompressionConfig, CompressionSchedule
-from sparse_rl_megatron.rollout.engine import SamplingParams
+from sparse_rl_megatron.rollout.engine import SamplingParams, encode_prompt
 from sparse_rl_megatron.rollout.hf_forward import HFDecoder
 from sparse_rl_megatron.rollout.kv_cache import CompressedKVCache
 from sparse_rl_megatron.rollout.sample import CompressionInfo, Sample
@@ -156,18 +156,7 @@ class HFRolloutEngine:
             raise RuntimeError(f"HFRolloutEngine.{what} called after release_memory(); call resume_memory() first")
 
     def _encode(self, prompt: str | list[int], index: int) -> list[int]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError(f"prompt {index} is a string but the engine has no tokenizer; pass token ids")
-            ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        else:
-            ids = [int(t) for t in prompt]
-        if not ids:
-            raise ValueError(f"prompt {index} is empty (at least one token is needed)")
-        vocab = self.model.config.vocab_size
-        if min(ids) < 0 or max(ids) >= vocab:
-            raise ValueError(f"prompt {index} has token ids outside [0, {vocab})")
-        return ids
+        return encode_prompt(prompt, index, self.tokenizer, self.model.config.vocab_size)
 
     def _eos_ids(self) -> list[int]:
         ids: set[int] = set()

@@ -32,7 +32,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from sparse_rl_megatron.compression import CompressionConfig
-from sparse_rl_megatron.rollout.engine import SamplingParams
+from sparse_rl_megatron.rollout.engine import SamplingParams, encode_prompt
 from sparse_rl_megatron.rollout.sample import CompressionInfo, Sample
 from sparse_rl_megatron.rollout.sampling import sample_seed
 from sparse_rl_megatron.rollout.sglang_config import CPU_DEFAULT_POOL_TOKENS, SGLangEngineConfig
@@ -91,7 +91,7 @@ class SGLangRolloutEngine:
 
     def _start_in_process(self):
         from sglang_ext import cpu_compat
-        from sglang_ext.config import BACKEND_NAME, CONFIG_ENV
+        from sglang_ext.config import BACKEND_NAME, CONFIG_ENV, scheduler_env
 
         from sparse_rl_megatron.rollout.sglang_client import InProcessClient
 
@@ -108,17 +108,8 @@ class SGLangRolloutEngine:
             kwargs["max_total_tokens"] = CPU_DEFAULT_POOL_TOKENS
         kwargs.update(c.extra_args)
         self._seeded = on_cpu
-        env = {CONFIG_ENV: c.plugin_config().to_json(), "SGLANG_RETURN_ORIGINAL_LOGPROB": "1"}
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)  # the spawned schedulers read both at start
-        try:
+        with scheduler_env(**{CONFIG_ENV: c.plugin_config().to_json(), "SGLANG_RETURN_ORIGINAL_LOGPROB": "1"}):
             return InProcessClient(kwargs)
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
 
     # ----------------------------------------------------------------------------------------- generate
     def generate(self, prompts: Sequence[str | list[int]], n: int, sampling: SamplingParams, *,
@@ -131,7 +122,7 @@ class SGLangRolloutEngine:
             raise ValueError(f"generate: n must be >= 1; got {n}")
         if sampling.stop and self.tokenizer is None:
             raise ValueError("SamplingParams.stop needs a tokenizer (the engine has none); pass token ids only")
-        prompt_ids = [self._encode(p, i) for i, p in enumerate(prompts)]
+        prompt_ids = [encode_prompt(p, i, self.tokenizer) for i, p in enumerate(prompts)]
         overrides = to_dict(compression) if compression is not None else self._per_request
         todo = [(g, i) for g in range(len(prompt_ids)) for i in range(n)]
         done: dict[tuple[int, int], Sample] = {}
@@ -153,17 +144,6 @@ class SGLangRolloutEngine:
             raise RuntimeError(f"{len(todo)} request(s) were refused after retractions {self.config.max_resubmits + 1} "
                                "times; enlarge the KV pool or lower max_running_requests")
         return [done[(g, i)] for g in range(len(prompt_ids)) for i in range(n)]
-
-    def _encode(self, prompt: str | list[int], index: int) -> list[int]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError(f"prompt {index} is a string but the engine has no tokenizer; pass token ids")
-            ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        else:
-            ids = [int(t) for t in prompt]
-        if not ids:
-            raise ValueError(f"prompt {index} is empty (at least one token is needed)")
-        return ids
 
     def _sampling(self, s: SamplingParams, group: int, index: int, attempt: int, overrides) -> dict:
         params: dict[str, Any] = {"temperature": s.temperature, "top_p": s.top_p,

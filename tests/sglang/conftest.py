@@ -6,9 +6,7 @@ leaked or double-freed KV slot, when idle and after every scheduler step.
 """
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -23,20 +21,11 @@ STRICT_MEMORY_CHECKS = {
 }
 
 
-@contextlib.contextmanager
 def scheduler_env(**extra: str):
-    """Environment seen by the SGLang processes started inside the block (they copy it at spawn)."""
-    env = {**STRICT_MEMORY_CHECKS, **extra}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    """Environment seen by the SGLang processes started inside the block: the strict checks, plus ``extra``."""
+    from sglang_ext.config import scheduler_env as with_env
+
+    return with_env(**{**STRICT_MEMORY_CHECKS, **extra})
 
 
 @pytest.fixture(scope="session")
