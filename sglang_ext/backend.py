@@ -92,6 +92,9 @@ class SparseKVBackend(AttentionBackend):
         self.scaling: dict[int, float] = {}
         self.plan: ForwardPlan | None = None
         self._last_idle = None
+        self.forwards = 0
+        self.compact_cpu = 0.0
+        """With ``stats_path``: forwards seen and this process's CPU seconds spent compressing (cumulative)."""
         self._clip_admission()
         global _ACTIVE
         _ACTIVE = self
@@ -177,11 +180,16 @@ class SparseKVBackend(AttentionBackend):
             compress_due_rows(self, plan)
 
     # ------------------------------------------------------------------------------------------- helpers
+    @property
+    def compresses(self) -> bool:
+        """Requests are compressed and their evicted slots freed (admission may count on it)."""
+        return not self.config.compression.is_dense and self.config.free_evicted
+
     def _clip_admission(self) -> None:
         """Admission reserves ``min(max_new_tokens, CLIP)`` future tokens per request; compressed requests
         never hold more than B + W candidates, so CLIP becomes B + W (plus the next token's slot)."""
         c = self.config.compression
-        if c.is_dense or not self.config.free_evicted:  # nothing is freed: a request grows as if dense
+        if not self.compresses:  # dense, or nothing is freed: a request grows as if dense
             return
         from sglang.srt.managers import schedule_policy
 

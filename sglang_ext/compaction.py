@@ -1,9 +1,9 @@
 """After each forward: which rows compress, and the compression itself (score, gather, free).
 
 When (``sparse_rl_megatron.compression.schedule``): after a forward that cached decode tokens, a row whose
-candidate count reached B + W keeps B candidates per layer and KV head. A plain prefill never compresses (prefill compression
-is refused at start); an extend that re-caches response tokens (a retracted request re-prefilled before its
-first event) follows the decode rule, as the tokens would have.
+candidate count reached B + W keeps B candidates per layer and KV head. A plain prefill never compresses
+(prefill compression is refused at start); an extend that re-caches response tokens (a retracted request
+re-prefilled before its first event) follows the decode rule, as the tokens would have.
 
 How, for the rows due with one config and one candidate count, layer by layer: the candidates' post-RoPE
 keys and values are read from SGLang's pool through the physical table, the row's last alpha queries from
@@ -24,8 +24,9 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from sparse_rl_megatron.compression import ScoreInputs, choose_kept, gather_kept, get_scorer
+from sglang_ext.accounting import owned_slots, take_extras
 from sglang_ext.config import FAULT_ENV
+from sparse_rl_megatron.compression import ScoreInputs, choose_kept, gather_kept, get_scorer
 
 
 def compress_due_rows(backend, plan) -> None:
@@ -42,14 +43,17 @@ def compress_due_rows(backend, plan) -> None:
         n = int(state.phys_len[row] - state.cand_start[row])
         if n >= cfg.max_candidates:
             groups[(repr(cfg), n)].append(row)
-    usage = pool_usage(backend, plan) if backend.config.stats_path else None
-    wall, cpu = time.perf_counter(), time.process_time()
+    stats = backend.config.stats_path
+    backend.forwards += 1
+    usage = pool_usage(backend, plan) if stats and backend.forwards % backend.config.stats_every == 0 else None
+    cpu = time.process_time()
     for (_, n), rows in groups.items():
         compress_rows(backend, rows, n)
+    if stats:
+        backend.compact_cpu += time.process_time() - cpu
     if usage is not None:
-        usage.update(compressing=sum(len(g) for g in groups.values()), t=time.perf_counter(),
-                     cpu=time.process_time(), compact_s=time.perf_counter() - wall,
-                     compact_cpu=time.process_time() - cpu)
+        usage.update(compressing=sum(len(g) for g in groups.values()), cpu=time.process_time(),
+                     compact_cpu=backend.compact_cpu)
         _append(backend, usage)
         backend._last_idle = None
 
@@ -113,8 +117,6 @@ def _destinations(backend, rows: list[int], cand: torch.Tensor, budget: int):
             dst.append(owned[:budget])
             freed.append(owned[budget:])
         else:
-            from sglang_ext.accounting import take_extras
-
             dst.append(torch.cat([owned, take_extras(backend, row, budget - owned.numel())]))
     empty = cand.new_zeros(0)
     return torch.stack(dst), (torch.cat(freed) if freed else empty)
@@ -150,8 +152,6 @@ def _give_back(backend, rows: list[int], freed: torch.Tensor) -> None:
 def pool_usage(backend, plan) -> dict:
     """Pool usage read from SGLang's allocator and rows: slots in use, held by the radix tree, owned by each
     request of the batch (all, and past its prompt), and the physical lengths the kernels read."""
-    from sglang_ext.accounting import owned_slots
-
     alloc = backend.allocator
     tree = backend.tree_cache
     rows = plan.rows.tolist()

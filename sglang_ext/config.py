@@ -53,7 +53,9 @@ class SparseKVConfig:
     """Give evicted slots back to the allocator. False mimics the published fork (attention reads the
     compressed set, memory stays dense); for benchmarks only."""
     stats_path: str = ""
-    """If set, every forward appends one JSON line of pool usage read from the allocator (tests, benchmarks)."""
+    """If set, forwards append JSON lines of pool usage read from the allocator (tests, benchmarks)."""
+    stats_every: int = 1
+    """With ``stats_path``: log every k-th forward (compression time is accumulated over all of them)."""
 
     def __post_init__(self) -> None:
         c = self.compression
@@ -66,6 +68,8 @@ class SparseKVConfig:
                              "compresses during decode only); set it to false")
         if c.trigger_on_newline:
             raise ValueError("compression.trigger_on_newline is not supported by the SGLang plugin; set it to false")
+        if self.stats_every < 1:
+            raise ValueError(f"stats_every must be >= 1; got {self.stats_every}")
         if self.inner_backend and self.inner_backend not in INNER_BACKENDS:
             raise ValueError(f"inner_backend must be one of {', '.join(INNER_BACKENDS)} (or '' for the "
                              f"device default); got '{self.inner_backend}'")

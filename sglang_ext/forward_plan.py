@@ -46,7 +46,8 @@ def plan_forward(state: RowState, fb, *, req_to_token: torch.Tensor, req_generat
 
     ``default_info(row, prompt_len)`` builds the :class:`RowInfo` of a row no scheduler bound (unit tests).
     """
-    rows = _cpu(fb.req_pool_indices_cpu if fb.req_pool_indices_cpu is not None else fb.req_pool_indices).astype(np.int64)
+    rows = _cpu(fb.req_pool_indices_cpu if fb.req_pool_indices_cpu is not None else fb.req_pool_indices)
+    rows = rows.astype(np.int64)
     seq = _cpu(fb.seq_lens_cpu if fb.seq_lens_cpu is not None else fb.seq_lens).astype(np.int64)
     is_decode = bool(fb.forward_mode.is_decode())
     if is_decode:

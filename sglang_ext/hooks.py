@@ -8,7 +8,8 @@ installing the plugin changes nothing for servers that do not select it.
 | ``ServerArgs.check_server_args`` | after | validate the config and refuse unsupported settings at start |
 | ``ModelRunner.forward`` | after | compress due rows after the layers ran (outside any graph) |
 | ``ReqToTokenPool.alloc`` | after | bind a request (its config, prompt length, provenance) to its row |
-| ``Req._compute_max_prefix_len`` | around | a radix-cache hit leaves the last alpha tokens to prefill (their queries fill the ring) |
+| ``PrefillAdder.add_one_req`` | around | compressed EOS-ignoring requests are admitted by B + W, not by max_new_tokens |
+| ``Req._compute_max_prefix_len`` | around | a radix hit leaves the last alpha tokens to prefill (ring queries) |
 | ``common.release_kv_cache`` | around | a compressed request is not inserted into the radix tree when it ends |
 | ``BasePrefixCache.free_kv_row`` | around | release a compressed row's real slots, skipping evicted ones |
 | ``pool_stats_observer.kv_private_tokens`` | around | the busy memory checker counts what rows really own |
@@ -23,7 +24,9 @@ from __future__ import annotations
 
 from http import HTTPStatus
 
+from sglang_ext.accounting import extras_needed, handles_row, owned_slots, release_row, reserve_extras
 from sglang_ext.backend import active_backend
+from sglang_ext.compaction import record_idle
 from sglang_ext.config import REQUEST_KEY, ConfigError, uses_sparse_kv, validate_server_args
 
 REFUSED_RETRACTION = (
@@ -62,6 +65,19 @@ def _bind_rows(result, pool, reqs, *args, **kwargs):
             backend.state.reset(row, int(pool.req_generation[row]), info)
 
 
+def _add_one_req(original, adder, req, *args, **kwargs):
+    backend = active_backend()
+    if backend is None or not backend.compresses or not req.sampling_params.ignore_eos:
+        return original(adder, req, *args, **kwargs)
+    # Without a radix cache SGLang plans EOS-ignoring requests to grow to max_new_tokens (its ignore-EOS
+    # admission); the general path reserves min(max_new_tokens, CLIP), and CLIP is B + W + 1 here.
+    req.sampling_params.ignore_eos = False
+    try:
+        return original(adder, req, *args, **kwargs)
+    finally:
+        req.sampling_params.ignore_eos = True
+
+
 def _max_prefix_len(original, req, input_len):
     limit = original(req, input_len)
     backend = active_backend()
@@ -77,15 +93,14 @@ def _release_kv_cache(original, req, tree_cache, *, checkpoint: bool):
     if backend is not None and row is not None:
         info = backend.state.info[row]
         if req.finished() and info is not None:
-            info.finalize_meta(int(backend.state.logical_len[row]), len(req.origin_input_ids) + len(req.output_ids) - 1)
+            fed = len(req.origin_input_ids) + len(req.output_ids) - 1   # the last sampled token is never fed
+            info.finalize_meta(int(backend.state.logical_len[row]), fed)
         if checkpoint and backend.state.compressed[row]:
             checkpoint = False  # its slots no longer hold one token per position: the tree keeps only the prompt
     return original(req, tree_cache, checkpoint=checkpoint)
 
 
 def _free_kv_row(original, cache, kv, ranges):
-    from sglang_ext.accounting import handles_row, release_row
-
     backend = active_backend()
     if not handles_row(backend, kv.req_pool_idx):
         return original(cache, kv, ranges)
@@ -93,8 +108,6 @@ def _free_kv_row(original, cache, kv, ranges):
 
 
 def _kv_private_tokens(original, kv, page_size):
-    from sglang_ext.accounting import handles_row, owned_slots
-
     backend = active_backend()
     if not handles_row(backend, kv.req_pool_idx):
         return original(kv, page_size)
@@ -105,8 +118,6 @@ def _alloc_for_decode(original, batch, *args, **kwargs):
     out = original(batch, *args, **kwargs)
     backend = active_backend()
     if backend is not None:
-        from sglang_ext.accounting import reserve_extras
-
         backend.tree_cache = batch.tree_cache
         reserve_extras(backend, batch)
     return out
@@ -117,8 +128,6 @@ def _new_tokens_required(original, batch, selected_indices=None):
     backend = active_backend()
     if backend is None:
         return need
-    from sglang_ext.accounting import extras_needed
-
     reqs = batch.reqs if selected_indices is None else [batch.reqs[i] for i in selected_indices]
     return need + sum(extras_needed(backend, r, int(r.kv.kv_committed_len) + 1) for r in reqs)
 
@@ -155,8 +164,6 @@ def _request_level_key(original, streamer, key):
 def _idle_pool_check(result, checker, pool_stats, *args, **kwargs):
     backend = active_backend()
     if backend is not None and backend.config.stats_path:
-        from sglang_ext.compaction import record_idle
-
         record_idle(backend, pool_stats, total=checker.max_total_num_tokens, leak=bool(result[0]))
 
 
@@ -168,6 +175,7 @@ def register_hooks() -> None:
         ("sglang.srt.server_args.ServerArgs.check_server_args", _check_server_args, after),
         ("sglang.srt.model_executor.model_runner.ModelRunner.forward", _after_model_forward, after),
         ("sglang.srt.mem_cache.memory_pool.ReqToTokenPool.alloc", _bind_rows, after),
+        ("sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req", _add_one_req, around),
         ("sglang.srt.managers.schedule_batch.Req._compute_max_prefix_len", _max_prefix_len, around),
         ("sglang.srt.mem_cache.common.release_kv_cache", _release_kv_cache, around),
         ("sglang.srt.mem_cache.base_prefix_cache.BasePrefixCache.free_kv_row", _free_kv_row, around),

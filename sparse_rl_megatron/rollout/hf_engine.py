@@ -131,7 +131,8 @@ class HFRolloutEngine:
         """
         self._check_resumed("teacher_forced")
         if len(prompts) != len(responses):
-            raise ValueError(f"teacher_forced: {len(prompts)} prompts but {len(responses)} responses; pass one per prompt")
+            raise ValueError(f"teacher_forced: {len(prompts)} prompts but {len(responses)} responses; "
+                             "pass one per prompt")
         prompt_ids = [self._encode(p, i) for i, p in enumerate(prompts)]
         forced = [[int(t) for t in r] for r in responses]
         vocab = self.model.config.vocab_size
@@ -285,7 +286,8 @@ class _NullBar(contextlib.nullcontext):
 
 
 class _Sampler:
-    """``generate``'s token choice: draw from the sampling distribution (per-sample uniforms), stop on EOS/stop/length."""
+    """``generate``'s token choice: draw from the sampling distribution (per-sample uniforms); stop on
+    EOS, a stop string or the length limit."""
 
     def __init__(self, sampling: SamplingParams, seed: int, chunk, stopper: StopChecker):
         self.sampling = sampling

@@ -17,7 +17,8 @@ class SGLangEngineConfig:
     """How ``SGLangRolloutEngine`` reaches SGLang and what it asks of it."""
 
     model_path: str = ""
-    """HF model directory: the in-process engine loads it; with ``urls`` it gives the tokenizer (and config for disk sync)."""
+    """HF model directory: the in-process engine loads it; with ``urls`` it gives the tokenizer (and the
+    config files for disk sync)."""
     urls: list[str] = field(default_factory=list)
     """Base URLs of running servers (started with ``python -m sglang_ext.launch_server``) or one router; empty =
     start an in-process ``sglang.Engine``."""
