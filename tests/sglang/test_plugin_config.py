@@ -9,7 +9,7 @@ from sglang_ext.config import SparseKVConfig, parse_config, request_compression
 from sglang_ext.launch_server import server_argv
 from sparse_rl_megatron.compression import CompressionConfig
 from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
-from sparse_rl_megatron.utils.config_io import ConfigError
+from sparse_rl_megatron.utils.config_io import ConfigError, from_dict
 
 
 def test_json_and_yaml_sources(tmp_path):
@@ -60,6 +60,12 @@ def test_engine_config_is_checked_early():
         SGLangEngineConfig(model_path="m", compression=CompressionConfig(method="h2o"))
     plugin = SGLangEngineConfig(model_path="m", compression=CompressionConfig(method="rkv")).plugin_config()
     assert isinstance(plugin, SparseKVConfig) and json.loads(plugin.to_json())["kept_digest"] is True
+    # the trainer builds it from YAML with the project's config loader; errors name the dotted field
+    built = from_dict(SGLangEngineConfig, {"urls": ["http://a:1"], "weight_sync": "distributed",
+                                           "compression": {"method": "snapkv", "budget": 256}})
+    assert built.compression.budget == 256 and built.urls == ["http://a:1"]
+    with pytest.raises(ConfigError, match="rollout.compression.budget: expected int"):
+        from_dict(SGLangEngineConfig, {"model_path": "m", "compression": {"budget": "big"}}, path="rollout")
 
 
 def test_launcher_adds_what_the_plugin_needs_unless_given():
