@@ -9,7 +9,7 @@ setup-test:
 
 # The embedded CPU default run.
 run: setup
-	.venv/bin/sparse-rl smoke --config configs/cpu_default.yaml
+	.venv/bin/sparse-rl train --config configs/cpu_default.yaml
 
 # The whole test suite, every tier (unit, megatron, sglang, e2e). One tier: make test PYTEST_ARGS="-m unit".
 test: setup-test

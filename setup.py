@@ -7,7 +7,7 @@ setup(
     description="Sparse-RL: RL of LLM reasoning with compressed-KV rollouts, megatron-core learner, SGLang plugin",
     python_requires=">=3.11",
     packages=find_packages(include=["sparse_rl_megatron", "sparse_rl_megatron.*", "sglang_ext", "sglang_ext.*"]),
-    package_data={"sparse_rl_megatron": ["py.typed"], "sglang_ext": ["cpu_stubs/**/*.py"]},
+    package_data={"sparse_rl_megatron": ["py.typed", "models/configs/*.json"], "sglang_ext": ["cpu_stubs/**/*.py"]},
     # Pinned versions and the CPU/GPU split live in requirements/*.txt, installed by launch/setup_env.sh.
     install_requires=[
         "torch>=2.9",

@@ -6,7 +6,10 @@
 2. Memory: one row of ``--mem-tokens`` response tokens with a ``--mem-vocab`` vocabulary, log-probs (and a
    train step) with the LM head chunked (``--chunk`` tokens) vs unchunked; each cell runs in a fresh process
    and reports its peak RSS increase over the RSS just before the call (VmHWM, reset before the call). On CUDA the peak
-   is ``torch.cuda.max_memory_allocated`` and throughput also reports MFU (not run on CPU).
+   is ``torch.cuda.max_memory_allocated`` and throughput also reports MFU (not run on CPU): model FLOPs as
+   computed (``learner/flops.py``: causal attention included, the LM head on response tokens only).
+
+On a GPU machine each rank takes one GPU; layouts needing more GPUs than are visible are skipped (and said so).
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_learner.py               # both parts
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_learner.py --skip-memory # throughput only
@@ -24,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from math import prod
 from pathlib import Path
 
 import torch
@@ -92,14 +96,6 @@ def train_batch(learner, seqs):
     return TrainBatch(seqs, prepare_correction(old, sampler, mask, rewards, groups))
 
 
-def model_flops_per_token(arch) -> float:
-    """Forward matmul FLOPs per token (2 x params in matmuls, + attention score/value products ignored)."""
-    h, f, L = arch.hidden_size, arch.ffn_hidden_size, arch.num_layers
-    qkv = h * (arch.num_attention_heads + 2 * arch.num_query_groups) * arch.head_dim
-    per_layer = qkv + arch.num_attention_heads * arch.head_dim * h + 3 * h * f
-    return 2.0 * (L * per_layer + arch.vocab_size * h)
-
-
 def learner_for(args, model_dir: str, tp: int, pp: int, chunk: int):
     from sparse_rl_megatron.learner import Learner, LearnerConfig
 
@@ -133,9 +129,12 @@ def worker_throughput(args) -> None:
         out = dict(layout=args.layout, tokens=tokens, fwd_s=min(fwd), step_s=min(step),
                    fwd_tps=tokens / min(fwd), step_tps=tokens / min(step), world=dist.get_world_size())
         if torch.cuda.is_available():
-            flops = model_flops_per_token(learner.arch) * tokens
+            from sparse_rl_megatron.learner.flops import forward_flops, train_step_flops
+
+            scored = int(seqs.response_mask().sum())
             peak = PEAK_FLOPS["cuda"] * dist.get_world_size()
-            out.update(fwd_mfu=flops / min(fwd) / peak, step_mfu=3 * flops / min(step) / peak)
+            out.update(fwd_mfu=forward_flops(learner.arch, seqs.lengths, scored) / min(fwd) / peak,
+                       step_mfu=train_step_flops(learner.arch, seqs.lengths, scored) / min(step) / peak)
         print("RESULT " + json.dumps(out), flush=True)
 
 
@@ -211,10 +210,29 @@ def _common(args) -> list[str]:
             "--mem-tokens", str(args.mem_tokens)]
 
 
+def runnable_layouts(layouts: list[str], gpus: int | None) -> tuple[list[str], list[str]]:
+    """``(layouts to run, why each other one is skipped)``: one process per GPU, so a TP x PP layout needs
+    TP x PP visible GPUs (``gpus``; None on CPU, where every layout runs as CPU processes)."""
+    run, skipped = [], []
+    for layout in layouts:
+        world = prod(int(x) for x in layout.split("x"))
+        if gpus is not None and world > gpus:
+            skipped.append(f"{layout} (needs {world} GPUs, {gpus} visible)")
+        else:
+            run.append(layout)
+    return run, skipped
+
+
 def throughput(args, tmp: Path) -> list[dict]:
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else None
+    layouts, skipped = runnable_layouts(args.layouts, gpus)
+    for why in skipped:
+        print(f"  skipped {why}", flush=True)
+    if not layouts:
+        return []
     model = write_model(tmp / "small", args.vocab, args.hidden, args.intermediate, args.layers, args.heads, args.kv_heads)
     results = []
-    for layout in args.layouts:
+    for layout in layouts:
         tp, pp = (int(x) for x in layout.split("x"))
         world = tp * pp
         script = [str(Path(__file__).resolve()), "--worker", "throughput", "--model-dir", str(model),
@@ -229,6 +247,26 @@ def throughput(args, tmp: Path) -> list[dict]:
         results.append(_run(cmd))
         print(f"  {layout}: {results[-1]}", flush=True)
     return results
+
+
+def print_throughput(res: list[dict]) -> None:
+    """The throughput table, ratios against the first layout that ran (MFU columns when measured on CUDA)."""
+    if not res:
+        print("no layout fits the visible GPUs", flush=True)
+        return
+    base, mfu = res[0], "fwd_mfu" in res[0]
+    base_name = _layout_name(base["layout"])
+    print(f"\n| layout | procs | log-probs tok/s | x {base_name} | train step tok/s | x {base_name} |"
+          + (" log-probs MFU | train MFU |" if mfu else ""))
+    print("| --- | --- | --- | --- | --- | --- |" + (" --- | --- |" if mfu else ""))
+    for r in res:
+        print(f"| {_layout_name(r['layout'])} | {r['world']} | {r['fwd_tps']:.0f} | "
+              f"{r['fwd_tps'] / base['fwd_tps']:.2f} | {r['step_tps']:.0f} | {r['step_tps'] / base['step_tps']:.2f} |"
+              + (f" {r['fwd_mfu']:.1%} | {r['step_mfu']:.1%} |" if mfu else ""))
+
+
+def _layout_name(layout: str) -> str:
+    return {"1x1": "TP1", "2x1": "TP2", "1x2": "PP2"}.get(layout, layout)
 
 
 def memory(args, tmp: Path) -> list[dict]:
@@ -261,13 +299,7 @@ def main(argv=None) -> int:
                   f"vocab={args.vocab}; {args.rows} rows x ({args.prompt_len}+{args.response_len}) tokens, "
                   f"budget {args.max_tokens} tokens/micro-batch", flush=True)
             res = throughput(args, Path(tmp))
-            base = res[0]
-            print("\n| layout | procs | log-probs tok/s | x TP1 | train step tok/s | x TP1 |")
-            print("| --- | --- | --- | --- | --- | --- |")
-            for r in res:
-                name = {"1x1": "TP1", "2x1": "TP2", "1x2": "PP2"}.get(r["layout"], r["layout"])
-                print(f"| {name} | {r['world']} | {r['fwd_tps']:.0f} | {r['fwd_tps'] / base['fwd_tps']:.2f} | "
-                      f"{r['step_tps']:.0f} | {r['step_tps'] / base['step_tps']:.2f} |")
+            print_throughput(res)
         if not args.skip_memory:
             print(f"\nmemory: 1 row x {args.mem_tokens} response tokens, vocab {args.mem_vocab}", flush=True)
             res = memory(args, Path(tmp))

@@ -80,9 +80,12 @@ if not path.read_text().startswith(marker):
     path.write_text(marker + ": fake-op registrations need a CUDA torch build\n")
 PYEOF
 else
-  echo "[setup] GPU recipe: CUDA torch $TORCH_VERSION_GPU, SGLang $SGLANG_VERSION with its dependencies, Transformer Engine"
+  echo "[setup] GPU recipe: CUDA 13 torch $TORCH_VERSION_GPU, SGLang $SGLANG_VERSION with its dependencies, Transformer Engine"
   "${PIP[@]}" install "${torch_args[@]}" "torch==$TORCH_VERSION_GPU"
   "${PIP[@]}" install -r "$ROOT/requirements/base.txt" -r "$ROOT/requirements/gpu.txt" "torch==$TORCH_VERSION_GPU"
+  # TE's PyTorch extension compiles against the torch installed above (needs the CUDA toolkit and cuDNN
+  # headers; set NVTE_CUDA_INCLUDE_PATH if they are not under CUDA_HOME): NVIDIA documents --no-build-isolation.
+  "${PIP[@]}" install --no-build-isolation -r "$ROOT/requirements/gpu-te.txt" "torch==$TORCH_VERSION_GPU"
   # apex is optional: clusters that provide it (module load / container) are used as is.
 fi
 

@@ -6,13 +6,22 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
+import os
 import sys
+
+from sparse_rl_megatron.utils.errors import UsageError, UserError
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "convert": ("sparse_rl_megatron.learner.convert_cli", "convert checkpoints HF <-> Megatron (torch_dist)"),
+    "convert": ("sparse_rl_megatron.convert_cli", "convert checkpoints HF <-> Megatron (torch_dist)"),
     "eval": ("sparse_rl_megatron.eval.cli", "evaluate a model on math benchmarks, dense or compressed-KV"),
-    "smoke": ("sparse_rl_megatron.smoke", "the embedded CPU default: a small end-to-end Sparse-RL step"),
+    "mismatch": ("sparse_rl_megatron.mismatch.cli", "rho = pi_old / pi_sparse per KV budget vs dense: choose a budget "
+                                                    "before training"),
+    "plot": ("sparse_rl_megatron.observability.plot_cli", "draw a run's metric curves (PNG) from its metrics.jsonl"),
+    "plan": ("sparse_rl_megatron.planning.cli", "per-GPU memory of a learner layout and the rollout KV budget"),
+    "preflight": ("sparse_rl_megatron.trainer.launch_check", "check a training launch on this node before torchrun"),
+    "train": ("sparse_rl_megatron.trainer.cli", "train (or resume) Sparse-RL GRPO; no arguments: the CPU default"),
 }
 
 
@@ -37,7 +46,20 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(module_name)
     parser = argparse.ArgumentParser(prog=f"sparse-rl {name}", description=help_text)
     module.add_arguments(parser)
-    return int(module.run(parser.parse_args(rest)) or 0)
+    args = parser.parse_args(rest)
+    # What a command is loading (our INFO lines) and every warning go to stderr with the time: a first start
+    # can take a while. Libraries' own INFO chatter stays off.
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s: %(message)s", datefmt="%H:%M:%S")
+    # Under torchrun, rank 0 speaks for all.
+    logging.getLogger("sparse_rl_megatron").setLevel(
+        logging.INFO if os.environ.get("RANK", "0") == "0" else logging.WARNING)
+    try:
+        return int(module.run(args) or 0)
+    except UserError as err:  # a user's mistake: one line, no traceback
+        if isinstance(err, UsageError):
+            parser.print_usage(sys.stderr)
+        print(f"sparse-rl {name}: error: {err}", file=sys.stderr)
+        return err.exit_code
 
 
 if __name__ == "__main__":

@@ -166,6 +166,8 @@ def prepare_correction(
         weights, loss_mask, hook_metrics = run_hook_on_batch(
             load_hook(config.hook), dict(config.hook_args), old, torch.where(response, sampler_log_probs, old), response
         )
+        # the hook does not say why: a sample it dropped whole counts as vetoed (what was dropped, whatever dropped it)
+        vetoed = response.any(dim=-1) & ~loss_mask.any(dim=-1)
     else:
         loss_mask, vetoed, weights = reject_and_reweight(log_rho, response, config)
 

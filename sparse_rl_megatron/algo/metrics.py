@@ -7,7 +7,8 @@ an inverted veto count). Keys (all floats):
 ======================================  =====================================================================
 ``sparse/num_seqs``                     samples with at least one response token
 ``sparse/rejected_seq_frac``            ... of which no token survived (vetoed or all tokens rejected)
-``sparse/vetoed_seq_frac``              ... of which the sequence veto fired (rho_t < veto threshold)
+``sparse/vetoed_seq_frac``              ... of which the sequence veto fired (rho_t < veto threshold; mode
+                                        ``custom``: the hook dropped every token, for whatever reason)
 ``sparse/rejected_token_frac``          response tokens not in the final loss mask (any reason)
 ``sparse/token_below_frac``             response tokens with rho < rejection lower bound
 ``sparse/token_above_frac``             response tokens with rho > rejection upper bound

@@ -60,6 +60,24 @@ class CompressionSchedule:
         """:meth:`due_after_decode` for one sequence."""
         return bool(self.due_after_decode(torch.tensor([num_candidates]), torch.tensor([last_is_newline]))[0])
 
+    def may_compress(self, prompt_len: int, max_new_tokens: int) -> bool:
+        """Can a sequence with this prompt compress at all before it hits ``max_new_tokens``?
+
+        False when even a response of full length keeps the candidates below the trigger: such a sequence
+        decodes on the full (dense) KV cache. The most tokens ever cached are the prompt and
+        ``max_new_tokens - 1`` responses (the last sampled token is never fed back), as in :meth:`capacity`.
+        """
+        if not self.enabled:
+            return False
+        c = self.config
+        prompt_candidates = prompt_len if c.scope == "all" else 0
+        if c.compress_prefill and prompt_candidates > c.budget:
+            return True
+        if max_new_tokens < 2:  # no decode step, so no check after one
+            return False
+        most = prompt_candidates + max_new_tokens - 1
+        return most > c.budget if c.trigger_on_newline else most >= c.max_candidates
+
     def capacity(self, prompt_len: int, max_new_tokens: int) -> int:
         """Largest number of tokens a sequence ever holds per layer and KV head (the cache size to allocate).
 

@@ -14,6 +14,7 @@ from typing import Callable, Iterator, Sequence
 
 from sparse_rl_megatron.data.formats import MalformedRow, RowMapper
 from sparse_rl_megatron.data.record import MathRecord
+from sparse_rl_megatron.utils.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -22,8 +23,16 @@ FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
 _MAX_LOGGED_SKIPS = 20
 
 
-class EmptyDatasetError(ValueError):
+class DataError(UserError, ValueError):
+    """A data set that cannot be used as given (unknown name, unknown file type, no usable row)."""
+
+
+class EmptyDatasetError(DataError):
     """A data file in which no row could be used."""
+
+
+class DataFileNotFoundError(UserError, FileNotFoundError):
+    """A data file, or the file of a named set under the data root, that does not exist."""
 
 
 @dataclass
@@ -107,9 +116,9 @@ def load_file(
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"data file not found: {path}")
+        raise DataFileNotFoundError(f"data file not found: {path}")
     if path.suffix not in FILE_SUFFIXES:
-        raise ValueError(f"data file {path}: unknown suffix '{path.suffix}'; valid: {', '.join(FILE_SUFFIXES)}")
+        raise DataError(f"data file {path}: unknown suffix '{path.suffix}'; valid: {', '.join(FILE_SUFFIXES)}")
     records: list[MathRecord] = []
     skipped: list[SkippedRow] = []
     filtered = 0

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from sparse_rl_megatron.data.formats import FORMATS, user_format
-from sparse_rl_megatron.data.loader import FILE_SUFFIXES, Dataset, load_file
+from sparse_rl_megatron.data.loader import FILE_SUFFIXES, DataError, DataFileNotFoundError, Dataset, load_file
 from sparse_rl_megatron.utils.registry import Registry
 
 DATA_ROOT_ENV = "SPARSE_RL_DATA"
@@ -70,15 +70,41 @@ def data_root(override: str | os.PathLike | None = None) -> Path:
     return PROJECT_ROOT.parent / "shared" / "data"
 
 
-def dataset_path(name: str, root: str | os.PathLike | None = None) -> Path:
-    """Absolute path of the named set's file; a clear error if the data root does not hold it."""
+def dataset_path(name: str, root: str | os.PathLike | None = None, root_option: str = "data_root") -> Path:
+    """Absolute path of the named set's file; a clear error if the data root does not hold it.
+
+    ``root_option``: how the calling command sets the data root (``--data-root``, ``data.data_root``), for the
+    message.
+    """
     spec = DATASETS.get(name)
     path = data_root(root) / spec.path
     if not path.is_file():
-        raise FileNotFoundError(
+        raise DataFileNotFoundError(
             f"data set '{name}' expects {path}, which does not exist; point the data root at the shared "
-            f"data folder (config data_root or ${DATA_ROOT_ENV}); it is never downloaded"
+            f"data folder with {root_option} or ${DATA_ROOT_ENV} (it is never downloaded)"
         )
+    return path
+
+
+def check_dataset(name_or_path: str | os.PathLike, root: str | os.PathLike | None = None, *,
+                  option: str | None = None, root_option: str = "data_root") -> Path:
+    """The file behind a named set or a user data file, checked before anything loads.
+
+    ``option`` / ``root_option``: how the calling command names the data set (the message starts with it) and
+    the data root. Raises ``DataError`` (neither a named set nor a data file) or ``DataFileNotFoundError``.
+    """
+    name = str(name_or_path)
+    if name in DATASETS:
+        return dataset_path(name, root, root_option)
+    path = Path(name)
+    where = f"{option}: " if option else ""
+    if path.suffix not in FILE_SUFFIXES and not path.exists():
+        raise DataError(
+            f"{where}'{name}' is neither a named data set (valid names: {', '.join(DATASETS.names())}) nor a "
+            f"data file ({', '.join(FILE_SUFFIXES)})"
+        )
+    if not path.is_file():
+        raise DataFileNotFoundError(f"{where}data file not found: {path}")
     return path
 
 
@@ -93,23 +119,21 @@ def load_dataset(
     answer_style: str = "boxed",
     label_is_solution: bool = False,
     limit: int | None = None,
+    option: str | None = None,
+    root_option: str = "data_root",
 ) -> Dataset:
     """Load a named set (see ``DATASETS``) or a user JSONL/Parquet file.
 
     A user file maps with ``format`` (one of ``FORMATS``, for a copy of a published file) or else with
     ``input_key`` (the prompt field) and ``label_key`` (the gold answer; a worked solution if
-    ``label_is_solution``). ``limit`` keeps the first N usable records.
+    ``label_is_solution``). ``limit`` keeps the first N usable records. ``option`` / ``root_option``: see
+    ``check_dataset``.
     """
     name = str(name_or_path)
+    path = check_dataset(name, root, option=option, root_option=root_option)
     if name in DATASETS:
         spec = DATASETS.get(name)
-        return load_file(dataset_path(name, root), FORMATS.get(spec.format), name, keep=spec.keep, limit=limit)
-    path = Path(name)
-    if path.suffix not in FILE_SUFFIXES and not path.exists():
-        raise ValueError(
-            f"'{name}' is neither a named data set (valid names: {', '.join(DATASETS.names())}) nor a "
-            f"data file ({', '.join(FILE_SUFFIXES)})"
-        )
+        return load_file(path, FORMATS.get(spec.format), name, keep=spec.keep, limit=limit)
     if format is not None:
         mapper = FORMATS.get(format)
     else:

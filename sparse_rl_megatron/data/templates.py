@@ -4,6 +4,7 @@
   put your final answer within \\boxed{}." and the problem as the user turn, as in the reference runs.
 - ``qwen25_chat_user``: the same instruction appended to the user turn, default Qwen system prompt.
 - ``plain``: a completion prompt for base models (no chat tokens).
+- ``raw``: the problem text unchanged (tasks built in code, whose problems are already the model input).
 - ``tokenizer``: the tokenizer's own chat template (``apply_chat_template``) around problem + instruction.
 """
 from __future__ import annotations
@@ -42,6 +43,12 @@ def qwen25_chat_user(problem: str, tokenizer: Any = None) -> str:
 def plain(problem: str, tokenizer: Any = None) -> str:
     """Completion prompt for base models."""
     return f"Question: {problem}\n{COT_INSTRUCTION}\nAnswer: Let's think step by step."
+
+
+@TEMPLATES.register("raw")
+def raw(problem: str, tokenizer: Any = None) -> str:
+    """The problem text as is (for tasks built in code with their own vocabulary)."""
+    return problem
 
 
 @TEMPLATES.register("tokenizer")

@@ -93,9 +93,12 @@ class EvalConfig:
         return self.per_benchmark.get(benchmark, self.default)
 
     def mode(self) -> str:
-        """Short name of the inference mode, e.g. ``dense`` or ``rkv-B512``."""
+        """Short name of the inference mode: ``dense``, or method, budget B and buffer W, e.g. ``rkv-B512-W128``
+        (``-response`` appended for the response-only budget scope)."""
         c = self.compression
-        return "dense" if c.is_dense else f"{c.method}-B{c.budget}"
+        if c.is_dense:
+            return "dense"
+        return f"{c.method}-B{c.budget}-W{c.buffer}" + ("-response" if c.scope == "response" else "")
 
 
 PAPER_PRESET = {

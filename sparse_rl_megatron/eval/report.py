@@ -9,6 +9,14 @@ from rich.table import Table
 _REASONS = ("correct", "wrong", "no_answer", "timeout", "parse_error")
 
 
+def sampling_label(temperature: float, top_p: float) -> str:
+    """The sampling in effect: ``greedy`` at temperature 0 (top-p plays no part), else ``T=<t>`` with
+    ``top-p=<p>`` when p < 1 (when it filters)."""
+    if temperature == 0:
+        return "greedy"
+    return f"T={temperature}" + (f" top-p={top_p}" if top_p < 1.0 else "")
+
+
 def _score_keys(metrics: dict[str, Any]) -> list[str]:
     avg = [k for k in metrics if k.startswith("avg@")]
     passes = sorted((k for k in metrics if k.startswith("pass@")), key=lambda k: int(k.split("@")[1]))
@@ -32,7 +40,7 @@ def print_results(results: dict[str, Any], console: Console | None = None) -> No
     console = console or Console()
     meta = results["meta"]
     console.print(f"[bold]{meta['model']}[/bold]  engine={meta['engine']}  mode={meta['mode']}  "
-                  f"T={meta['temperature']} top-p={meta['top_p']}  template={meta['template']}")
+                  f"{sampling_label(meta['temperature'], meta['top_p'])}  template={meta['template']}")
     for name, bench in results["benchmarks"].items():
         m = bench["metrics"]
         table = Table(title=f"{name}: {m['problems']} problems x n={bench['n']}, "

@@ -18,10 +18,22 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
+from sparse_rl_megatron.utils.errors import UserError
+from sparse_rl_megatron.utils.preflight import read_json_file
+
 FORMAT_VERSION = 1
+
+
+def default_results_name(model: str | os.PathLike, mode: str) -> str:
+    """``eval-<parent>_<model dir>-<mode>.json``: the parent folder tells apart the many model directories named
+    ``checkpoint`` or ``hf`` (``runs/a/step_100/checkpoint`` -> ``eval-step_100_checkpoint-rkv-B512-W128.json``)."""
+    parts = Path(os.path.abspath(model)).parts[-2:]
+    model_id = re.sub(r"[^A-Za-z0-9._-]+", "_", "_".join(p for p in parts if p != os.sep))
+    return f"eval-{model_id}-{mode}.json"
 
 
 def write_results(results: dict[str, Any], path: str | os.PathLike) -> Path:
@@ -35,22 +47,17 @@ def write_results(results: dict[str, Any], path: str | os.PathLike) -> Path:
 
 
 def read_results(path: str | os.PathLike) -> dict[str, Any]:
-    """Read and check a results file; a clear error names what is wrong with it."""
+    """Read and check a results file; a ``UserError`` names the file and what is wrong with it."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"results file not found: {path}")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not a JSON results file ({exc})") from None
+    data = read_json_file(path, "results file")
     if not isinstance(data, dict) or data.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{path}: expected format_version {FORMAT_VERSION} of a `sparse-rl eval` results file, "
-                         f"got {data.get('format_version') if isinstance(data, dict) else type(data).__name__}")
+        raise UserError(f"{path}: expected format_version {FORMAT_VERSION} of a `sparse-rl eval` results file, "
+                        f"got {data.get('format_version') if isinstance(data, dict) else type(data).__name__}")
     for key in ("meta", "benchmarks"):
         if not isinstance(data.get(key), dict):
-            raise ValueError(f"{path}: missing the '{key}' section of a results file")
+            raise UserError(f"{path}: missing the '{key}' section of a results file")
     for name, bench in data["benchmarks"].items():
         for key in ("metrics", "problems", "n"):
-            if key not in bench:
-                raise ValueError(f"{path}: benchmark '{name}' has no '{key}'")
+            if not isinstance(bench, dict) or key not in bench:
+                raise UserError(f"{path}: benchmark '{name}' has no '{key}'")
     return data

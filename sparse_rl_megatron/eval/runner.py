@@ -13,14 +13,18 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from sparse_rl_megatron.compression.schedule import CompressionSchedule
 from sparse_rl_megatron.data.loader import Dataset
 from sparse_rl_megatron.data.sets import load_dataset
 from sparse_rl_megatron.data.templates import TEMPLATES, render_prompt
 from sparse_rl_megatron.eval.config import EvalConfig
+from sparse_rl_megatron.eval.lengths import context_error, dense_prompts, prompt_token_counts
 from sparse_rl_megatron.eval.metrics import avg_at_k, default_ks, mean_pass_at_k
 from sparse_rl_megatron.eval.results import FORMAT_VERSION
 from sparse_rl_megatron.rewards.reward import MathReward, reason_counts
 from sparse_rl_megatron.rewards.verify import REASONS, Verdict
+from sparse_rl_megatron.utils.errors import UsageError, UserError
+from sparse_rl_megatron.utils.preflight import read_json_file
 
 log = logging.getLogger(__name__)
 
@@ -106,11 +110,46 @@ def evaluate_benchmark(name: str, dataset: Dataset, engine, reward: MathReward, 
     }
 
 
+def check_lengths(config: EvalConfig, datasets: dict[str, Dataset], tokenizer, context: int | None) -> None:
+    """Before the model loads: refuse benchmarks whose longest prompt + ``max_new_tokens`` overflow the model's
+    ``context`` (None: not known), and warn about prompts that can never compress in a compressed mode."""
+    schedule = CompressionSchedule(config.compression)
+    c = config.compression
+    overflows = []
+    for name, dataset in datasets.items():
+        max_new = config.settings(name).max_new_tokens
+        lengths = prompt_token_counts([render_prompt(config.template, r.prompt, tokenizer) for r in dataset],
+                                      tokenizer)
+        if context is not None and context_error(name, max(lengths), max_new, context):
+            overflows.append((max(lengths), name, max_new))
+        dense = dense_prompts(schedule, lengths, max_new) if schedule.enabled else 0  # dense mode: nothing to say
+        if dense:
+            log.warning("%s: KV compression never runs for %d of %d prompts: prompt + %d new tokens stays below "
+                        "B + W = %d (budget %d + buffer %d, scope %s), so %s on the full KV cache; raise "
+                        "--max-new-tokens or lower --budget / --buffer", name, dense, len(lengths), max_new,
+                        c.max_candidates, c.budget, c.buffer, c.scope,
+                        "every sample decodes" if dense == len(lengths) else "their samples decode")
+    if overflows:
+        longest, name, max_new = max(overflows)
+        others = sorted(n for _, n, _ in overflows if n != name)
+        raise UsageError(context_error(name, longest, max_new, context)
+                        + (f"; {', '.join(others)} overflow too" if others else ""))
+
+
+def _load_tokenizer(path: str | Path):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as err:
+        raise UserError(f"no tokenizer could be loaded from {path} ({err}); pass --tokenizer DIR") from None
+
+
 def run_eval(config: EvalConfig, *, export_dir: str | None = None, engine=None) -> dict[str, Any]:
     """Evaluate ``config.model`` on every benchmark; returns the results dict (see ``results.py``).
 
     ``engine``: an already built engine (tests, or a trainer evaluating its live policy); by default one
-    is built by name (``config.engine``) from the model directory.
+    is built by name (``config.engine``) from the model directory, once the lengths fit (``check_lengths``).
     """
     from sparse_rl_megatron.eval.engines import ENGINES
     from sparse_rl_megatron.eval.model_source import resolve_hf_model
@@ -124,10 +163,16 @@ def run_eval(config: EvalConfig, *, export_dir: str | None = None, engine=None) 
         hf_dir = resolve_hf_model(config.model, export_dir)
         exported = Path(hf_dir) != Path(config.model) and export_dir is None
         try:
+            hf_config = read_json_file(Path(hf_dir) / "config.json", "model config")
+            check_lengths(config, datasets, _load_tokenizer(config.tokenizer or hf_dir),
+                          hf_config.get("max_position_embeddings"))
+            log.info("loading %s into the %s engine (%s, %s)", hf_dir, config.engine, config.dtype, config.mode())
             engine = factory(hf_dir, config)
         finally:
             if exported:  # the weights are loaded: the temporary export is no longer needed
                 shutil.rmtree(hf_dir, ignore_errors=True)
+    elif getattr(engine, "tokenizer", None) is not None:
+        check_lengths(config, datasets, engine.tokenizer, None)
     results: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "meta": {
@@ -146,7 +191,11 @@ def run_eval(config: EvalConfig, *, export_dir: str | None = None, engine=None) 
         },
         "benchmarks": {},
     }
+    log.info("starting %d answer-checking worker(s)", config.verifier.num_workers)
     with MathReward(config.verifier) as reward:
         for name, dataset in datasets.items():
+            settings = config.settings(name)
+            log.info("%s: sampling %d problems x n=%d, up to %d new tokens (%s)", name, len(dataset), settings.n,
+                     settings.max_new_tokens, config.mode())
             results["benchmarks"][name] = evaluate_benchmark(name, dataset, engine, reward, config)
     return results

@@ -88,8 +88,6 @@ class MicroBatch:
     """``[b, S]`` long (b = rows when padded, 1 when packed)."""
     position_ids: torch.Tensor
     """``[b, S]`` long (restarting at 0 for every packed row)."""
-    attention_mask: torch.Tensor | None
-    """None (causal) when padded; ``[1, 1, S, S]`` bool block-diagonal causal mask (True = masked) when packed."""
     seq_lengths: list[int]
     """Fed length of each row, in ``rows`` order (for THD packing on Transformer Engine)."""
     gather_index: torch.Tensor
@@ -100,10 +98,25 @@ class MicroBatch:
     """``[n]`` long: position in ``rows`` of each gathered token."""
     out_col: torch.Tensor
     """``[n]`` long: response index j of each gathered token."""
+    packed: bool = False
+    """True: the rows are concatenated into one sequence and attend block-diagonally."""
+    pad_tokens: int = 0
+    """Packed only: padding tokens after the last row (their own block), so S is a multiple of what
+    sequence parallel needs; padded micro-batches widen every row instead."""
 
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.numel())
+
+    def attention_mask(self) -> torch.Tensor | None:
+        """None (causal) when padded; when packed the ``[1, 1, S, S]`` bool block-diagonal causal mask
+        (True = masked), built on each call: only the local attention reads it (Transformer Engine takes the
+        THD row offsets instead), and at 16k tokens it is 256 MiB, so it exists only while a forward uses it."""
+        return _block_causal_mask(self.segments()) if self.packed else None
+
+    def segments(self) -> list[int]:
+        """Packed only: the blocks of the concatenated sequence, the rows and then the padding (if any)."""
+        return list(self.seq_lengths) + ([self.pad_tokens] if self.pad_tokens else [])
 
 
 def split_rows(lengths: Sequence[int], parts: int) -> list[list[int]]:
@@ -164,24 +177,29 @@ def _block_causal_mask(lengths: Sequence[int]) -> torch.Tensor:
     return ~(same & causal).view(1, 1, total, total)
 
 
-def build_micro_batch(batch: SequenceBatch, rows: Sequence[int], layout: str, pad_id: int = 0) -> MicroBatch:
-    """The model inputs and gather plan of ``rows`` in the ``padded`` or ``packed`` layout."""
+def build_micro_batch(batch: SequenceBatch, rows: Sequence[int], layout: str, pad_id: int = 0,
+                      multiple: int = 1) -> MicroBatch:
+    """The model inputs and gather plan of ``rows`` in the ``padded`` or ``packed`` layout.
+
+    The sequence length S is padded up to a ``multiple`` (sequence parallel splits S over the TP ranks):
+    padded rows get wider, a packed sequence gets a padding block at its end. Padding is never gathered.
+    """
     seqs = [torch.cat([batch.prompts[i], batch.responses[i]])[:-1] if batch.responses[i].numel()
             else batch.prompts[i] for i in rows]
     lens = [int(s.numel()) for s in seqs]
     gi, lab, orow, ocol = [], [], [], []
+    pad_tokens = 0
     if layout == "padded":
-        width = max(lens)
+        width = -(-max(lens) // multiple) * multiple
         ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
         for r, s in enumerate(seqs):
             ids[r, : lens[r]] = s
         pos = torch.arange(width).unsqueeze(0).expand(len(rows), -1).contiguous()
-        mask = None
         starts = [r * width for r in range(len(rows))]
     elif layout == "packed":
-        ids = torch.cat(seqs).unsqueeze(0)
-        pos = torch.cat([torch.arange(n) for n in lens]).unsqueeze(0)
-        mask = _block_causal_mask(lens)
+        pad_tokens = -sum(lens) % multiple
+        ids = torch.cat([*seqs, torch.full((pad_tokens,), pad_id, dtype=torch.long)]).unsqueeze(0)
+        pos = torch.cat([torch.arange(n) for n in lens + [pad_tokens]]).unsqueeze(0)
         starts = [sum(lens[:r]) for r in range(len(rows))]
     else:
         BATCH_LAYOUTS.check(layout)
@@ -194,6 +212,7 @@ def build_micro_batch(batch: SequenceBatch, rows: Sequence[int], layout: str, pa
         orow.append(torch.full((n,), r, dtype=torch.long))
         ocol.append(torch.arange(n))
     return MicroBatch(
-        rows=list(rows), input_ids=ids, position_ids=pos, attention_mask=mask, seq_lengths=lens,
-        gather_index=torch.cat(gi), labels=torch.cat(lab), out_row=torch.cat(orow), out_col=torch.cat(ocol),
+        rows=list(rows), input_ids=ids, position_ids=pos, seq_lengths=lens, gather_index=torch.cat(gi),
+        labels=torch.cat(lab), out_row=torch.cat(orow), out_col=torch.cat(ocol), packed=layout == "packed",
+        pad_tokens=pad_tokens,
     )

@@ -5,9 +5,16 @@ learner counters), ``sparse_rl_checkpoint.json`` (the HF config and the ``ModelA
 ``hf_assets/`` (tokenizer, chat template, generation config) so it can be exported back to HF alone.
 Global tensor shapes do not depend on the layout (the vocabulary padding multiple is TP-independent, see
 ``models/arch.py``), so a checkpoint saved at one TP x PP loads at any other.
+
+Portable across Transformer Engine and no TE: modules may carry ``_extra_state`` (TE >= 2.0 modules, the final
+norm megatron builds from TE whenever TE imports, hold an empty byte tensor without fp8; megatron's own linear
+layers hold None). Extra states that carry nothing are not saved, and on load only the extra states the
+checkpoint holds are read; a module whose extra state is absent keeps its default. So a checkpoint written
+without TE (every CPU run and ``convert``) loads on a TE learner and the other way round.
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
@@ -18,8 +25,10 @@ import torch.distributed as dist
 
 from sparse_rl_megatron.models.arch import ModelArch
 from sparse_rl_megatron.learner import cpu_compat
+from sparse_rl_megatron.learner.save_children import children_die_with_us
 
 META_FILE = "sparse_rl_checkpoint.json"
+EXTRA_STATE_SUFFIX = "_extra_state"
 ASSETS_DIR = "hf_assets"
 FORMAT_VERSION = 1
 
@@ -74,10 +83,49 @@ def _flatten(obj):
         yield obj
 
 
-def _state(model, optimizer, scheduler, extra: dict | None, is_loading: bool) -> dict[str, Any]:
+def _is_extra_state(key: str) -> bool:
+    return key.endswith(EXTRA_STATE_SUFFIX)
+
+
+def _carries_nothing(data: Any) -> bool:
+    """True for the extra states that hold no weights: None, an empty tensor, empty bytes."""
+    if data is None:
+        return True
+    if isinstance(data, torch.Tensor):
+        return data.numel() == 0
+    if isinstance(data, io.BytesIO):
+        return data.getbuffer().nbytes == 0
+    return isinstance(data, (bytes, bytearray)) and len(data) == 0
+
+
+def _portable_model_state(sharded_sd: dict[str, Any], stored_objects: set[str] | None = None) -> dict[str, Any]:
+    """The model's sharded state dict without the extra states that must not travel.
+
+    Saving (``stored_objects`` None): drop extra states that carry nothing. Loading: drop the extra states
+    the checkpoint does not hold (``stored_objects``: the keys of its sharded objects).
+    """
+    def keep(key: str, value: Any) -> bool:
+        if not _is_extra_state(key):
+            return True
+        if stored_objects is None:
+            return not _carries_nothing(getattr(value, "data", value))
+        return getattr(value, "key", key) in stored_objects
+
+    return {k: v for k, v in sharded_sd.items() if keep(k, v)}
+
+
+def _stored_object_keys(ckpt_dir: str) -> set[str]:
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+    from megatron.core.dist_checkpointing.serialization import load_sharded_metadata
+
+    return {v.key for v in load_sharded_metadata(ckpt_dir).values() if isinstance(v, ShardedObject)}
+
+
+def _state(model, optimizer, scheduler, extra: dict | None, is_loading: bool,
+           stored_objects: set[str] | None = None) -> dict[str, Any]:
     from sparse_rl_megatron.learner.model_provider import unwrap
 
-    sd: dict[str, Any] = {"model": unwrap(model).sharded_state_dict()}
+    sd: dict[str, Any] = {"model": _portable_model_state(unwrap(model).sharded_state_dict(), stored_objects)}
     if optimizer is not None:
         sd["optimizer"] = optimizer.sharded_state_dict(sd["model"], is_loading=is_loading)
     if scheduler is not None:
@@ -140,7 +188,8 @@ def save_checkpoint(
         shutil.rmtree(staging, ignore_errors=True)  # leftovers of a save that crashed
         staging.mkdir(parents=True)
     dist.barrier()
-    dist_checkpointing.save(_state(model, optimizer, scheduler, extra, is_loading=False), str(staging))
+    with children_die_with_us():
+        dist_checkpointing.save(_state(model, optimizer, scheduler, extra, is_loading=False), str(staging))
     if dist.get_rank() == 0:
         if assets_dir is not None:
             copy_hf_assets(assets_dir, staging / ASSETS_DIR)
@@ -171,11 +220,16 @@ def load_checkpoint(
     if optimizer is not None and not meta.get("has_optimizer", False):
         raise ValueError(f"checkpoint {ckpt_dir} holds no optimizer state; load it without the optimizer")
     common = dist_checkpointing.load_common_state_dict(ckpt_dir)
-    sd = _state(model, optimizer, scheduler, common.get("learner"), is_loading=True)
+    sd = _state(model, optimizer, scheduler, common.get("learner"), is_loading=True,
+                stored_objects=_stored_object_keys(ckpt_dir))
     _check_tensor_shapes(sd["model"], ckpt_dir)
     sd.pop("scheduler", None)
     loaded = dist_checkpointing.load(sd, ckpt_dir)
-    unwrap(model).load_state_dict(loaded["model"], strict=True)
+    result = unwrap(model).load_state_dict(loaded["model"], strict=False)
+    problems = [f"missing {k}" for k in result.missing_keys if not _is_extra_state(k)]
+    problems += [f"unexpected {k}" for k in result.unexpected_keys]
+    if problems:  # only extra states may be absent (see the module docstring)
+        raise ValueError(f"checkpoint {ckpt_dir} does not fit this model: " + "; ".join(problems[:8]))
     if optimizer is not None:
         with torch.no_grad():  # param views are loaded in place
             optimizer.load_state_dict(loaded["optimizer"])

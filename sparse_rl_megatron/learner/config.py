@@ -65,7 +65,14 @@ class OptimConfig:
 
 @dataclass
 class LearnerConfig:
-    """The Megatron learner: which model, how it is split, how batches are cut, how it trains."""
+    """The Megatron learner: which model, how it is split, how batches are cut, how it trains.
+
+    Fusions (``models.megatron_config.fusion_settings``), on CUDA: fused SwiGLU (``bias_activation_fusion``)
+    and bias-dropout-add on; fused RoPE on with Transformer Engine; gradient-accumulation fusion and the masked
+    softmax kernels on when apex's kernels import; ``persist_layer_norm`` off (LayerNorm only); DDP's
+    ``overlap_grad_reduce`` on. On CPU all of them are off. ``megatron_overrides`` can still set any of them;
+    ``Learner.describe()`` lists the ones in effect.
+    """
 
     model_path: str
     """An HF checkpoint directory (config.json + safetensors) or a sparse-rl Megatron checkpoint."""
@@ -92,7 +99,8 @@ class LearnerConfig:
     loss: LossConfig = field(default_factory=LossConfig)
     """The corrected GRPO loss (from ``sparse_rl_megatron.algo``)."""
     megatron_overrides: dict[str, Any] = field(default_factory=dict)
-    """Extra ``TransformerConfig`` fields, e.g. ``{"recompute_granularity": "full", ...}``."""
+    """Extra ``TransformerConfig`` fields, e.g. ``{"recompute_granularity": "full", "sequence_parallel": True}``
+    (sequence parallel: TP >= 2 and Transformer Engine norms; context parallel is refused)."""
     optimizer_overrides: dict[str, Any] = field(default_factory=dict)
     """Extra ``OptimizerConfig`` fields."""
 
@@ -108,6 +116,14 @@ class LearnerConfig:
             raise ValueError(f"LearnerConfig.max_tokens_per_device must be >= 1, got {self.max_tokens_per_device}")
         if self.logprob_chunk_tokens < 0:
             raise ValueError(f"LearnerConfig.logprob_chunk_tokens must be >= 0 (0 = unchunked), got {self.logprob_chunk_tokens}")
+        overrides = self.megatron_overrides
+        if overrides.get("context_parallel_size", 1) != 1:
+            raise ValueError("LearnerConfig.megatron_overrides.context_parallel_size: context parallel is not "
+                             "supported by the learner (its parallel state, batch split and log-prob gather do not "
+                             f"split the sequence over CP ranks); valid: 1, got {overrides['context_parallel_size']}")
+        if overrides.get("sequence_parallel", False) and self.tensor_parallel_size < 2:
+            raise ValueError("LearnerConfig.megatron_overrides.sequence_parallel=True splits the sequence over the "
+                             f"tensor-parallel ranks and needs tensor_parallel_size >= 2, got {self.tensor_parallel_size}")
         if self.loss.entropy_coef > 0:
             raise ValueError("LearnerConfig.loss.entropy_coef > 0 is not supported by the Megatron learner "
                              "(vocab-parallel entropy is not implemented); valid: 0")

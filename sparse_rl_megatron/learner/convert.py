@@ -8,8 +8,11 @@
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
+import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -19,6 +22,8 @@ from sparse_rl_megatron.learner.hf_io import read_arch, save_hf_checkpoint, torc
 from sparse_rl_megatron.models import weight_map as wm
 from sparse_rl_megatron.models.arch import ModelArch
 from sparse_rl_megatron.learner import cpu_compat
+
+log = logging.getLogger(__name__)
 
 # megatron-core stores the layers of a homogeneous TransformerBlock stacked along a leading axis,
 # under TE-spec names without the layer index (``decoder.layers.mlp.linear_fc1.weight``: [L, 2F, H]).
@@ -42,8 +47,12 @@ def import_from_hf(
     arch, cfg = read_arch(hf_dir)
     init_model_parallel(tensor_parallel_size, pipeline_parallel_size)
     dtype = torch_dtype(params_dtype or arch.hf_dtype)
+    log.info("building the %s model at TP=%d x PP=%d (%s)", arch.family, tensor_parallel_size, pipeline_parallel_size,
+             dtype)
     model = build_stage_model(arch, params_dtype=dtype, spec="local" if not torch.cuda.is_available() else "auto")
+    log.info("loading the HF weights of %s", hf_dir)
     load_hf_into_model(model, arch, hf_dir)
+    log.info("saving the torch_dist checkpoint %s", megatron_dir)
     return ckpt.save_checkpoint(megatron_dir, model, arch, cfg, assets_dir=hf_dir)
 
 
@@ -79,7 +88,9 @@ def read_global_tensors(megatron_dir: str | os.PathLike) -> dict[str, torch.Tens
         for k, m in metadata.items()
         if isinstance(m, TensorStorageMetadata) and not k.startswith("optimizer.")
     }
-    load(state, storage_reader=reader, no_dist=True)
+    with warnings.catch_warnings():  # torch warns that it assumes one process: that is the point of no_dist
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        load(state, storage_reader=reader, no_dist=True)
     return state
 
 
@@ -101,12 +112,18 @@ def checkpoint_hf_tensors(megatron_dir: str | os.PathLike) -> tuple[ModelArch, d
 def export_to_hf(megatron_dir: str | os.PathLike, out_dir: str | os.PathLike, dtype: str | None = None) -> Path:
     """torch_dist checkpoint -> HF directory (safetensors + config + tokenizer). Model-free, one process.
 
-    ``dtype`` defaults to the dtype of the HF checkpoint the model came from.
+    ``dtype`` defaults to the dtype of the HF checkpoint the model came from. Written to ``<out_dir>.saving``
+    and renamed into place when complete, replacing an existing ``out_dir`` as a whole (never a mix of two
+    exports; the caller decides whether one may be replaced).
     """
     arch, cfg, tensors = checkpoint_hf_tensors(megatron_dir)
     assets = Path(megatron_dir) / ckpt.ASSETS_DIR
-    out = save_hf_checkpoint(
-        out_dir, sorted(tensors.items()), cfg, assets_dir=assets if assets.is_dir() else None,
+    out = Path(out_dir)
+    staging = ckpt._staging_dir(out)
+    shutil.rmtree(staging, ignore_errors=True)  # leftovers of an export that crashed
+    save_hf_checkpoint(
+        staging, sorted(tensors.items()), cfg, assets_dir=assets if assets.is_dir() else None,
         dtype=torch_dtype(dtype or arch.hf_dtype),
     )
+    ckpt._commit(staging, out)
     return out

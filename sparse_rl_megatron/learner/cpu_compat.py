@@ -1,4 +1,4 @@
-"""megatron-core on a CPU-only torch: the workarounds W1-W8, in one place.
+"""megatron-core on a CPU-only torch: the workarounds W1-W9, in one place.
 
 megatron-core 0.16.1 (and 0.17-0.19) hard-codes CUDA in many spots that a CPU run with the gloo backend
 walks through. Each patch below is named after the workaround of
@@ -20,6 +20,9 @@ and is applied only when ``torch.cuda.is_available()`` is False. ``apply()`` is 
 - W7 (opt-in, scoped) ``Tensor.type()`` reports ``torch.cuda.*`` names, only inside
   ``pretend_cuda_tensor_types()``, for the DistributedOptimizer's dtype checks at construction.
 - W8 ``torch.cuda.current_stream()`` returns a stream whose waits are no-ops (DDP grad sync in 0.17+).
+- W9 activation recompute (``recompute_granularity="full"``, megatron's ``CheckpointFunction``) saves and
+  restores "the CUDA RNG state" through ``tensor_parallel.random._get/_set_cuda_rng_state``: on CPU that
+  state is the CPU generator's (as in W2), so the recomputed forward draws the same numbers.
 
 On a CUDA machine none of this is applied; the GPU code paths are megatron-core's own.
 The W5 mode lives on the mode stack of the thread that enters ``device_mode()`` (torch keeps one per thread).
@@ -194,8 +197,19 @@ class _NullStream:
         return None
 
 
+# ---------------------------------------------------------------- W9: recompute's RNG state on CPU
+def _cpu_get_rng_state(device: Any = "cuda", clone: bool = False, graph_safe: bool = False) -> torch.Tensor:
+    """Stands in for megatron's ``_get_cuda_rng_state``: the CPU generator's state (a fresh tensor)."""
+    return torch.get_rng_state()
+
+
+def _cpu_set_rng_state(new_state: torch.Tensor, device: Any = -1, graph_safe: bool = False) -> None:
+    """Stands in for megatron's ``_set_cuda_rng_state``."""
+    torch.set_rng_state(new_state)
+
+
 def apply(force: bool = False) -> bool:
-    """Apply W1-W8 if this torch has no CUDA (or ``force``). Returns True if the patches are active.
+    """Apply W1-W9 if this torch has no CUDA (or ``force``). Returns True if the patches are active.
 
     Call before building megatron-core models. Safe to call many times.
     """
@@ -204,6 +218,9 @@ def apply(force: bool = False) -> bool:
     with _LOCK:
         if _APPLIED:
             return True
+        from sparse_rl_megatron.utils.quiet import silence_expected_cpu_warnings
+
+        silence_expected_cpu_warnings()  # before megatron-core's first import, which raises most of them
         from megatron.core.fusions import fused_softmax
         from megatron.core.optimizer import clip_grads, optimizer as moptimizer
         from megatron.core.tensor_parallel import random as mrandom
@@ -234,4 +251,8 @@ def apply(force: bool = False) -> bool:
 
         torch.cuda.current_stream = lambda *a, **k: _NullStream()  # W8
         _APPLIED.append("W8")
+
+        mrandom._get_cuda_rng_state = _cpu_get_rng_state  # W9
+        mrandom._set_cuda_rng_state = _cpu_set_rng_state
+        _APPLIED.append("W9")
     return True

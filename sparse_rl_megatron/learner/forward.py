@@ -18,12 +18,13 @@ from sparse_rl_megatron.learner import cpu_compat
 
 
 def _packed_seq_params(mb: MicroBatch, dev: torch.device):
-    """THD packing for Transformer Engine attention (GPU): cumulative row lengths of the packed row."""
+    """THD packing for Transformer Engine attention (GPU): cumulative lengths of the packed blocks."""
     from megatron.core.packed_seq_params import PackedSeqParams
 
-    cu = torch.zeros(len(mb.seq_lengths) + 1, dtype=torch.int32, device=dev)
-    cu[1:] = torch.cumsum(torch.tensor(mb.seq_lengths, dtype=torch.int32, device=dev), 0)
-    longest = max(mb.seq_lengths)
+    segments = mb.segments()
+    cu = torch.zeros(len(segments) + 1, dtype=torch.int32, device=dev)
+    cu[1:] = torch.cumsum(torch.tensor(segments, dtype=torch.int32, device=dev), 0)
+    longest = max(segments)
     return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest,
                            max_seqlen_kv=longest)
 
@@ -32,10 +33,11 @@ def model_inputs(mb: MicroBatch, use_thd: bool) -> dict[str, Any]:
     """Keyword arguments of ``GPTModel.forward`` for ``mb`` on this rank's device."""
     dev = device()
     kwargs: dict[str, Any] = dict(input_ids=mb.input_ids.to(dev), position_ids=mb.position_ids.to(dev))
-    if mb.attention_mask is not None and use_thd:
+    if mb.packed and use_thd:
         kwargs.update(attention_mask=None, packed_seq_params=_packed_seq_params(mb, dev))
     else:
-        kwargs["attention_mask"] = None if mb.attention_mask is None else mb.attention_mask.to(dev)
+        mask = mb.attention_mask()  # built here, per forward, and only for the local attention
+        kwargs["attention_mask"] = None if mask is None else mask.to(dev)
     return kwargs
 
 

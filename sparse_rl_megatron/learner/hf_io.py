@@ -18,7 +18,9 @@ from sparse_rl_megatron.models.arch import ModelArch, arch_from_hf_config, read_
 
 # Files of an HF checkpoint directory that are not weights and travel unchanged (tokenizer, templates).
 HF_ASSET_SUFFIXES = (".json", ".jinja", ".txt", ".model", ".tiktoken")
-_WEIGHT_FILES = ("model.safetensors.index.json",)
+_SINGLE_FILE = "model.safetensors"
+_INDEX_FILE = "model.safetensors.index.json"
+_WEIGHT_FILES = (_INDEX_FILE,)
 
 
 class SafetensorsReader:
@@ -98,30 +100,91 @@ def copy_hf_assets(src_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> li
     return copied
 
 
+# Largest safetensors file written (HF's own default shard size): the writer holds at most this much on the host.
+DEFAULT_SHARD_BYTES = 5 * 10**9
+
+
+class HFCheckpointWriter:
+    """Writes an HF checkpoint directory tensor by tensor, so no caller needs the whole model at once.
+
+    ``add`` copies each tensor to the host (a fresh tensor, not a view into a larger buffer) and writes a
+    safetensors shard whenever ``shard_bytes`` have gathered; ``close`` names the shards (``model.safetensors``
+    when there is one, ``model-0000i-of-0000n.safetensors`` + ``model.safetensors.index.json`` otherwise) and
+    writes ``config.json`` and the tokenizer/template files of ``assets_dir`` (its ``config.json`` kept as is
+    when present; otherwise ``hf_config`` is written). Either way its ``dtype`` (and legacy ``torch_dtype``)
+    names the dtype of the tensors written when ``dtype`` is given.
+    """
+
+    def __init__(self, out_dir: str | os.PathLike, hf_config: dict, assets_dir: str | os.PathLike | None = None,
+                 dtype: torch.dtype | None = None, shard_bytes: int = DEFAULT_SHARD_BYTES):
+        self.out = Path(out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.hf_config, self.assets_dir, self.dtype, self.shard_bytes = hf_config, assets_dir, dtype, shard_bytes
+        self._pending: dict[str, torch.Tensor] = {}
+        self._pending_bytes = 0
+        self._shards: list[list[str]] = []  # tensor names per written shard, in order
+        self._total = 0
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        t = tensor.detach().to("cpu")
+        if self.dtype is not None:
+            t = t.to(self.dtype)
+        t = t.contiguous()
+        if t.untyped_storage().nbytes() != t.numel() * t.element_size():
+            t = t.clone()  # a view into a bucket's flat buffer would keep the whole buffer alive
+        nbytes = t.numel() * t.element_size()
+        if self._pending and self._pending_bytes + nbytes > self.shard_bytes:
+            self._flush()
+        self._pending[name] = t
+        self._pending_bytes += nbytes
+        self._total += nbytes
+
+    def _flush(self) -> None:
+        from safetensors.torch import save_file
+
+        save_file(self._pending, str(self.out / f"shard-{len(self._shards)}.tmp"), metadata={"format": "pt"})
+        self._shards.append(list(self._pending))
+        self._pending, self._pending_bytes = {}, 0
+
+    def close(self) -> Path:
+        if self._pending or not self._shards:
+            self._flush()
+        n = len(self._shards)
+        names = [_SINGLE_FILE] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+        for i, name in enumerate(names):
+            (self.out / f"shard-{i}.tmp").rename(self.out / name)
+        if n > 1:
+            weight_map = {t: names[i] for i, shard in enumerate(self._shards) for t in shard}
+            index = {"metadata": {"total_size": self._total}, "weight_map": dict(sorted(weight_map.items()))}
+            (self.out / _INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+        copied = copy_hf_assets(self.assets_dir, self.out) if self.assets_dir is not None else []
+        config_path, hf_config = self.out / "config.json", self.hf_config
+        if "config.json" in copied:
+            hf_config = json.loads(config_path.read_text())
+        written = str(self.dtype).removeprefix("torch.") if self.dtype is not None else None
+        keys = [k for k in ("dtype", "torch_dtype") if k in hf_config] or ["dtype"]
+        stale = written is not None and any(hf_config.get(k) != written for k in keys)
+        if stale:  # config.json names the dtype of the tensors written
+            hf_config = {**hf_config, **dict.fromkeys(keys, written)}
+        if stale or "config.json" not in copied:  # a copied config.json that is still right stays byte for byte
+            config_path.write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+        return self.out
+
+
 def save_hf_checkpoint(
     out_dir: str | os.PathLike,
     tensors: Iterable[tuple[str, torch.Tensor]],
     hf_config: dict,
     assets_dir: str | os.PathLike | None = None,
     dtype: torch.dtype | None = None,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
 ) -> Path:
-    """Write ``model.safetensors`` + ``config.json`` (+ tokenizer/template files from ``assets_dir``).
-
-    The ``config.json`` of ``assets_dir`` is kept as is when present; otherwise ``hf_config`` is written.
-    """
-    from safetensors.torch import save_file
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    copied = copy_hf_assets(assets_dir, out) if assets_dir is not None else []
-    state = {}
+    """Write ``tensors`` as an HF checkpoint (safetensors shards + ``config.json`` + tokenizer/template files
+    from ``assets_dir``), consuming the iterable one tensor at a time (see ``HFCheckpointWriter``)."""
+    writer = HFCheckpointWriter(out_dir, hf_config, assets_dir=assets_dir, dtype=dtype, shard_bytes=shard_bytes)
     for name, t in tensors:
-        t = t.detach().to("cpu")
-        state[name] = (t.to(dtype) if dtype is not None else t).contiguous()
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    if "config.json" not in copied:  # keep the original file byte for byte when it travelled with the assets
-        (out / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
-    return out
+        writer.add(name, t)
+    return writer.close()
 
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -22,15 +22,18 @@ import torch
 import torch.distributed as dist
 
 from sparse_rl_megatron.learner import checkpoint as ckpt
-from sparse_rl_megatron.learner.batch import SequenceBatch, build_micro_batch, plan_micro_batches, split_rows
+from sparse_rl_megatron.learner.batch import (
+    MicroBatch, SequenceBatch, build_micro_batch, plan_micro_batches, split_rows,
+)
 from sparse_rl_megatron.learner.config import LearnerConfig
 from sparse_rl_megatron.learner.forward import run_schedule
-from sparse_rl_megatron.learner.hf_io import load_hf_into_model, read_arch, save_hf_checkpoint, torch_dtype
+from sparse_rl_megatron.learner.hf_io import HFCheckpointWriter, load_hf_into_model, read_arch, torch_dtype
 from sparse_rl_megatron.learner.logprobs import to_response_aligned, token_logprobs
-from sparse_rl_megatron.learner.model_provider import build_stage_model, te_available
+from sparse_rl_megatron.learner.model_provider import build_stage_model, check_sequence_parallel, resolve_layer_spec
 from sparse_rl_megatron.learner.parallel import current_layout, device, init_model_parallel
 from sparse_rl_megatron.learner.weight_export import DEFAULT_BUCKET_BYTES, Bucket, export_hf_buckets
 from sparse_rl_megatron.models.arch import ModelArch
+from sparse_rl_megatron.models.megatron_config import FUSION_SWITCHES
 
 
 def _is_megatron_checkpoint(path: str | os.PathLike) -> bool:
@@ -53,13 +56,17 @@ class Learner:
         # validate the layout against the architecture before any process group or model exists
         self.arch.check_tensor_parallel(config.tensor_parallel_size)
         self.arch.check_pipeline_parallel(config.pipeline_parallel_size)
+        self.spec = resolve_layer_spec(config.layer_spec)  # "te" or "local"
+        check_sequence_parallel(self.spec, config.megatron_overrides)
         self.layout = init_model_parallel(config.tensor_parallel_size, config.pipeline_parallel_size, config.seed)
         self.model = build_stage_model(
-            self.arch, params_dtype=config.torch_params_dtype(), spec=config.layer_spec,
+            self.arch, params_dtype=config.torch_params_dtype(), spec=self.spec,
             vocab_multiple=config.vocab_multiple, overrides=config.megatron_overrides,
         )
         self.model.return_hidden = True
-        self.use_thd = te_available() and config.layer_spec != "local"
+        self.use_thd = self.spec == "te"  # packed rows as THD (TE attention); the local spec takes a dense mask
+        # sequence parallel splits every micro-batch's sequence over the TP ranks: lengths are padded to tp
+        self.seq_multiple = self.layout.tp if self.model.config.sequence_parallel else 1
         self.steps = 0
         self.skipped_steps = 0
         self.trainable = trainable
@@ -86,10 +93,7 @@ class Learner:
 
         cfg = self.config
         batch.check_vocab(self.arch.vocab_size)
-        lengths = batch.lengths
-        rows = split_rows(lengths, ps.get_data_parallel_world_size())[ps.get_data_parallel_rank()]
-        groups = plan_micro_batches(lengths, rows, cfg.max_tokens_per_device, cfg.batch_layout)
-        mbs = [build_micro_batch(batch, g, cfg.batch_layout) for g in groups]
+        mbs = self.micro_batches(batch)
         if width is not None and width < batch.max_response_len:
             raise ValueError(f"logprobs width={width} is shorter than the longest response ({batch.max_response_len})")
         width = width or batch.max_response_len
@@ -109,6 +113,19 @@ class Learner:
         dist.all_reduce(full)
         return full.cpu()
 
+    def data_parallel_rows(self, batch: SequenceBatch) -> list[int]:
+        """The rows of ``batch`` this data-parallel rank computes (token-balanced, see ``split_rows``)."""
+        from megatron.core import parallel_state as ps
+
+        return split_rows(batch.lengths, ps.get_data_parallel_world_size())[ps.get_data_parallel_rank()]
+
+    def micro_batches(self, batch: SequenceBatch) -> list[MicroBatch]:
+        """This rank's rows of ``batch`` cut by the token budget, in the configured layout."""
+        cfg = self.config
+        groups = plan_micro_batches(batch.lengths, self.data_parallel_rows(batch), cfg.max_tokens_per_device,
+                                    cfg.batch_layout)
+        return [build_micro_batch(batch, g, cfg.batch_layout, multiple=self.seq_multiple) for g in groups]
+
     # ------------------------------------------------------------------ training
     def train_step(self, batch) -> dict[str, float]:
         """One optimizer step on a ``TrainBatch``; metrics reduced over all ranks (``train_step.py``)."""
@@ -123,12 +140,22 @@ class Learner:
         """Full HF-named tensors in buckets of ~``bucket_bytes`` (collective; every rank gets every bucket)."""
         return export_hf_buckets(self.model, self.arch, bucket_bytes=bucket_bytes, dtype=dtype)
 
-    def save_hf(self, out_dir: str | os.PathLike, dtype: str | None = None) -> Path:
-        """Write the current weights as an HF checkpoint (rank 0 writes; collective)."""
+    def save_hf(self, out_dir: str | os.PathLike, dtype: str | None = None,
+                bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Path:
+        """Write the current weights as an HF checkpoint (collective). Buckets stream through: rank 0 copies
+        each to the host writer (``HFCheckpointWriter``, bounded by one safetensors shard), and every rank
+        drops a bucket before the next one is built, so no device ever holds more than one."""
         target = torch_dtype(dtype or self.arch.hf_dtype)
-        tensors = [kv for bucket in self.export_weights(dtype=target) for kv in bucket]
+        writer = None
         if dist.get_rank() == 0:
-            save_hf_checkpoint(out_dir, tensors, self.hf_config, assets_dir=self.assets_dir)
+            writer = HFCheckpointWriter(out_dir, self.hf_config, assets_dir=self.assets_dir)
+        for bucket in self.export_weights(bucket_bytes=bucket_bytes, dtype=target):
+            if writer is not None:
+                for name, tensor in bucket:
+                    writer.add(name, tensor)
+            del bucket
+        if writer is not None:
+            writer.close()
         dist.barrier()
         return Path(out_dir)
 
@@ -161,5 +188,11 @@ class Learner:
 
     def describe(self) -> str:
         lay = current_layout()
+        cfg = self.model.config
+        fused = [name for name in FUSION_SWITCHES if getattr(cfg, name, False)]
+        if self.ddp is not None and self.ddp.ddp_config.overlap_grad_reduce:
+            fused.append("overlap_grad_reduce")
+        extras = [f"{k}={getattr(cfg, k)}" for k in ("sequence_parallel", "recompute_granularity") if getattr(cfg, k)]
         return (f"{self.arch.family} L={self.arch.num_layers} H={self.arch.hidden_size} TP={lay.tp} PP={lay.pp} "
-                f"DP={lay.dp} dtype={self.config.torch_params_dtype()} spec={self.config.layer_spec}")
+                f"DP={lay.dp} dtype={self.config.torch_params_dtype()} spec={self.spec} "
+                f"fusions={','.join(fused) or 'none'}" + "".join(f" {e}" for e in extras))

@@ -8,6 +8,11 @@ chunks' logits alive either.
 
 log p(y) = -vocab_parallel_cross_entropy(logits, y) (megatron-core ``tensor_parallel``), computed in fp32;
 the padded vocabulary columns are set to -inf first, so they carry no probability mass.
+
+Sequence parallel: the decoder output is split along the sequence, ``[S / tp, b, H]`` per TP rank. It is
+gathered whole first (backward: reduce-scatter of the gradients), then indexed like the unsplit case; and since
+the LM head all-gathers its input along the sequence under sequence parallel, each TP rank hands it its own
+1/tp of a chunk's tokens, so the head sees every scored token exactly once.
 """
 from __future__ import annotations
 
@@ -26,8 +31,13 @@ def _chunk_logprobs(model, hidden: torch.Tensor, labels: torch.Tensor) -> torch.
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
-    logits, _ = model.output_layer(hidden.unsqueeze(1), weight=model.output_weight())  # [c, 1, V/tp]
-    logits = logits.float()
+    c = hidden.shape[0]
+    if model.output_layer.sequence_parallel:  # the head gathers its input: give it this rank's share
+        tp = ps.get_tensor_model_parallel_world_size()
+        hidden = torch.cat([hidden, hidden.new_zeros(-c % tp, hidden.shape[1])])
+        hidden = hidden.chunk(tp)[ps.get_tensor_model_parallel_rank()]
+    logits, _ = model.output_layer(hidden.unsqueeze(1), weight=model.output_weight())  # [c (+pad), 1, V/tp]
+    logits = logits[:c].float()
     local = logits.shape[-1]
     start = ps.get_tensor_model_parallel_rank() * local
     if start + local > model.true_vocab_size:  # this rank holds padded columns
@@ -37,13 +47,18 @@ def _chunk_logprobs(model, hidden: torch.Tensor, labels: torch.Tensor) -> torch.
 
 
 def token_logprobs(model, hidden: torch.Tensor, mb: MicroBatch, chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> torch.Tensor:
-    """Log-probs ``[n]`` (fp32) of ``mb.labels`` from the decoder output ``hidden [S, b, H]``.
+    """Log-probs ``[n]`` (fp32) of ``mb.labels`` from the decoder output ``hidden [S, b, H]``
+    (``[S / tp, b, H]`` under sequence parallel).
 
     ``chunk_tokens <= 0`` runs the head on all n tokens at once (the unchunked reference).
     """
+    from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
     from sparse_rl_megatron.learner.model_provider import unwrap
 
     inner = unwrap(model)
+    if inner.config.sequence_parallel:
+        hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=True)  # [S, b, H]
     flat = hidden.transpose(0, 1).reshape(-1, hidden.shape[-1])
     index = mb.gather_index.to(flat.device)
     labels = mb.labels.to(flat.device)

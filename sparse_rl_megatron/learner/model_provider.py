@@ -1,47 +1,111 @@
 """Build this pipeline stage's megatron-core ``GPTModel`` for a ``ModelArch``.
 
-The Transformer Engine layer spec is used when TE imports and CUDA is present ("auto"), the local
-(pure megatron-core) spec otherwise. The vocabulary is padded to a multiple that TP divides; the true
+The Transformer Engine layer spec is used when megatron-core could import TE and CUDA is present ("auto"),
+the local (pure megatron-core) spec otherwise. "Could import" is megatron's own ``HAVE_TE`` flag: a TE
+that is installed but broken (e.g. built against another CUDA) is not usable, and "auto" then falls back
+to the local spec with a warning. The vocabulary is padded to a multiple that TP divides; the true
 size is kept on the model (``true_vocab_size``) so log-probs and exports never expose padded rows.
 """
 from __future__ import annotations
 
 import importlib.util
+import warnings
 from typing import Any
 
 import torch
 
 from sparse_rl_megatron.models.arch import DEFAULT_VOCAB_MULTIPLE, ModelArch
 from sparse_rl_megatron.models.megatron_config import transformer_config
+from sparse_rl_megatron.models.rope import apply_rope_scaling
 
 from sparse_rl_megatron.utils.registry import Registry
 from sparse_rl_megatron.learner import cpu_compat
 
 LAYER_SPECS: Registry[str] = Registry("layer spec")
-LAYER_SPECS.add("auto", "Transformer Engine when importable with CUDA, else local")
+LAYER_SPECS.add("auto", "Transformer Engine when megatron-core can use it with CUDA, else local")
 LAYER_SPECS.add("local", "megatron-core's own modules (runs on CPU)")
 LAYER_SPECS.add("te", "Transformer Engine modules (GPU)")
 
 
+def te_installed() -> bool:
+    """A ``transformer_engine`` package is on the path (it may still fail to import)."""
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
 def te_available() -> bool:
-    """Transformer Engine importable and a GPU present (TE has no CPU kernels)."""
-    return torch.cuda.is_available() and importlib.util.find_spec("transformer_engine") is not None
+    """Transformer Engine usable: a GPU is present (TE has no CPU kernels) and megatron-core imported TE
+    (its ``HAVE_TE`` flag, which its TE layer spec needs)."""
+    if not torch.cuda.is_available():
+        return False
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    return bool(gpt_layer_specs.HAVE_TE)
 
 
-def layer_spec(name: str = "auto"):
-    """The transformer-layer ``ModuleSpec``: ``te``, ``local``, or ``auto`` (TE when available)."""
+def _te_missing_reason() -> str:
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    if te_installed():
+        return ("transformer_engine is installed but megatron-core cannot import it (its HAVE_TE is False; "
+                "`python -c 'import transformer_engine.pytorch'` shows why)")
+    return "transformer_engine is not installed"
+
+
+def resolve_layer_spec(name: str = "auto") -> str:
+    """``te`` or ``local``: the spec ``name`` (``te``, ``local``, ``auto``) stands for on this machine.
+
+    ``te`` without a usable TE is refused with the reason; ``auto`` falls back to ``local``, with a warning
+    when a TE is installed but unusable (its kernels were expected and will not run).
+    """
+    LAYER_SPECS.check(name, "layer_spec")
+    if name == "local":
+        return "local"
+    if te_available():
+        return "te"
+    if name == "te":
+        raise RuntimeError(f"layer_spec='te' needs Transformer Engine and a CUDA device ({_te_missing_reason()}); "
+                           "use 'local' or 'auto'")
+    if torch.cuda.is_available() and te_installed():
+        warnings.warn(f"layer_spec='auto': {_te_missing_reason()}; using the local megatron-core spec",
+                      RuntimeWarning, stacklevel=2)
+    return "local"
+
+
+def layer_spec(name: str = "auto", qk_layernorm: bool = False):
+    """The transformer-layer ``ModuleSpec`` of ``resolve_layer_spec(name)``; ``qk_layernorm``: per-head RMSNorm
+    of q and k (Qwen3)."""
     from megatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_layer_local_spec,
         get_gpt_layer_with_transformer_engine_spec,
     )
 
-    LAYER_SPECS.check(name, "layer_spec")
-    use_te = te_available() if name == "auto" else name == "te"
-    if use_te:
-        if not te_available():
-            raise RuntimeError("layer_spec='te' needs Transformer Engine and a CUDA device; use 'local' or 'auto'")
-        return get_gpt_layer_with_transformer_engine_spec()
-    return get_gpt_layer_local_spec(normalization="RMSNorm")
+    if resolve_layer_spec(name) == "te":
+        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk_layernorm)
+    return get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=qk_layernorm)
+
+
+def check_sequence_parallel(spec_name: str, overrides: dict[str, Any] | None) -> None:
+    """Refuse ``sequence_parallel`` (a megatron override) where megatron-core cannot run it.
+
+    Sequence parallel needs norms that take part in it (their weight gradients are all-reduced over the TP
+    ranks): Transformer Engine's. megatron's torch norm, which the local spec builds without TE (and apex),
+    asserts instead, deep inside the model build; this says so first, naming the setting.
+    """
+    if not (overrides or {}).get("sequence_parallel", False):
+        return
+    from megatron.core.transformer import transformer_block
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    sub = layer_spec(spec_name).submodules
+    norms = {"input_layernorm": sub.input_layernorm, "pre_mlp_layernorm": sub.pre_mlp_layernorm,
+             "final_layernorm": transformer_block.LayerNormImpl}
+    torch_norms = [name for name, n in norms.items() if getattr(n, "module", n) is WrappedTorchNorm]
+    if torch_norms:
+        raise ValueError(
+            "LearnerConfig.megatron_overrides.sequence_parallel=True needs Transformer Engine norms (layer_spec "
+            f"'te', or 'auto' on a GPU with TE); the {spec_name!r} spec here builds megatron's torch norm for "
+            f"{', '.join(torch_norms)}, which does not support sequence parallel"
+        )
 
 
 def _gpt_model_class():
@@ -93,7 +157,7 @@ def build_stage_model(
     cls = _gpt_model_class()
     model = cls(
         config=config,
-        transformer_layer_spec=layer_spec(spec),
+        transformer_layer_spec=layer_spec(spec, qk_layernorm=arch.qk_norm),
         vocab_size=arch.padded_vocab_size(tp, vocab_multiple),
         max_sequence_length=arch.max_position_embeddings,
         pre_process=ps.is_pipeline_first_stage(),
@@ -103,6 +167,7 @@ def build_stage_model(
         position_embedding_type="rope",
         rotary_base=arch.rope_theta,
     )
+    apply_rope_scaling(model, arch)
     model.true_vocab_size = arch.vocab_size
     if torch.cuda.is_available():
         model.cuda(torch.cuda.current_device())

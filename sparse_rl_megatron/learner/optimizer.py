@@ -26,7 +26,9 @@ def wrap_ddp(model, config: LearnerConfig):
 
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True,
-        overlap_grad_reduce=False,
+        # on CUDA the grad reduce of each bucket starts as soon as its grads are ready in the last micro-batch's
+        # backward (megatron's DDP hooks; the schedule's no_sync holds it for the others); CPU runs it at the end
+        overlap_grad_reduce=torch.cuda.is_available(),
         use_distributed_optimizer=config.distributed_optimizer(),
         check_for_nan_in_grad=False,  # the learner's own guard skips the step instead of raising
     )

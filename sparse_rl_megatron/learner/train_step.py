@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from sparse_rl_megatron.algo import GlobalNormalisers, PreparedBatch, local_normalisers, micro_batch_loss
-from sparse_rl_megatron.learner.batch import SequenceBatch, build_micro_batch, plan_micro_batches, split_rows
+from sparse_rl_megatron.learner.batch import SequenceBatch
 from sparse_rl_megatron.learner.forward import run_schedule
 from sparse_rl_megatron.learner.logprobs import to_response_aligned, token_logprobs
 from sparse_rl_megatron.learner.optimizer import all_finite
@@ -90,13 +90,12 @@ def train_step(learner, batch: TrainBatch) -> dict[str, float]:
     seqs, prepared = batch.sequences, batch.prepared
     seqs.check_vocab(learner.arch.vocab_size)
     lengths = seqs.lengths
-    rows = split_rows(lengths, ps.get_data_parallel_world_size())[ps.get_data_parallel_rank()]
+    rows = learner.data_parallel_rows(seqs)
     normalisers = _global_normalisers(prepared, rows)
     prepared = dataclasses.replace(prepared, normalisers=normalisers)
     loss_cfg = dataclasses.replace(cfg.loss, check_finite=False)  # non-finite values go to the guard, not raise
     width = prepared.loss_mask.shape[1]
-    groups = plan_micro_batches(lengths, rows, cfg.max_tokens_per_device, cfg.batch_layout)
-    mbs = [build_micro_batch(seqs, g, cfg.batch_layout) for g in groups]
+    mbs = learner.micro_batches(seqs)
 
     def head(mb, hidden):
         lp = to_response_aligned(token_logprobs(learner.model, hidden, mb, cfg.logprob_chunk_tokens), mb, width)

@@ -83,7 +83,8 @@ def export_hf_buckets(
 ) -> Iterator[Bucket]:
     """Yield lists of ``(hf_name, full tensor)`` of at most ~``bucket_bytes`` each (a single larger tensor
     gets its own bucket). Collective: every rank of the model-parallel group must iterate to the end.
-    ``dtype`` casts the exported tensors (e.g. bf16 for the rollout engine); default: the parameter dtype.
+    ``dtype`` casts the exported tensors (e.g. bf16 for the rollout engine); default: the model's
+    ``params_dtype`` (the same on every stage, whatever dtype single parameters such as norms are kept in).
     """
     from megatron.core import parallel_state as ps
 
@@ -98,29 +99,46 @@ def export_hf_buckets(
         dist.all_gather_object(names_by_stage, sorted(params), group=ps.get_pipeline_model_parallel_group())
     else:
         names_by_stage = [sorted(params)]
-    param_dtype = next(iter(params.values())).dtype
-    out_dtype = dtype or param_dtype
+    # One dtype for every stage, so all stages plan the same buckets: megatron keeps some parameters in
+    # another dtype than the rest (the torch norms stay fp32 in a bf16 model), so no parameter decides it.
+    out_dtype = dtype or inner.config.params_dtype
     stage = ps.get_pipeline_model_parallel_rank()
     device = next(iter(params.values())).device
     for bucket in _buckets(_plan(arch, names_by_stage), bucket_bytes, torch.tensor([], dtype=out_dtype).element_size()):
         owner = bucket[0].owner_stage
-        if owner == stage:
-            tensors: Bucket = []
-            for it in bucket:
-                hf = _local_hf_tensors(arch, params, it.name)
-                tensors += [(h, hf[h].to(out_dtype)) for h, _ in it.hf]
+        tensors = _own_bucket(arch, params, bucket, out_dtype) if owner == stage else None
         if pp > 1:
-            if owner == stage:
-                flat = torch.cat([t.reshape(-1) for _, t in tensors])
-            else:
-                flat = torch.empty(sum(it.numel for it in bucket), dtype=out_dtype, device=device)
-            group = ps.get_pipeline_model_parallel_group()
-            dist.broadcast(flat, src=dist.get_global_rank(group, owner), group=group)
-            if owner != stage:
-                tensors, pos = [], 0
-                for it in bucket:
-                    for h, shape in it.hf:
-                        n = int(torch.Size(shape).numel())
-                        tensors.append((h, flat[pos:pos + n].view(shape)))
-                        pos += n
+            tensors = _broadcast_bucket(bucket, tensors, owner, out_dtype, device)
         yield tensors
+        del tensors  # the consumer holds the bucket as long as it needs it; nothing here keeps it alive
+
+
+def _own_bucket(arch: ModelArch, params: dict[str, torch.Tensor], bucket: list[_Item], dtype: torch.dtype) -> Bucket:
+    """The HF tensors of a bucket this stage holds (TP shards gathered)."""
+    tensors: Bucket = []
+    for it in bucket:
+        hf = _local_hf_tensors(arch, params, it.name)
+        tensors += [(h, hf[h].to(dtype)) for h, _ in it.hf]
+    return tensors
+
+
+def _broadcast_bucket(bucket: list[_Item], tensors: Bucket | None, owner: int, dtype: torch.dtype,
+                      device: torch.device) -> Bucket:
+    """The owner stage's bucket on every stage: one flat buffer broadcast over the pipeline group, viewed back."""
+    from megatron.core import parallel_state as ps
+
+    if tensors is not None:
+        flat = torch.cat([t.reshape(-1) for _, t in tensors])
+    else:
+        flat = torch.empty(sum(it.numel for it in bucket), dtype=dtype, device=device)
+    group = ps.get_pipeline_model_parallel_group()
+    dist.broadcast(flat, src=dist.get_global_rank(group, owner), group=group)
+    if tensors is not None:
+        return tensors
+    out, pos = [], 0
+    for it in bucket:
+        for h, shape in it.hf:
+            n = int(torch.Size(shape).numel())
+            out.append((h, flat[pos:pos + n].view(shape)))
+            pos += n
+    return out

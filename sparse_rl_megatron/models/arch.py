@@ -1,13 +1,15 @@
 """The architecture of a decoder-only LM, read from a Hugging Face ``config.json``, per family.
 
 ``ModelArch`` holds only what the Megatron model and the weight mapping need. Families are chosen by the
-config's ``model_type`` through a registry (``qwen2``, ``llama``); anything a family does not support
-(sliding windows, RoPE scaling, another activation, Llama MLP or attention bias) is refused with the field
-that says so, rather than converted into a model that silently computes something else.
+config's ``model_type`` through a registry (``qwen2``, ``llama``, ``qwen3``); anything a family does not
+support (sliding windows, RoPE scaling other than Llama 3's, another activation, Llama / Qwen3 MLP or
+attention bias, mixture-of-experts models) is refused with the field that says so, rather than converted
+into a model that silently computes something else.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -20,13 +22,45 @@ from sparse_rl_megatron.utils.registry import Registry
 # so a torch_dist checkpoint has the same global shapes at every such layout and reshards freely.
 DEFAULT_VOCAB_MULTIPLE = 128
 
+# Known model types that are refused, with what is missing for them (checked before the family registry).
+UNSUPPORTED_MODEL_TYPES = {
+    "qwen3_moe": "Qwen3 MoE needs a mixture-of-experts mapping that does not exist here: the router "
+                 "(mlp.gate) and per-expert gate/up/down projections -> megatron-core MoE layers "
+                 "(num_moe_experts, moe_router_topk, expert parallelism), and MoE decode in the rollout engine",
+    "qwen2_moe": "Qwen2 MoE needs a mixture-of-experts mapping that does not exist here: the router, the "
+                 "per-expert and shared-expert projections -> megatron-core MoE layers, and MoE decode in the "
+                 "rollout engine",
+}
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3.x RoPE frequency scaling (HF ``rope_type: llama3``): wavelengths longer than
+    ``original_max_position_embeddings / low_freq_factor`` are stretched by ``factor``, those shorter than
+    ``original_max_position_embeddings / high_freq_factor`` are kept, the band between is interpolated."""
+
+    factor: float
+    """Divisor of the low frequencies (8 in Llama 3.1, 32 in Llama 3.2 1B/3B)."""
+    low_freq_factor: float
+    """Sets the long-wavelength threshold ``original_max_position_embeddings / low_freq_factor``."""
+    high_freq_factor: float
+    """Sets the short-wavelength threshold ``original_max_position_embeddings / high_freq_factor``."""
+    original_max_position_embeddings: int
+    """Context length of pre-training before the extension (8192 in Llama 3.x)."""
+
+    def __post_init__(self) -> None:
+        if not (self.factor > 0 and self.low_freq_factor > 0 and self.high_freq_factor > self.low_freq_factor
+                and self.original_max_position_embeddings >= 1):
+            raise ValueError(f"rope_scaling (llama3) needs factor > 0, 0 < low_freq_factor < high_freq_factor and "
+                             f"original_max_position_embeddings >= 1; got {self}")
+
 
 @dataclass(frozen=True)
 class ModelArch:
     """Architecture facts of one model (all sizes global, i.e. before tensor parallelism)."""
 
     family: str
-    """Registry name of the family (``qwen2`` or ``llama``); chosen by the HF ``model_type``."""
+    """Registry name of the family (``qwen2``, ``llama``, ``qwen3``); chosen by the HF ``model_type``."""
     vocab_size: int
     """Rows of the HF embedding (the tokenizer's id space); padded rows are never exposed."""
     hidden_size: int
@@ -53,6 +87,10 @@ class ModelArch:
     """Longest sequence the model was configured for."""
     hf_dtype: str = "float32"
     """The dtype the HF checkpoint is stored in (``float32``, ``bfloat16``, ``float16``)."""
+    qk_norm: bool = False
+    """Per-head RMSNorm of queries and keys before RoPE (Qwen3); weights ``[head_dim]`` per layer."""
+    rope_scaling: RopeScaling | None = None
+    """Llama 3.x RoPE scaling; None for plain RoPE."""
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_attention_heads", "num_query_groups",
@@ -73,8 +111,6 @@ class ModelArch:
 
     def padded_vocab_size(self, tp: int, multiple: int = DEFAULT_VOCAB_MULTIPLE) -> int:
         """Embedding rows in the Megatron model: a multiple of ``lcm(multiple, tp)``."""
-        import math
-
         step = multiple * tp // math.gcd(multiple, tp)
         return -(-self.vocab_size // step) * step
 
@@ -93,11 +129,20 @@ class ModelArch:
                 f"valid tensor_parallel_size values divide all of them"
             )
 
+    def tensor_parallel_sizes(self) -> list[int]:
+        """TP sizes that divide the heads, the KV groups and the FFN width."""
+        common = math.gcd(self.num_attention_heads, self.num_query_groups, self.ffn_hidden_size)
+        return [d for d in range(1, common + 1) if common % d == 0]
+
+    def pipeline_parallel_sizes(self) -> list[int]:
+        """PP sizes that divide the layers."""
+        return [d for d in range(1, self.num_layers + 1) if self.num_layers % d == 0]
+
     def check_pipeline_parallel(self, pp: int) -> None:
         if self.num_layers % pp:
             raise ValueError(
                 f"pipeline_parallel_size={pp} does not divide num_layers={self.num_layers}; "
-                f"valid values: {[d for d in range(1, self.num_layers + 1) if self.num_layers % d == 0]}"
+                f"valid values: {self.pipeline_parallel_sizes()}"
             )
 
     def to_dict(self) -> dict[str, Any]:
@@ -106,7 +151,10 @@ class ModelArch:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ModelArch":
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        kwargs = {k: v for k, v in d.items() if k in names}
+        if isinstance(kwargs.get("rope_scaling"), dict):
+            kwargs["rope_scaling"] = RopeScaling(**kwargs["rope_scaling"])
+        return cls(**kwargs)
 
     def differences(self, other: "ModelArch") -> list[str]:
         """``field: self vs other`` for every field that differs (empty when compatible)."""
@@ -120,22 +168,40 @@ class ModelArch:
 FAMILIES: Registry[Callable[[dict[str, Any]], ModelArch]] = Registry("model family (HF model_type)")
 
 
-def _rope_theta(cfg: dict[str, Any]) -> float:
-    # transformers >= 5 writes rope_parameters={"rope_type", "rope_theta"}; older configs a top-level rope_theta.
-    params = cfg.get("rope_parameters") or {}
-    scaling = cfg.get("rope_scaling") or {}
-    rope_type = params.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
-    if rope_type not in (None, "default"):
-        raise ValueError(f"rope_scaling/rope_parameters.rope_type={rope_type!r} is not supported; valid: default")
-    return float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+def _rope(cfg: dict[str, Any]) -> tuple[float, RopeScaling | None]:
+    """``(rope_theta, scaling)`` of an HF config. transformers >= 5 writes ``rope_parameters`` (rope_type,
+    rope_theta and the scaling keys); older configs a top-level ``rope_theta`` and a ``rope_scaling`` dict."""
+    params = dict(cfg.get("rope_scaling") or {})
+    params.update(cfg.get("rope_parameters") or {})
+    rope_type = params.get("rope_type", params.get("type")) or "default"
+    if rope_type not in ("default", "llama3"):
+        raise ValueError(f"rope_scaling/rope_parameters.rope_type={rope_type!r} is not supported; valid: default, llama3")
+    partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        raise ValueError(f"partial_rotary_factor={partial} is not supported; valid: 1.0")
+    theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    if rope_type == "default":
+        return theta, None
+    missing = [k for k in ("factor", "low_freq_factor", "high_freq_factor") if k not in params]
+    if missing:
+        raise ValueError(f"rope_type='llama3' needs rope_scaling/rope_parameters fields {missing}")
+    original = params.get("original_max_position_embeddings", cfg.get("max_position_embeddings", 4096))
+    return theta, RopeScaling(float(params["factor"]), float(params["low_freq_factor"]),
+                              float(params["high_freq_factor"]), int(original))
 
 
-def _common(cfg: dict[str, Any], family: str, qkv_bias: bool) -> ModelArch:
+def _common(cfg: dict[str, Any], family: str, qkv_bias: bool, qk_norm: bool = False) -> ModelArch:
     if cfg.get("hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act={cfg['hidden_act']!r} is not supported for {family}; valid: silu")
+    if cfg.get("use_sliding_window"):
+        raise ValueError(f"use_sliding_window=True is not supported for {family}; valid: false")
+    other_layers = sorted({t for t in cfg.get("layer_types") or [] if t != "full_attention"})
+    if other_layers:
+        raise ValueError(f"layer_types {other_layers} are not supported for {family}; valid: full_attention")
     heads = int(cfg["num_attention_heads"])
     hidden = int(cfg["hidden_size"])
     dtype = str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32").replace("torch.", "")
+    theta, scaling = _rope(cfg)
     return ModelArch(
         family=family,
         vocab_size=int(cfg["vocab_size"]),
@@ -145,20 +211,20 @@ def _common(cfg: dict[str, Any], family: str, qkv_bias: bool) -> ModelArch:
         num_query_groups=int(cfg.get("num_key_value_heads") or heads),
         head_dim=int(cfg.get("head_dim") or hidden // heads),
         ffn_hidden_size=int(cfg["intermediate_size"]),
-        rope_theta=_rope_theta(cfg),
+        rope_theta=theta,
         norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         qkv_bias=qkv_bias,
         max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
         hf_dtype=dtype,
+        qk_norm=qk_norm,
+        rope_scaling=scaling,
     )
 
 
 @FAMILIES.register("qwen2")
 def _qwen2(cfg: dict[str, Any]) -> ModelArch:
     """Qwen2 / Qwen2.5: QKV bias, RMSNorm, SwiGLU, RoPE, GQA; tied embeddings on 0.5B-3B."""
-    if cfg.get("use_sliding_window"):
-        raise ValueError("use_sliding_window=True is not supported for qwen2; valid: false")
     return _common(cfg, "qwen2", qkv_bias=True)
 
 
@@ -175,10 +241,23 @@ def _llama(cfg: dict[str, Any]) -> ModelArch:
     return _common(cfg, "llama", qkv_bias=False)
 
 
+@FAMILIES.register("qwen3")
+def _qwen3(cfg: dict[str, Any]) -> ModelArch:
+    """Qwen3 dense: like Llama (no biases) plus a per-head RMSNorm on q and k before RoPE; ``head_dim`` is set
+    explicitly (128; not hidden / heads on every size); tied embeddings on 0.6B-4B."""
+    if cfg.get("attention_bias"):  # HF Qwen3 then also puts a bias on o_proj, as Llama does
+        raise ValueError("attention_bias=True is not supported for qwen3 (o_proj.bias has no Megatron "
+                         "counterpart); valid: false")
+    return _common(cfg, "qwen3", qkv_bias=False, qk_norm=True)
+
+
 def arch_from_hf_config(cfg: dict[str, Any]) -> ModelArch:
     """Parse an HF config dict (``config.json`` contents); the family comes from ``model_type``."""
     if "model_type" not in cfg:
         raise ValueError(f"HF config has no 'model_type'; valid model types: {', '.join(FAMILIES.names())}")
+    if cfg["model_type"] in UNSUPPORTED_MODEL_TYPES:
+        raise ValueError(f"model_type '{cfg['model_type']}' is not supported: {UNSUPPORTED_MODEL_TYPES[cfg['model_type']]}; "
+                         f"valid model types: {', '.join(FAMILIES.names())}")
     return FAMILIES.get(cfg["model_type"])(cfg)
 
 

@@ -1,11 +1,13 @@
-"""``ModelArch`` -> megatron-core ``TransformerConfig`` (Qwen2 and Llama share one mapping).
+"""``ModelArch`` -> megatron-core ``TransformerConfig`` (Qwen2, Llama and Qwen3 share one mapping).
 
-Both families are pre-norm decoders with RMSNorm, SwiGLU (``gated_linear_unit`` + SiLU, fc1 = [gate; up]),
-RoPE (non-interleaved, like HF's ``rotate_half``), GQA, no linear biases except Qwen2's Q/K/V bias.
+All families are pre-norm decoders with RMSNorm, SwiGLU (``gated_linear_unit`` + SiLU, fc1 = [gate; up]),
+RoPE (non-interleaved, like HF's ``rotate_half``), GQA, no linear biases except Qwen2's Q/K/V bias; Qwen3
+adds a per-head RMSNorm of q and k (``qk_layernorm``; the layer spec must be built with it too).
 """
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from typing import Any
 
 import torch
@@ -23,6 +25,41 @@ _CPU_UNFUSED = dict(
     gradient_accumulation_fusion=False,
     use_cpu_initialization=True,
 )
+FUSION_SWITCHES = tuple(k for k in _CPU_UNFUSED if k != "use_cpu_initialization")
+# The local spec's attention softmax kernels (apex's megatron extensions); Transformer Engine attention has its own.
+_SOFTMAX_KERNELS = ("scaled_masked_softmax_cuda", "scaled_upper_triang_masked_softmax_cuda", "scaled_softmax_cuda")
+
+
+def fusion_settings(cuda: bool) -> dict[str, bool]:
+    """megatron-core's fusion switches for these models (RMSNorm, SwiGLU, RoPE, no linear bias but Qwen2's
+    Q/K/V bias). megatron-core 0.16.1 leaves them all off by default; on CUDA the learner turns on each one
+    megatron-core can run here, decided from megatron-core's own availability flags:
+
+    - ``bias_activation_fusion``: on (fused SwiGLU, ``bias_swiglu_impl``; a missing bias is allowed; jit fuser).
+    - ``bias_dropout_fusion``: on (fused bias-dropout-add of the residual; jit fuser).
+    - ``apply_rope_fusion``: on when megatron-core found Transformer Engine's fused RoPE kernel (it refuses the
+      switch otherwise).
+    - ``gradient_accumulation_fusion``: on when apex's ``fused_weight_gradient_mlp_cuda`` imports (megatron's
+      own ``ColumnParallelLinear``, the LM head even under the TE spec, refuses the switch otherwise).
+    - ``masked_softmax_fusion``: on when apex's softmax kernels import (the local spec's attention; TE's
+      attention does not use it; megatron falls back per shape on its own).
+    - ``persist_layer_norm``: off (apex's persistent kernel is LayerNorm only; these models use RMSNorm).
+
+    On CPU every switch is off (no CPU kernels) and parameters are initialised on the CPU.
+    """
+    if not cuda:
+        return dict(_CPU_UNFUSED)
+    from megatron.core.models.common.embeddings import rope_utils
+    from megatron.core.tensor_parallel import layers
+
+    return dict(
+        bias_activation_fusion=True,
+        bias_dropout_fusion=True,
+        apply_rope_fusion=rope_utils.fused_apply_rotary_pos_emb is not None,
+        gradient_accumulation_fusion=bool(layers._grad_accum_fusion_available),
+        masked_softmax_fusion=all(importlib.util.find_spec(m) is not None for m in _SOFTMAX_KERNELS),
+        persist_layer_norm=False,
+    )
 
 
 def transformer_config(
@@ -35,8 +72,9 @@ def transformer_config(
 ):
     """The megatron-core ``TransformerConfig`` for ``arch`` at a TP x PP layout.
 
-    ``overrides`` are set last (any ``TransformerConfig`` field, e.g. ``recompute_granularity``); an unknown
-    field name is refused with the list of valid ones. Dropout is 0 (RL fine-tuning; also what makes the
+    Fusions follow ``fusion_settings``. ``overrides`` are set last (any ``TransformerConfig`` field, e.g.
+    ``recompute_granularity``, or a fusion switch); an unknown field name is refused with the list of valid
+    ones. Dropout is 0 (RL fine-tuning; also what makes the
     dense log-probs deterministic). ``calculate_per_token_loss`` is on because the learner pre-normalises
     every micro-batch loss by the global denominator (see ``learner/train_step.py``).
     """
@@ -57,6 +95,7 @@ def transformer_config(
         activation_func=F.silu,
         add_bias_linear=False,
         add_qkv_bias=arch.qkv_bias,
+        qk_layernorm=arch.qk_norm,
         attention_dropout=0.0,
         hidden_dropout=0.0,
         tensor_model_parallel_size=tensor_parallel_size,
@@ -72,9 +111,11 @@ def transformer_config(
         moe_token_dispatcher_type="alltoall",
         calculate_per_token_loss=True,
         sequence_parallel=False,
+        # The whole-layer scope in megatron-core 0.16's current spelling; its default "full" means the same
+        # thing but warns that it is deprecated on every model build.
+        cuda_graph_scope=[],
     )
-    if not torch.cuda.is_available():
-        kwargs.update(_CPU_UNFUSED)
+    kwargs.update(fusion_settings(torch.cuda.is_available()))
     valid = {f.name for f in dataclasses.fields(TransformerConfig)}
     for key in overrides or {}:
         if key not in valid:

@@ -1,4 +1,4 @@
-"""HF <-> megatron-core weight mapping for Qwen2 / Llama, per parameter and per tensor-parallel rank.
+"""HF <-> megatron-core weight mapping for Qwen2 / Llama / Qwen3, per parameter and per tensor-parallel rank.
 
 Megatron names here are *canonical*: the local-spec names with the **global** layer index
 (``decoder.layers.<i>.self_attention.linear_qkv.weight``). The Transformer Engine spec fuses the two
@@ -15,7 +15,7 @@ How each tensor is laid out in Megatron (source: megatron-core ``SelfAttention.g
 - ``vocab``: the embedding / LM head rows, padded with zero rows to ``padded_vocab`` and split along dim 0.
   The padded rows are stripped on the way back to HF.
 - ``column``: split along dim 0; ``row``: split along dim 1 (``linear_proj``, ``linear_fc2``);
-  ``replicated``: the same on every TP rank (norm weights).
+  ``replicated``: the same on every TP rank (norm weights, Qwen3's per-head q/k norms of ``[head_dim]``).
 """
 from __future__ import annotations
 
@@ -41,11 +41,14 @@ _LAYER_PARAMS: dict[str, tuple[str, tuple[str, ...]]] = {
         "qkv", ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")),
     "self_attention.linear_qkv.bias": (
         "qkv", ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias")),
+    "self_attention.q_layernorm.weight": ("replicated", ("self_attn.q_norm.weight",)),
+    "self_attention.k_layernorm.weight": ("replicated", ("self_attn.k_norm.weight",)),
     "self_attention.linear_proj.weight": ("row", ("self_attn.o_proj.weight",)),
     "pre_mlp_layernorm.weight": ("replicated", ("post_attention_layernorm.weight",)),
     "mlp.linear_fc1.weight": ("gate_up", ("mlp.gate_proj.weight", "mlp.up_proj.weight")),
     "mlp.linear_fc2.weight": ("row", ("mlp.down_proj.weight",)),
 }
+_QK_NORMS = ("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight")
 EMBEDDING = "embedding.word_embeddings.weight"
 OUTPUT_LAYER = "output_layer.weight"
 FINAL_NORM = "decoder.final_layernorm.weight"
@@ -78,7 +81,7 @@ def mcore_param_names(arch: ModelArch) -> list[str]:
     names = [EMBEDDING]
     for i in range(arch.num_layers):
         for suffix in _LAYER_PARAMS:
-            if suffix.endswith(".bias") and not arch.qkv_bias:
+            if (suffix.endswith(".bias") and not arch.qkv_bias) or (suffix in _QK_NORMS and not arch.qk_norm):
                 continue
             names.append(f"decoder.layers.{i}.{suffix}")
     names += [FINAL_NORM, OUTPUT_LAYER]
@@ -224,6 +227,8 @@ def expected_hf_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
         "self_attn.o_proj.weight": (h, nq),
         "mlp.gate_proj.weight": (f, h), "mlp.up_proj.weight": (f, h), "mlp.down_proj.weight": (h, f),
     }
+    if arch.qk_norm:
+        per_layer.update({"self_attn.q_norm.weight": (d,), "self_attn.k_norm.weight": (d,)})
     if arch.qkv_bias:
         per_layer.update({"self_attn.q_proj.bias": (nq,), "self_attn.k_proj.bias": (nkv,), "self_attn.v_proj.bias": (nkv,)})
     for i in range(arch.num_layers):

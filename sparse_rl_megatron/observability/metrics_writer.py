@@ -24,17 +24,27 @@ def _as_float(value) -> float | None:
 
 
 class MetricsWriter:
-    """Appends metrics of a run under ``run_dir`` (``metrics.jsonl`` and ``tensorboard/``)."""
+    """Appends metrics of a run under ``run_dir`` (``metrics.jsonl`` and ``tensorboard/``).
 
-    def __init__(self, run_dir: str | Path, tensorboard: bool = True):
+    ``resume_step``: the run continues after that step (resumed from a checkpoint): records of later steps,
+    written by the interrupted run after its checkpoint, are dropped from both logs so no step appears twice.
+    """
+
+    def __init__(self, run_dir: str | Path, tensorboard: bool = True, resume_step: int | None = None):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / METRICS_FILE
+        if resume_step is not None and self.path.is_file():
+            kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
+            tmp = self.path.with_name(METRICS_FILE + ".tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            tmp.replace(self.path)
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+            purge = None if resume_step is None else resume_step + 1  # TensorBoard drops events from this step on
+            self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"), purge_step=purge)
 
     def write(self, step: int, metrics: Mapping[str, object]) -> dict:
         record = {"step": int(step), "time": time.time()}

@@ -1,4 +1,8 @@
-"""PNG figures of a run's metrics: one panel per metric group, step on the x axis."""
+"""PNG figures of a run's metrics: one panel per metric group, the (integer) rollout step on the x axis.
+
+Lines are labelled with their full metric key (``rollout/truncated_frac`` and ``sparse/truncated_frac`` are
+different things). Metrics logged only at some steps (evaluation) are drawn at those steps.
+"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,13 +13,21 @@ from sparse_rl_megatron.observability.metrics_writer import read_metrics
 # Panels a person wants to see first for a Sparse-RL run: reward, the sparsity mismatch tail, the
 # correction's effect, and optimisation health. A key missing from the run is left out of the figure.
 DEFAULT_PANELS: dict[str, Sequence[str]] = {
-    "reward": ("rollout/reward_mean", "eval/accuracy"),
+    "train reward": ("rollout/reward_mean",),
+    "held-out accuracy": ("eval/dense/accuracy", "eval/sparse/accuracy"),
+    "rejection rate": ("sparse/rejected_seq_frac", "sparse/rejected_token_frac"),
+    "clip ratio": ("loss/clip_frac",),
     "rho tail": ("sparse/rho_p1", "sparse/rho_p5", "sparse/rho_min"),
-    "rejection": ("sparse/rejected_seq_frac", "sparse/rejected_token_frac", "sparse/truncated_frac"),
+    "grad norm": ("train/grad_norm",),
+    "KV memory (tokens per sequence)": ("rollout/kv_tokens_peak_mean", "rollout/kv_tokens_dense_mean"),
     "mismatch KL": ("sparse/kl_k1", "sparse/kl_k3", "sparse/kl_old_sparse_k3"),
-    "optimisation": ("loss/pg", "loss/clip_frac", "train/grad_norm"),
+    "truncation": ("rollout/truncated_frac", "sparse/truncated_frac"),
     "response length": ("rollout/response_len_mean",),
+    "policy loss": ("loss/pg",),
+    "seconds per phase": ("time/rollout_s", "time/recompute_s", "time/train_s", "time/sync_s", "time/eval_s"),
 }
+PLOT_FILE = "metrics.png"
+"""Where a run's figure goes in its run directory."""
 LOG_SCALE_PANELS = frozenset({"rho tail"})
 """Panels drawn on a log y axis: the rho tail spans orders of magnitude (1e-4 veto threshold to ~1)."""
 
@@ -23,12 +35,25 @@ LOG_SCALE_PANELS = frozenset({"rho tail"})
 def plot_metrics(metrics_path: str | Path, out_path: str | Path,
                  panels: dict[str, Sequence[str]] | None = None) -> Path | None:
     """Draw the panels whose keys appear in ``metrics_path``; returns the PNG path (None if nothing to draw)."""
+    fig = build_figure(read_metrics(metrics_path), panels)  # selects the Agg backend before pyplot is imported
+    if fig is None:
+        return None
+    import matplotlib.pyplot as plt
+
+    out = Path(out_path)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def build_figure(records: list[dict], panels: dict[str, Sequence[str]] | None = None):
+    """A matplotlib figure with one axis per panel that has data in ``records`` (None when none has)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    records = read_metrics(metrics_path)
     panels = panels or DEFAULT_PANELS
     present = {
         title: [k for k in keys if any(r.get(k) is not None for r in records)] for title, keys in panels.items()
@@ -43,17 +68,15 @@ def plot_metrics(metrics_path: str | Path, out_path: str | Path,
         for key in keys:
             pts = [(r["step"], r[key]) for r in records if r.get(key) is not None]
             xs, ys = zip(*pts)
-            ax.plot(xs, ys, marker="o" if len(pts) < 30 else None, label=key.split("/", 1)[-1])
+            ax.plot(xs, ys, marker="o" if len(pts) < 30 else None, label=key)
         ax.set_title(title)
         if title in LOG_SCALE_PANELS and all(y > 0 for line in ax.get_lines() for y in line.get_ydata()):
             ax.set_yscale("log")
         ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole rollout steps
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     for ax in list(axes.flat)[len(present):]:
         ax.axis("off")
     fig.tight_layout()
-    out = Path(out_path)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return fig

@@ -4,6 +4,10 @@
 overrides (values parsed as YAML scalars), and builds ``Cls`` recursively. An unknown key is refused with the
 list of valid keys at that level; a value of the wrong type names its dotted path and the expected type.
 Dataclass ``__post_init__`` validation runs as usual; its errors become ``ConfigError`` prefixed with the dotted path.
+
+Recipes share settings with ``include:`` (``load_recipe``): a top-level ``include: base.yaml`` (or a list of
+files) names recipes, relative to the including file, that are read first and deep-merged in order; the including
+file's own keys win (mappings merge key by key, anything else replaces). A cycle is refused with its chain.
 """
 from __future__ import annotations
 
@@ -13,10 +17,12 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
+from sparse_rl_megatron.utils.errors import UserError
+
 T = TypeVar("T")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config file or override that does not fit the config dataclasses."""
 
 
@@ -117,19 +123,82 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override '{item}': '{part}' is not a section")
-        node[parts[-1]] = yaml.safe_load(raw)
+        try:
+            node[parts[-1]] = yaml.safe_load(raw)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"override '{item}': the value is not valid YAML ({_yaml_problem(err)})") from None
     return data
 
 
-def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
-    """Read a YAML recipe (or start empty), apply overrides, and build ``cls``."""
+def _yaml_problem(err: Exception) -> str:
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
+
+
+def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
+    """The top-level mapping of a YAML recipe; a missing, malformed or non-mapping file is a ``ConfigError``
+    naming the file (and the line of a syntax error)."""
     import yaml
 
-    data: dict[str, Any] = {}
-    if path is not None:
-        text = Path(path).read_text()
-        data = yaml.safe_load(text) or {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: the top level of a config must be a mapping")
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"config file {path} cannot be read: {err}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: malformed YAML: {_yaml_problem(err)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level of a config must be a mapping")
+    return data
+
+
+INCLUDE_KEY = "include"
+
+
+def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """``top`` over ``base``: nested mappings merge key by key, any other value of ``top`` replaces."""
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_recipe(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The mapping of a YAML recipe with its ``include:`` files merged in (see the module docstring)."""
+    path = Path(path)
+    resolved = path.resolve()
+    if resolved in _chain:
+        cycle = " -> ".join(str(p) for p in (*_chain, resolved))
+        raise ConfigError(f"{path}: include cycle: {cycle}")
+    data = read_yaml_mapping(path)
+    includes = data.pop(INCLUDE_KEY, None)
+    if includes is None:
+        return data
+    if isinstance(includes, str):
+        includes = [includes]
+    if not isinstance(includes, list) or not all(isinstance(i, str) and i for i in includes):
+        raise ConfigError(f"{path}: '{INCLUDE_KEY}' must be a file name or a list of file names, got {includes!r}")
+    merged: dict[str, Any] = {}
+    for name in includes:
+        included = (path.parent / name)
+        if not included.is_file():
+            raise ConfigError(f"{path}: included file {included} does not exist")
+        merged = deep_merge(merged, load_recipe(included, (*_chain, resolved)))
+    return deep_merge(merged, data)
+
+
+def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
+    """Read a YAML recipe (or start empty) with its includes, apply overrides, and build ``cls``."""
+    data: dict[str, Any] = load_recipe(path) if path is not None else {}
     apply_overrides(data, list(overrides or []))
     return from_dict(cls, data)

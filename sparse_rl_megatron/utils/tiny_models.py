@@ -2,7 +2,8 @@
 
 Nothing is downloaded: the tokenizer is a byte-level BPE trained on a small embedded corpus, with a
 Qwen2.5-style chat template (``<|im_start|>``/``<|im_end|>``), so any text encodes and decodes losslessly.
-Models are randomly initialised HF ``Qwen2ForCausalLM`` / ``LlamaForCausalLM`` with a fixed seed.
+Models are randomly initialised HF ``Qwen2ForCausalLM`` / ``LlamaForCausalLM`` / ``Qwen3ForCausalLM`` with a
+fixed seed.
 """
 from __future__ import annotations
 
@@ -105,9 +106,13 @@ def tiny_config(
     tie_word_embeddings: bool = True,
     max_position_embeddings: int = 8192,
     rope_theta: float = 10000.0,
+    rope_scaling: dict | None = None,
+    head_dim: int | None = None,
 ):
-    """An HF config for a tiny ``qwen2`` (QKV bias) or ``llama`` (no bias) model."""
-    from transformers import LlamaConfig, Qwen2Config
+    """An HF config for a tiny ``qwen2`` (QKV bias), ``llama`` (no bias) or ``qwen3`` (no bias, q/k norms)
+    model. ``rope_scaling``: e.g. ``{"rope_type": "llama3", "factor": 8.0, ...}``; ``head_dim``: qwen3 only
+    (default ``hidden_size // num_heads``)."""
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
     common = dict(
         vocab_size=vocab_size,
@@ -119,6 +124,7 @@ def tiny_config(
         tie_word_embeddings=tie_word_embeddings,
         max_position_embeddings=max_position_embeddings,
         rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
         rms_norm_eps=1e-6,
         bos_token_id=0,
         eos_token_id=2,
@@ -129,7 +135,9 @@ def tiny_config(
         return Qwen2Config(**common)
     if family == "llama":
         return LlamaConfig(**common, attention_bias=False, mlp_bias=False)
-    raise ValueError(f"tiny_config: unknown family '{family}'; valid: llama, qwen2")
+    if family == "qwen3":
+        return Qwen3Config(**common, head_dim=head_dim or hidden_size // num_heads, attention_bias=False)
+    raise ValueError(f"tiny_config: unknown family '{family}'; valid: llama, qwen2, qwen3")
 
 
 def build_tiny_model(family: str = "qwen2", *, seed: int = 0, init_std: float = 0.02, **config_kwargs):

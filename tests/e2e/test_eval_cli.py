@@ -7,14 +7,8 @@ import pytest
 from sparse_rl_megatron.cli import main
 from sparse_rl_megatron.data import BENCHMARKS, load_dataset
 from sparse_rl_megatron.rewards import REASONS, check_answer
-from sparse_rl_megatron.utils.tiny_models import save_tiny_hf_checkpoint
 
 LIMIT, N, TOKENS = 5, 2, 24
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    return save_tiny_hf_checkpoint(tmp_path_factory.mktemp("tiny") / "model", "qwen2", seed=0)
 
 
 def _eval(model, shared_data, out, *extra):
@@ -57,7 +51,7 @@ def test_eval_dense_sparse_and_compare(tiny_model, shared_data, tmp_path, capsys
     assert _eval(tiny_model, shared_data, sparse_path, "--benchmarks", f"gsm8k,math500,{user}", "--input-key", "q",
                  "--label-key", "a", "--compression", "rkv", "--budget", "32", "--window", "4", "--buffer", "8") == 0
     sparse = json.loads(sparse_path.read_text())
-    assert sparse["meta"]["mode"] == "rkv-B32" and sparse["meta"]["compression"]["budget"] == 32
+    assert sparse["meta"]["mode"] == "rkv-B32-W8" and sparse["meta"]["compression"]["budget"] == 32
     assert list(sparse["benchmarks"]) == ["gsm8k", "math500", str(user)]
     assert [p["gold"] for p in sparse["benchmarks"][str(user)]["problems"]] == ["0", "2", "4"]
     assert all(s["compression_events"] > 0 for b in sparse["benchmarks"].values() for p in b["problems"]
@@ -66,14 +60,37 @@ def test_eval_dense_sparse_and_compare(tiny_model, shared_data, tmp_path, capsys
 
     assert main(["eval", "--compare", str(dense_path), str(sparse_path)]) == 0
     out = capsys.readouterr().out
-    assert "dense = " in out and "(rkv-B32)" in out
+    assert "dense = " in out and "(rkv-B32-W8)" in out
     assert "gsm8k: dense n=2 vs sparse n=2" in out and "math500: dense n=2 vs sparse n=2" in out
     assert "sparse - dense" in out and "compression events / sample" in out
     assert "not compared" in out and "aime24" in out  # benchmarks only the dense file has
 
 
-def test_compare_rejects_a_file_that_is_not_results(tmp_path):
-    bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"hello": 1}))
-    with pytest.raises(ValueError, match="format_version"):
-        main(["eval", "--compare", str(bad), str(bad)])
+def test_mode_label_sampling_header_and_a_compressor_that_never_runs(tiny_model, shared_data, tmp_path, capsys,
+                                                                     caplog):
+    out = tmp_path / "greedy.json"
+    assert main(["eval", "--model", str(tiny_model), "--data-root", str(shared_data), "--benchmarks", "gsm8k",
+                 "--limit", "2", "--max-new-tokens", "8", "--temperature", "0", "--compression", "rkv",
+                 "--no-progress", "--verifier-workers", "1", "--output", str(out)]) == 0
+    printed = capsys.readouterr().out
+    header = " ".join(printed.split("gsm8k:")[0].split())  # before the first table; rich wraps long lines
+    assert "mode=rkv-B512-W128" in header and "greedy" in header and "top-p" not in printed
+    # prompt + 8 tokens stays far below B + W = 640: the "compressed" run is a dense one, and says so
+    assert "gsm8k: KV compression never runs for 2 of 2 prompts: prompt + 8 new tokens stays below B + W = 640 " \
+           "(budget 512 + buffer 128, scope all), so every sample decodes on the full KV cache" in caplog.text
+    results = json.loads(out.read_text())
+    assert results["meta"]["mode"] == "rkv-B512-W128"
+    assert all(s["compression_events"] == 0 for p in results["benchmarks"]["gsm8k"]["problems"] for s in p["samples"])
+
+
+def test_default_results_name_never_replaces_earlier_results(tiny_model, shared_data, tmp_path, monkeypatch):
+    from sparse_rl_megatron.eval.results import default_results_name
+
+    monkeypatch.chdir(tmp_path)
+    earlier = tmp_path / default_results_name(tiny_model, "dense")
+    assert earlier.name == f"eval-{tiny_model.parent.name}_model-dense.json"
+    earlier.write_text("an earlier run's results")
+    assert main(["eval", "--model", str(tiny_model), "--data-root", str(shared_data), "--benchmarks", "gsm8k",
+                 "--limit", "1", "--max-new-tokens", "4", "--no-progress", "--verifier-workers", "1"]) == 0
+    assert earlier.read_text() == "an earlier run's results"
+    assert json.loads((tmp_path / earlier.name.replace(".json", "-2.json")).read_text())["meta"]["mode"] == "dense"

@@ -2,7 +2,8 @@
 
 Launches (each runs many checks, to pay megatron-core's import once per rank):
   single: 1 process          -> CPU compat, TP = 1 checks, NaN guard, resume, refusals
-  pair:   torchrun, 2 ranks  -> TP = 2, PP = 2, DP = 2 checks, NaN guard at PP = 2, DistributedOptimizer
+  pair:   torchrun, 2 ranks  -> TP = 2, PP = 2, DP = 2 checks, NaN guard at PP = 2, DistributedOptimizer,
+                                bf16 export at PP = 2, sequence parallel at TP = 2
   grid:   torchrun, 4 ranks  -> TP = 2 x PP = 2 checks, TP1 checkpoint -> TP2 x PP2 -> TP1, DistributedOptimizer
 """
 from __future__ import annotations
@@ -52,8 +53,8 @@ def single_launch(mcore_refs, mcore_root) -> LaunchResult:
 def pair_launch(mcore_refs, mcore_root) -> LaunchResult:
     work = mcore_root / "pair_work"
     work.mkdir()
-    return launch("w_layouts.py", 2, [str(mcore_refs), str(work), "2x1,1x2,1x1", "nan_guard_pp2", "distopt"],
-                  mcore_root / "pair_results")
+    return launch("w_layouts.py", 2, [str(mcore_refs), str(work), "2x1,1x2,1x1", "nan_guard_pp2", "distopt",
+                                      "bf16_export_pp2", "sequence_parallel", "plan"], mcore_root / "pair_results")
 
 
 @pytest.fixture(scope="session")

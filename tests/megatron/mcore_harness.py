@@ -91,7 +91,7 @@ def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
                           capture_output=True, timeout=timeout)
 
 
-MODELS = ("qwen2_tied", "qwen2_untied", "llama")
+MODELS = ("qwen2_tied", "qwen2_untied", "llama", "qwen3")
 # (launch fixture, check-name prefix) of every layout the issue asks for
 LAYOUTS = {
     "TP1": ("single_launch", "tp1"),

@@ -66,6 +66,11 @@ def build_references(root: Path) -> Path:
         with torch.no_grad():
             emb.weight[0] = torch.randn(emb.weight.shape[1], generator=torch.Generator().manual_seed(9)) * spec.INIT_STD
         emb.padding_idx = None
+        with torch.no_grad():  # norm weights away from HF's all-ones init, so each norm's mapping is visible
+            g = torch.Generator().manual_seed(10)
+            for n, p in model.named_parameters():
+                if n.endswith("norm.weight"):
+                    p.copy_(1 + spec.NORM_STD * torch.randn(p.shape, generator=g))
         path = root / name
         model.save_pretrained(path)
         build_tiny_tokenizer(kw["vocab_size"]).save_pretrained(path)

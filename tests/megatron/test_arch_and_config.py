@@ -60,6 +60,10 @@ def test_tp_that_does_not_divide_heads_is_refused_before_any_process_group(tmp_p
     (dict(batch_layout="ragged"), "LearnerConfig.batch_layout: unknown batch layout 'ragged'; valid names: packed, padded"),
     (dict(layer_spec="fused"), "LearnerConfig.layer_spec: unknown layer spec 'fused'; valid names: auto, local, te"),
     (dict(max_tokens_per_device=0), "max_tokens_per_device must be >= 1"),
+    (dict(megatron_overrides={"context_parallel_size": 2}),
+     r"megatron_overrides.context_parallel_size: context parallel is not supported .* valid: 1, got 2"),
+    (dict(megatron_overrides={"sequence_parallel": True}),
+     "sequence_parallel=True splits the sequence over the tensor-parallel ranks and needs tensor_parallel_size >= 2"),
     (dict(optim=None), None),
 ])
 def test_learner_config_validation(kwargs, message):

@@ -27,7 +27,7 @@ def test_padded_inputs_and_gather_plan():
     assert b.response_mask().tolist() == [[True, True, True], [True, False, False]]
     mb = build_micro_batch(b, [0, 1], "padded")
     assert mb.input_ids.tolist() == [[1, 2, 4, 5], [3, 0, 0, 0]]
-    assert mb.attention_mask is None
+    assert mb.attention_mask() is None
     assert mb.gather_index.tolist() == [1, 2, 3, 4]  # row 0 positions 1..3, row 1 position 0 (flat 4)
     assert mb.labels.tolist() == [4, 5, 6, 7]
     assert mb.out_row.tolist() == [0, 0, 0, 1] and mb.out_col.tolist() == [0, 1, 2, 0]
@@ -38,8 +38,43 @@ def test_packed_inputs_block_causal_mask():
     mb = build_micro_batch(b, [0, 1], "packed")
     assert mb.input_ids.tolist() == [[1, 2, 4, 5, 3]] and mb.position_ids.tolist() == [[0, 1, 2, 3, 0]]
     assert mb.gather_index.tolist() == [1, 2, 3, 4]
-    allowed = ~mb.attention_mask[0, 0]
+    allowed = ~mb.attention_mask()[0, 0]
     expected = torch.zeros(5, 5, dtype=torch.bool)
     expected[:4, :4] = torch.ones(4, 4, dtype=torch.bool).tril()
     expected[4, 4] = True
     assert torch.equal(allowed, expected)
+
+
+def test_packed_mask_is_built_only_for_the_forward_that_reads_it(monkeypatch):
+    """The dense [S, S] mask of a packed micro-batch (256 MiB at 16k tokens) is not built with the micro-batch:
+    the THD path (Transformer Engine) never builds it, the local path builds it when its forward runs."""
+    from sparse_rl_megatron.learner import batch as batch_mod
+    from sparse_rl_megatron.learner.forward import model_inputs
+
+    built = []
+    real = batch_mod._block_causal_mask
+    monkeypatch.setattr(batch_mod, "_block_causal_mask", lambda lengths: built.append(list(lengths)) or real(lengths))
+    b = SequenceBatch.from_lists([[1, 2], [3]], [[4, 5, 6], [7]])
+    mbs = [build_micro_batch(b, [0, 1], "packed"), build_micro_batch(b, [1], "packed")]
+    assert built == []
+    thd = model_inputs(mbs[0], use_thd=True)
+    assert built == [] and thd["attention_mask"] is None
+    assert thd["packed_seq_params"].cu_seqlens_q.tolist() == [0, 4, 5]
+    local = model_inputs(mbs[0], use_thd=False)
+    assert built == [[4, 1]] and local["attention_mask"].shape == (1, 1, 5, 5)
+
+
+def test_lengths_padded_to_a_multiple_for_sequence_parallel():
+    """Sequence parallel splits S over the TP ranks: padded rows widen to a multiple, a packed sequence gets a
+    padding block of its own; what is gathered (positions, labels) does not change."""
+    b = SequenceBatch.from_lists([[1, 2], [3]], [[4, 5, 6], [7]])  # fed lengths 4 and 1
+    padded = build_micro_batch(b, [0, 1], "padded", multiple=3)
+    assert padded.input_ids.tolist() == [[1, 2, 4, 5, 0, 0], [3, 0, 0, 0, 0, 0]]
+    assert padded.gather_index.tolist() == [1, 2, 3, 6]  # row 1 starts at 6 now
+    packed = build_micro_batch(b, [0, 1], "packed", multiple=4)
+    assert packed.input_ids.tolist() == [[1, 2, 4, 5, 3, 0, 0, 0]] and packed.pad_tokens == 3
+    assert packed.position_ids.tolist() == [[0, 1, 2, 3, 0, 0, 1, 2]] and packed.segments() == [4, 1, 3]
+    assert packed.gather_index.tolist() == [1, 2, 3, 4] and packed.labels.tolist() == [4, 5, 6, 7]
+    allowed = ~packed.attention_mask()[0, 0]
+    assert allowed[5:, :5].sum() == 0 and allowed[:5, 5:].sum() == 0  # the padding is a block of its own
+    assert build_micro_batch(b, [0, 1], "packed", multiple=5).pad_tokens == 0

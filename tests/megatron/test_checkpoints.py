@@ -18,6 +18,12 @@ def test_export_weights_bit_identical(request, layout, model):
     request.getfixturevalue(fixture).check(f"{tag}_export_{model}")
 
 
+def test_bf16_export_with_pipeline_stages(pair_launch):
+    """bf16 model (norm weights kept fp32 by megatron) at PP = 2: every stage exports in one dtype, so the
+    stages agree on the buckets; every tensor equals the HF weight cast to bf16."""
+    pair_launch.check("bf16_export_tp1pp2")
+
+
 def test_convert_cli_round_trip(mcore_refs, tp1_checkpoint, mcore_root):
     """sparse-rl convert hf-to-megatron, then megatron-to-hf: tensors bit-identical, config.json byte-identical,
     tokenizer files carried along."""
@@ -52,8 +58,37 @@ def test_reshard(grid_launch, check):
 
 def test_save_hf_from_live_model(single_launch):
     """Learner.save_hf after a train step writes the trained weights (== export_weights) with the original
-    config.json and tokenizer files byte for byte; at TP2 x PP2 it is checked inside reshard_tp1_to_tp2pp2."""
+    config.json and tokenizer files byte for byte; at TP2 x PP2 it is checked inside reshard_tp1_to_tp2pp2,
+    where ranks other than 0 must also let go of each exported bucket before the next is built (streamed)."""
     single_launch.check("save_hf_after_training")
+
+
+def test_hf_writer_shards_and_streams(tmp_path):
+    """HFCheckpointWriter takes tensors one at a time, writes a shard whenever shard_bytes gathered (so the host
+    holds at most one shard), names several shards like HF with an index, one shard model.safetensors; the
+    SafetensorsReader reads back every tensor exactly, views of a larger buffer included."""
+    from sparse_rl_megatron.learner.hf_io import HFCheckpointWriter, SafetensorsReader, save_hf_checkpoint
+
+    flat = torch.arange(40, dtype=torch.float32)
+    tensors = {"a": flat[:16].view(4, 4), "b": flat[16:32], "c": flat[32:].clone(), "d": torch.ones(3, 2)}
+    writer = HFCheckpointWriter(tmp_path / "sharded", {"model_type": "llama"}, shard_bytes=64)
+    for name, t in tensors.items():
+        writer.add(name, t)
+        assert writer._pending_bytes <= 64
+    out = writer.close()
+    names = sorted(f.name for f in out.iterdir())
+    assert names == ["config.json", "model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+                     "model-00003-of-00003.safetensors", "model.safetensors.index.json"]
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert index["metadata"]["total_size"] == 4 * (16 + 16 + 8 + 6)
+    assert index["weight_map"] == {"a": "model-00001-of-00003.safetensors", "b": "model-00002-of-00003.safetensors",
+                                   "c": "model-00003-of-00003.safetensors", "d": "model-00003-of-00003.safetensors"}
+    reader = SafetensorsReader(out)
+    assert all(torch.equal(reader.get(k), v) for k, v in tensors.items())
+    single = save_hf_checkpoint(tmp_path / "single", iter(tensors.items()), {"model_type": "llama"},
+                                dtype=torch.bfloat16)
+    got = load_file(str(single / "model.safetensors"))
+    assert sorted(got) == sorted(tensors) and all(torch.equal(got[k], v.bfloat16()) for k, v in tensors.items())
 
 
 def test_reference_policy_learner(single_launch):
@@ -66,6 +101,13 @@ def test_resume_with_optimizer_state(single_launch):
     In between, a save that crashes after megatron wrote its files leaves the step-1 checkpoint byte-identical
     and no finished-looking directory, and a non-checkpoint directory is refused rather than replaced."""
     single_launch.check("resume_with_optimizer_state")
+
+
+def test_checkpoints_portable_across_te_and_no_te(single_launch):
+    """A checkpoint saved without extra states (no Transformer Engine) loads into a model whose final norm has
+    an ``_extra_state`` (as megatron builds it when TE imports) and trains; that model's checkpoint (with
+    optimizer state) loads back without TE bit-identically; an extra state that holds data survives."""
+    single_launch.check("extra_state_checkpoints")
 
 
 def test_refuses_checkpoint_of_another_architecture(single_launch):

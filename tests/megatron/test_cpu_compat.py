@@ -1,4 +1,4 @@
-"""The CPU compatibility module: applied without CUDA, idempotent, and each patch W1-W8 does what it says
+"""The CPU compatibility module: applied without CUDA, idempotent, and each patch W1-W9 does what it says
 (checked in a fresh process: ``workers/w_single.py::check_cpu_compat``)."""
 import subprocess
 

@@ -1,7 +1,8 @@
 """Megatron model == HF transformers for the same weights, at TP1 / TP2 / PP2 / DP2 / TP2xPP2.
 
 Models (``workers/mcore_spec.py``): Qwen2 tied (14 q / 2 kv heads), Qwen2 untied (28 q / 4 kv heads, the
-Qwen2.5-7B ratio), Llama (no biases); vocab 250 padded to 256 in Megatron. fp32 throughout.
+Qwen2.5-7B ratio), Llama 3.x (no biases, llama3 RoPE scaling), Qwen3 tied (q/k norms, head_dim != hidden /
+heads); vocab 250 padded to 256 in Megatron; norm weights randomised. fp32 throughout.
 """
 import pytest
 
@@ -25,3 +26,11 @@ def test_logprobs_match_hf_log_softmax(request, layout, model):
     layouts, exact zeros at padding, chunked == unchunked (<= 1e-6); identical on every rank."""
     fixture, tag = LAYOUTS[layout]
     request.getfixturevalue(fixture).check(f"{tag}_logprobs_{model}")
+
+
+def test_sequence_parallel_tp2(pair_launch):
+    """megatron_overrides.sequence_parallel at TP = 2 (with full recompute, as the reference run): refused
+    naming the torch norms of the local spec; with norms that take part in sequence parallel (what TE gives),
+    the sequence-split hidden states are gathered before the response positions are indexed, lengths are padded
+    to TP, log-probs match log_softmax(HF) in both layouts and one step matches the reference."""
+    pair_launch.check("sequence_parallel_tp2")

@@ -29,3 +29,9 @@ def test_nan_loss_skips_step_and_keeps_weights(request, fixture, check):
 def test_distributed_optimizer_step(request, fixture):
     """Megatron's DistributedOptimizer (DP = 2, and DP = 2 x TP = 2) matches the reference after one step."""
     request.getfixturevalue(fixture).check("distributed_optimizer_train")
+
+
+def test_full_activation_recompute_step(single_launch):
+    """recompute_granularity=full (uniform, 1 layer), as in the reference run: megatron's CheckpointFunction
+    re-runs every layer in backward (CUDA RNG state calls covered on CPU) and the step equals the reference."""
+    single_launch.check("recompute_full_train")

@@ -62,10 +62,11 @@ def test_row_parallel_splits_input_dim():
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4])
-@pytest.mark.parametrize("tied,bias", [(True, True), (False, False)])
-def test_random_round_trip_bit_identical(tp, tied, bias):
+@pytest.mark.parametrize("tied,bias,qk_norm", [(True, True, False), (False, False, False),  # qwen2, llama
+                                               (True, False, True), (False, False, True)])  # qwen3
+def test_random_round_trip_bit_identical(tp, tied, bias, qk_norm):
     a = arch(vocab_size=250, hidden_size=16, num_attention_heads=8, num_query_groups=4, head_dim=2, ffn_hidden_size=12,
-             tie_word_embeddings=tied, qkv_bias=bias)
+             tie_word_embeddings=tied, qkv_bias=bias, qk_norm=qk_norm)
     g = torch.Generator().manual_seed(0)
     hf = {n: torch.randn(s, generator=g) for n, s in wm.expected_hf_shapes(a).items()}
     back = {}
@@ -83,7 +84,7 @@ def test_canonical_names_fold_te_aliases_and_layer_offsets():
     assert wm.canonical_name("decoder.layers.1.mlp.linear_fc1.layer_norm_weight") == "decoder.layers.1.pre_mlp_layernorm.weight"
     assert wm.canonical_name("output_layer.weight") == "output_layer.weight"
     with pytest.raises(KeyError, match="no HF mapping"):
-        wm.param_kind("decoder.layers.0.self_attention.q_layernorm.weight")
+        wm.param_kind("decoder.layers.0.mlp.router.weight")
 
 
 def test_padded_vocab_is_layout_independent():

@@ -23,4 +23,11 @@ def nan_on_padding(args, *, pg_loss, train_log_probs, rollout_log_probs, loss_ma
     return torch.where(mask, pg_loss * 0.5, torch.full_like(pg_loss, float("nan"))), loss_masks, {}
 
 
+def veto_odd_samples(args, *, pg_loss, train_log_probs, rollout_log_probs, loss_masks, **kwargs):
+    """Drops samples 1, 3, ... whole (a slime-style sequence veto of its own), keeps the others unweighted."""
+    masks = [m * 0 if i % 2 else m for i, m in enumerate(loss_masks)]
+    vetoed = torch.cat([torch.full((m.numel(),), float(i % 2)) for i, m in enumerate(loss_masks)])
+    return pg_loss, masks, {"vetoed_seq": vetoed}
+
+
 NOT_CALLABLE = 3

@@ -154,7 +154,19 @@ def test_custom_mode_with_our_hook_matches_builtin_sparse_rl():
     l2, _ = micro_batch_loss(old.clone(), custom)
     torch.testing.assert_close(l1, l2, rtol=1e-6, atol=0)  # the hook hands back float32 weights
     assert custom.metrics["hook/sparse/vetoed_seq"] == pytest.approx(3 / 8)  # token-mean over response tokens
+    # the hook's whole-sample drops are reported as vetoed, as the built-in veto's are
+    assert custom.metrics["sparse/vetoed_seq_frac"] == builtin.metrics["sparse/vetoed_seq_frac"] == pytest.approx(1 / 3)
     assert ADV > 0
+
+
+def test_custom_mode_reports_what_the_hook_dropped():
+    old, sampler, mask, rewards, groups = batch()
+    old, sampler, mask = (torch.cat([t, t]) for t in (old, sampler, mask))  # 6 samples, 3 of them dropped
+    p = prepare_correction(old, sampler, mask, torch.cat([rewards, rewards]), torch.cat([groups, groups + 10]),
+                           CorrectionConfig(mode="custom", hook="algo_hook_examples.veto_odd_samples"))
+    assert p.keep.tolist() == [True, False, True, False, True, False]
+    assert p.metrics["sparse/vetoed_seq_frac"] == p.metrics["sparse/rejected_seq_frac"] == 0.5
+    assert p.metrics["sparse/num_seqs"] == 6.0
 
 
 def test_custom_mode_with_a_tis_hook_and_refusal_of_non_multiplicative_hooks():

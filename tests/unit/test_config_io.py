@@ -66,3 +66,33 @@ def test_bad_override_and_top_level(tmp_path):
     path.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="top level of a config must be a mapping"):
         load_config(Outer, path)
+
+
+def test_include_deep_merges_relative_to_the_including_file(tmp_path):
+    from sparse_rl_megatron.utils.config_io import load_recipe
+
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "a.yaml").write_text("name: a\ninner:\n  budget: 64\n  method: snapkv\n  tags: [x]\n")
+    (tmp_path / "base" / "b.yaml").write_text("include: a.yaml\ninner:\n  budget: 128\n")  # relative to base/
+    (tmp_path / "run.yaml").write_text("include: [base/b.yaml]\ninner:\n  tags: [y]\nseed: 1\n")
+    assert load_recipe(tmp_path / "run.yaml") == {
+        "name": "a", "inner": {"budget": 128, "method": "snapkv", "tags": ["y"]}, "seed": 1}
+    cfg = load_config(Outer, tmp_path / "run.yaml", ["inner.budget=32"])
+    assert cfg == Outer(name="a", inner=Inner(budget=32, method="snapkv", tags=["y"]), seed=1)
+
+
+def test_include_errors_name_the_file(tmp_path):
+    (tmp_path / "a.yaml").write_text("include: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("include: a.yaml\n")
+    with pytest.raises(ConfigError, match=r"include cycle: .*a\.yaml -> .*b\.yaml -> .*a\.yaml"):
+        load_config(Outer, tmp_path / "a.yaml")
+    (tmp_path / "c.yaml").write_text("include: missing.yaml\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml: included file .*missing\.yaml does not exist"):
+        load_config(Outer, tmp_path / "c.yaml")
+    (tmp_path / "d.yaml").write_text("include: {x: 1}\n")
+    with pytest.raises(ConfigError, match=r"d\.yaml: 'include' must be a file name or a list"):
+        load_config(Outer, tmp_path / "d.yaml")
+    (tmp_path / "e.yaml").write_text("include: f.yaml\n")
+    (tmp_path / "f.yaml").write_text("name: [unclosed\n")
+    with pytest.raises(ConfigError, match=r"f\.yaml: malformed YAML"):
+        load_config(Outer, tmp_path / "e.yaml")

@@ -44,6 +44,6 @@ def test_tokenizer_template_uses_the_tokenizers_chat_template():
 
 
 def test_unknown_template_lists_the_valid_names():
-    assert TEMPLATES.names() == ["plain", "qwen25_chat", "qwen25_chat_user", "tokenizer"]
+    assert TEMPLATES.names() == ["plain", "qwen25_chat", "qwen25_chat_user", "raw", "tokenizer"]
     with pytest.raises(UnknownNameError, match="valid names: plain, qwen25_chat"):
         render_prompt("llama3", "Q")

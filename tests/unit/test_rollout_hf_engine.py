@@ -48,9 +48,24 @@ def _tiny_qwen3():
         return AutoModelForCausalLM.from_config(config).eval()
 
 
-@pytest.mark.parametrize("family", ["qwen2", "llama", "qwen3"])
+# Llama 3.x RoPE scaling shrunk to matter within the test's ~40 positions: at head_dim 16 and theta 100 the
+# wavelengths are 6.3, 11.2, 19.9, 35.3, ... 353 tokens; thresholds 32 / 4 = 8 and 32 / 1 = 32 keep the first,
+# interpolate the next two and divide the other five by 8 (Llama 3.1 itself: factor 8, 1, 4, 8192).
+LLAMA3_ROPE = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                   original_max_position_embeddings=32)
+
+
+def _model(family):
+    if family == "qwen3":
+        return _tiny_qwen3()
+    if family == "llama3":
+        return build_tiny_model("llama", init_std=0.2, seed=2, rope_theta=100.0, rope_scaling=LLAMA3_ROPE)
+    return build_tiny_model(family, init_std=0.2, seed=2)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama", "qwen3", "llama3"])
 def test_dense_greedy_matches_hf_generate(tok, family):
-    model = _tiny_qwen3() if family == "qwen3" else build_tiny_model(family, init_std=0.2, seed=2)
+    model = _model(family)
     engine = _engine(model, tok)
     assert isinstance(engine, RolloutEngine)
     samples = engine.generate(PROMPTS, 1, SamplingParams(temperature=0.0, max_new_tokens=24, ignore_eos=True))
@@ -64,6 +79,16 @@ def test_dense_greedy_matches_hf_generate(tok, family):
         torch.testing.assert_close(s.sampler_logprobs, ref_lp, **TOL)
         torch.testing.assert_close(s.sampler_logprobs, _forward_logprobs(model, s), **TOL)
         assert s.sampler_logprobs_scaled.abs().max() == 0  # greedy: a point mass
+
+
+def test_llama3_rope_scaling_changes_the_model():
+    """The llama3 case above is a real check: the same weights with plain RoPE decode differently."""
+    scaled = _model("llama3")
+    plain = build_tiny_model("llama", init_std=0.2, seed=2, rope_theta=100.0)
+    ids = torch.randint(0, 512, (1, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        diff = (scaled(ids).logits - plain(ids).logits).abs().amax(-1)[0]
+    assert diff[0] == 0 and diff[8:].min() > 1e-2  # position 0 rotates by 0 either way
 
 
 def test_sampled_logprobs_match_full_forward(model, tok):

@@ -3,6 +3,7 @@ whatever layout the parallel state currently has; the comparisons run on every r
 from __future__ import annotations
 
 import dataclasses
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -37,8 +38,7 @@ def full_logits(lrn, ids: torch.Tensor) -> torch.Tensor | None:
     b, s = ids.shape
     empty = torch.zeros(0, dtype=torch.long)
     mb = MicroBatch(rows=list(range(b)), input_ids=ids, position_ids=torch.arange(s).expand(b, s).contiguous(),
-                    attention_mask=None, seq_lengths=[s] * b, gather_index=empty, labels=empty, out_row=empty,
-                    out_col=empty)
+                    seq_lengths=[s] * b, gather_index=empty, labels=empty, out_row=empty, out_col=empty)
     model = lrn.model
 
     def head(_, hidden):
@@ -49,6 +49,23 @@ def full_logits(lrn, ids: torch.Tensor) -> torch.Tensor | None:
     with torch.no_grad():
         out = run_schedule(model, [mb], head, forward_only=True)
     return out[0] if ps.is_pipeline_last_stage() else None
+
+
+def bucket_lifetimes(lrn) -> list[int]:
+    """Wrap ``lrn.export_weights`` so that, each time a bucket has been built, the returned list gets how many
+    tensors of the bucket before it are still alive (anyone still holding them: the consumer, the exporter)."""
+    real, alive = lrn.export_weights, []
+
+    def export(*args, **kwargs):
+        previous: list = []
+        for bucket in real(*args, **kwargs):
+            alive.append(sum(ref() is not None for ref in previous))
+            previous = [weakref.ref(t) for _, t in bucket]
+            yield bucket
+            del bucket
+
+    lrn.export_weights = export
+    return alive
 
 
 def exported(lrn) -> dict[str, torch.Tensor]:
@@ -143,3 +160,110 @@ def same_on_all_ranks(x: torch.Tensor) -> None:
     t = x.clone()
     dist.broadcast(t, src=0)
     assert torch.equal(t, x), "ranks disagree"
+
+
+class SequenceParallelRMSNorm(torch.nn.RMSNorm):
+    """A torch RMSNorm that takes part in sequence parallel as Transformer Engine's norms do: its weight is
+    marked ``sequence_parallel``, so megatron all-reduces its gradient over the TP ranks. megatron's own torch
+    norm asserts instead, which is why the learner refuses sequence parallel without TE."""
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5):
+        super().__init__(hidden_size, eps=eps)
+        self.weight.sequence_parallel = config.sequence_parallel
+
+
+def check_sequence_parallel(ref: dict) -> None:
+    """Sequence parallel at TP = 2 (with full recompute, as the reference run): refused with the torch norms;
+    with norms that support it, log-probs (padded and packed, chunked and not, odd lengths padded to TP) match
+    HF and one step matches the reference."""
+    import pytest
+    from megatron.core.transformer import transformer_block
+
+    from sparse_rl_megatron.learner import model_provider
+
+    overrides = dict(sequence_parallel=True, recompute_granularity="full", recompute_method="uniform",
+                     recompute_num_layers=1)
+    with pytest.raises(ValueError, match=r"sequence_parallel=True needs Transformer Engine norms.*'local' spec here "
+                                         r"builds megatron's torch norm for input_layernorm, pre_mlp_layernorm, "
+                                         r"final_layernorm"):
+        learner(ref, 2, 1, megatron_overrides=overrides)
+    real_spec, real_final = model_provider.layer_spec, transformer_block.LayerNormImpl
+
+    def spec_with_sp_norms(name="auto", **kwargs):
+        spec = real_spec(name, **kwargs)
+        spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = SequenceParallelRMSNorm
+        return spec
+
+    model_provider.layer_spec, transformer_block.LayerNormImpl = spec_with_sp_norms, SequenceParallelRMSNorm
+    try:
+        lrn = learner(ref, 2, 1, megatron_overrides=overrides)
+    finally:
+        model_provider.layer_spec, transformer_block.LayerNormImpl = real_spec, real_final
+    assert lrn.model.config.sequence_parallel and lrn.model.output_layer.sequence_parallel and lrn.seq_multiple == 2
+    assert any(len(mb.seq_lengths) > 1 and mb.pad_tokens for mb in _packed(lrn))  # padding to TP is exercised
+    check_logprobs(lrn, ref)
+    same_on_all_ranks(lrn.logprobs(sequence_batch()))
+    check_train_step(lrn, ref)
+
+
+def _packed(lrn):
+    layout = lrn.config.batch_layout
+    lrn.config.batch_layout = "packed"
+    try:
+        return lrn.micro_batches(sequence_batch())
+    finally:
+        lrn.config.batch_layout = layout
+
+
+# Not in the plan: the loss's terms for response-aligned padding slots (the plan counts scored tokens) and the
+# vocab-padding mask of the LM head; a few hundred bytes per micro-batch here.
+SMALL_TERMS = 512
+
+
+def check_plan_matches_learner(ref: dict, tp: int, pp: int, distributed_optimizer: bool = False,
+                               recompute: bool = False) -> None:
+    """``sparse-rl plan`` vs the real learner on this rank: parameters, fp32 grads and Adam state exactly (the
+    distributed optimizer's shards: disjoint, summing to all moments, each ~1 / DP), and at PP = 1 the
+    activations each micro-batch keeps for backward (recorded with autograd's saved-tensor hooks) within 0.5%
+    + ``SMALL_TERMS`` bytes.
+    With full recompute only the first micro-batch's forward is compared (the recomputation in backward saves
+    again, interleaved with the next micro-batches)."""
+    from megatron.core import parallel_state as ps
+
+    from sparse_rl_megatron.planning.activations import MicroBatch
+    from sparse_rl_megatron.planning.inputs import LearnerSetting
+    from sparse_rl_megatron.planning.learner_memory import stage_activations
+    from sparse_rl_megatron.planning.measure import SavedTensorMeter
+    from sparse_rl_megatron.planning.params import stage_params
+
+    overrides = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1) if recompute else {}
+    lrn = learner(ref, tp, pp, distributed_optimizer=distributed_optimizer, logprob_chunk_tokens=0,
+                  max_tokens_per_device=40, megatron_overrides=overrides)
+    setting = LearnerSetting(params_dtype="float32", kernels="local", logprob_chunk_tokens=0, recompute=recompute,
+                             max_tokens_per_device=40, distributed_optimizer=distributed_optimizer)
+    stage, dp = ps.get_pipeline_model_parallel_rank(), ps.get_data_parallel_world_size()
+    tb = train_batch(ref)
+    with SavedTensorMeter(lrn.model.parameters()) as meter:
+        assert lrn.train_step(tb)["train/skipped"] == 0.0
+    n = stage_params(lrn.arch, tp, pp)[stage]
+    assert sum(p.numel() for p in lrn.model.parameters()) == n
+    main_grads = sum(p.main_grad.numel() for p in lrn.model.parameters())
+    assert main_grads == n and all(p.main_grad.dtype == torch.float32 for p in lrn.model.parameters())
+    moments = sum(v.numel() for opt in lrn.optimizer.chained_optimizers for s in opt.optimizer.state.values()
+                  for k, v in s.items() if k in ("exp_avg", "exp_avg_sq"))
+    if distributed_optimizer:  # disjoint shards of ~n / DP (bucket padding moves a few elements between ranks)
+        total = torch.tensor([moments], dtype=torch.float64)
+        dist.all_reduce(total, group=ps.get_data_parallel_group())
+        assert total.item() == 2 * n and abs(moments - 2 * n / dp) <= 0.01 * n / dp, (moments, total.item(), n, dp)
+    else:
+        assert moments == 2 * n, (moments, n)  # fp32 params: 4 + 4 + 8 bytes per parameter
+    if pp > 1:
+        return  # 1F1B interleaves micro-batches: the per-micro-batch phases are not separable here
+    mbs = lrn.micro_batches(tb.sequences)
+    saved = meter.phases[:1] if recompute else meter.phases
+    assert recompute or len(saved) == len(mbs), (len(saved), len(mbs))
+    for got, mb in zip(saved, mbs):
+        shape = MicroBatch(rows=mb.input_ids.shape[0], row_len=mb.input_ids.shape[1], scored=len(mb.labels))
+        act = stage_activations(lrn.arch, tp, pp, stage, shape, setting)
+        want = act.kept_recompute if recompute else act.kept
+        assert abs(got - want) <= 0.005 * got + SMALL_TERMS, f"micro-batch {shape}: saved {got} B, planned {want:.0f} B"

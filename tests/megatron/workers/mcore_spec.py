@@ -7,17 +7,30 @@ from __future__ import annotations
 
 import torch
 
+# Llama 3.x RoPE scaling (HF rope_type "llama3"), shrunk so that it matters at the test's <= 24 positions:
+# with head_dim 8 and rope_theta 100 the wavelengths are 6.3, 19.9, 62.8 and 199 tokens; the thresholds
+# original_max_position_embeddings / high_freq_factor = 8 and / low_freq_factor = 32 put one frequency in each
+# regime (kept, interpolated, divided by `factor` twice). Llama 3.1 itself: factor 8, 1, 4, 8192, theta 5e5.
+LLAMA3_ROPE = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                   original_max_position_embeddings=32)
+
 # Tiny HF models. Both Qwen2 variants have Qwen2.5-7B's 7:1 GQA ratio; the untied one has its 28 query /
-# 4 KV heads. vocab 250 is padded to 256 in Megatron, so padded columns exist on the last TP rank.
+# 4 KV heads. "llama" is a Llama 3.x (llama3 RoPE scaling). "qwen3" has q/k norms and head_dim 16 != hidden /
+# heads = 8 (as in Qwen3-32B: 64 heads x 128 > hidden 5120). vocab 250 is padded to 256 in Megatron, so padded
+# columns exist on the last TP rank. Norm weights (HF initialises them to 1) are randomised by the references
+# so that a swapped or missing norm shows in the logits.
 MODELS = {
     "qwen2_tied": dict(family="qwen2", vocab_size=250, hidden_size=112, num_heads=14, num_kv_heads=2,
                        intermediate_size=128, tie_word_embeddings=True),
     "qwen2_untied": dict(family="qwen2", vocab_size=250, hidden_size=112, num_heads=28, num_kv_heads=4,
                          intermediate_size=128, tie_word_embeddings=False),
     "llama": dict(family="llama", vocab_size=250, hidden_size=64, num_heads=8, num_kv_heads=2,
-                  intermediate_size=128, tie_word_embeddings=False),
+                  intermediate_size=128, tie_word_embeddings=False, rope_theta=100.0, rope_scaling=LLAMA3_ROPE),
+    "qwen3": dict(family="qwen3", vocab_size=250, hidden_size=64, num_heads=8, num_kv_heads=2, head_dim=16,
+                  intermediate_size=128, tie_word_embeddings=True),
 }
 SEED = 0
+NORM_STD = 0.2  # norm weights: 1 + NORM_STD * N(0, 1)
 INIT_STD = 0.2  # peaked next-token distributions (logits of order 10): parity is checked where it is hard
 
 LOGIT_ATOL = 1e-4  # the bar for fp32 logits parity with HF
@@ -66,5 +79,6 @@ def learner_config(path: str, tp: int = 1, pp: int = 1, **kw):
                         use_distributed_optimizer=kw.pop("distributed_optimizer", False))
     kw.setdefault("max_tokens_per_device", 24)  # several micro-batches for the six rows
     kw.setdefault("logprob_chunk_tokens", 5)
-    return LearnerConfig(model_path=path, tensor_parallel_size=tp, pipeline_parallel_size=pp, params_dtype="float32",
-                         layer_spec="local", optim=optim, loss=LossConfig(kl_coef=KL_COEF), **kw)
+    kw.setdefault("params_dtype", "float32")
+    return LearnerConfig(model_path=path, tensor_parallel_size=tp, pipeline_parallel_size=pp, layer_spec="local",
+                         optim=optim, loss=LossConfig(kl_coef=KL_COEF), **kw)

@@ -2,7 +2,8 @@
 
 usage: w_layouts.py RESULT_DIR REF_PT WORK_DIR LAYOUTS [EXTRA ...]
   LAYOUTS: comma-separated TPxPP, e.g. 2x1,1x2,1x1 (the rest of the world is data parallel)
-  EXTRA:   nan_guard_pp2 | reshard:<tp1 checkpoint dir> | distopt
+  EXTRA:   nan_guard_pp2 | reshard:<tp1 checkpoint dir> | distopt | bf16_export_pp2 | sequence_parallel
+           | plan (the planner vs the learner, per layout)
 """
 from __future__ import annotations
 
@@ -49,6 +50,21 @@ def main() -> None:
         if extra == "nan_guard_pp2":
             checks.append(("nan_guard_tp1pp2", lambda: C.check_nan_guard(C.learner(refs["qwen2_tied"], 1, 2),
                                                                           refs["qwen2_tied"])))
+        elif extra == "bf16_export_pp2":
+            def bf16_export():
+                # megatron keeps the torch norms fp32 in a bf16 model: both stages must still plan one bucket
+                # layout (was: stage 0 planned bf16 from the embedding, stage 1 fp32 from a norm; gloo aborted)
+                ref = refs["qwen2_tied"]
+                lrn = C.learner(ref, 1, 2, trainable=False, params_dtype="bfloat16")
+                assert {p.dtype for p in lrn.model.parameters()} == {torch.bfloat16, torch.float32}
+                got = C.exported(lrn)
+                assert sorted(got) == sorted(ref["hf"])
+                bad = [k for k, v in got.items()
+                       if v.dtype != torch.bfloat16 or not torch.equal(v, ref["hf"][k].to(torch.bfloat16))]
+                assert not bad, f"bf16 export differs from the HF weights cast to bf16: {bad[:4]}"
+            checks.append(("bf16_export_tp1pp2", bf16_export))
+        elif extra == "sequence_parallel":
+            checks.append(("sequence_parallel_tp2", lambda: C.check_sequence_parallel(refs["qwen2_untied"])))
         elif extra == "distopt":
             def distopt():
                 # data parallel x TP with Megatron's DistributedOptimizer (CPU: W7 patch at construction)
@@ -58,6 +74,12 @@ def main() -> None:
                 assert "DistributedOptimizer" in type(lrn.optimizer.chained_optimizers[0]).__name__
                 C.check_train_step(lrn, refs["qwen2_untied"])
             checks.append(("distributed_optimizer_train", distopt))
+        elif extra == "plan":
+            for tp, pp in layouts:
+                checks.append((f"plan_matches_learner_tp{tp}pp{pp}",
+                               lambda tp=tp, pp=pp: C.check_plan_matches_learner(refs["qwen3"], tp, pp)))
+            checks.append(("plan_matches_learner_distopt", lambda: C.check_plan_matches_learner(
+                refs["qwen2_untied"], 1, 1, distributed_optimizer=True)))
         elif extra.startswith("reshard:"):
             tp1_ckpt = extra.split(":", 1)[1]
 
@@ -67,7 +89,11 @@ def main() -> None:
                 C.check_logits(lrn, ref)
                 C.check_export_identical(lrn, ref)
                 lrn.save(work / "tp2pp2_ckpt")
-                out = lrn.save_hf(work / "tp2pp2_live_hf")  # rank 0 writes what all ranks gathered
+                alive = C.bucket_lifetimes(lrn)
+                out = lrn.save_hf(work / "tp2pp2_live_hf", bucket_bytes=16 * 1024)  # rank 0 writes, streamed
+                assert len(alive) > 4, alive
+                if dist.get_rank() != 0:  # the others let go of each bucket before the next one is built
+                    assert max(alive) == 0, f"tensors of the previous bucket still alive: {alive}"
                 if dist.get_rank() == 0:
                     from safetensors.torch import load_file
 

@@ -32,7 +32,7 @@ def check_cpu_compat() -> None:
     modes = len(_get_current_function_mode_stack())
     assert cpu_compat.apply() is True  # idempotent: nothing is patched or entered twice
     assert len(_get_current_function_mode_stack()) == modes
-    assert cpu_compat.applied_patches() == ["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8"]
+    assert cpu_compat.applied_patches() == ["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9"]
     # W1
     assert torch.cuda.current_device() == "cpu"
     # W5 is scoped: inside device_mode() (re-entrant, one mode pushed) device="cuda" keyword arguments land on
@@ -94,12 +94,90 @@ def check_cpu_compat() -> None:
     p.grad = torch.tensor([0.3, 0.4])
     clip_grads.clip_grad_by_total_norm_fp32([p], max_norm=1.0, total_norm=0.5)
     assert torch.equal(p.grad, torch.tensor([0.3, 0.4]))
+    # W9: recompute saves "the CUDA RNG state" and restores it before re-running the forward: the CPU stream
+    saved = mrandom._get_cuda_rng_state()
+    first = torch.rand(4)
+    mrandom._set_cuda_rng_state(saved)
+    assert torch.equal(torch.rand(4), first)
     # W7: only inside the scope (within device_mode) do CPU tensors report CUDA type names
     assert torch.zeros(1).type() == "torch.FloatTensor"
     with cpu_compat.device_mode(), cpu_compat.pretend_cuda_tensor_types():
         assert torch.zeros(1).type() == "torch.cuda.FloatTensor"
         assert torch.zeros(1, dtype=torch.bfloat16).type() == "torch.cuda.BFloat16Tensor"
     assert torch.zeros(1).type() == "torch.FloatTensor"
+
+
+class ExtraStateRMSNorm(torch.nn.RMSNorm):
+    """An RMSNorm with ``_extra_state`` like Transformer Engine >= 2.0's (an empty uint8 tensor without fp8,
+    the pickled recipe state with it: ``payload``), built where megatron builds the final norm from TE."""
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5):
+        super().__init__(hidden_size, eps=eps)
+        self.payload = torch.empty(0, dtype=torch.uint8)
+
+    def get_extra_state(self) -> torch.Tensor:
+        return self.payload.clone()
+
+    def set_extra_state(self, state) -> None:
+        self.payload = torch.empty(0, dtype=torch.uint8) if state is None else state.clone()
+
+
+def check_extra_state_checkpoints(refs: dict, work: Path) -> None:
+    """Checkpoints travel between a model without extra states (no TE: CPU, ``convert``) and one whose final
+    norm carries an extra state (TE installed), both ways; an extra state that holds data is kept."""
+    import mcore_checks as C
+    from megatron.core.transformer import transformer_block
+
+    ref = refs["llama"]
+    plain = C.learner(ref, trainable=False)
+    plain.save(work / "no_te_ckpt")
+    built_with = transformer_block.LayerNormImpl
+    transformer_block.LayerNormImpl = ExtraStateRMSNorm  # what megatron does when TE imports
+    try:
+        te = C.learner(ref)
+        assert "decoder.final_layernorm._extra_state" in te.model.state_dict()
+        te.load(work / "no_te_ckpt")  # no TE -> TE (was: Missing key ... final_layernorm._extra_state)
+        C.check_logits(te, ref)
+        te.train_step(C.train_batch(ref))
+        te.save(work / "te_ckpt")
+        te.model.decoder.final_layernorm.payload = torch.arange(5, dtype=torch.uint8)  # fp8 recipe state
+        te.save(work / "te_ckpt_with_state")
+        other = C.learner(ref, trainable=False)
+        other.load(work / "te_ckpt_with_state")
+        assert torch.equal(other.model.decoder.final_layernorm.payload, torch.arange(5, dtype=torch.uint8))
+    finally:
+        transformer_block.LayerNormImpl = built_with
+    back = C.learner(ref)
+    back.load(work / "te_ckpt")  # TE -> no TE, with optimizer state
+    assert back.steps == 1
+    back.load(work / "te_ckpt_with_state", load_optimizer=False)  # the unknown extra state is left out
+    trained = C.exported(te)
+    assert all(torch.equal(v, trained[k]) for k, v in C.exported(back).items())
+
+
+def check_recompute_train_step(refs: dict) -> None:
+    """Full activation recompute (the reference run's setting: uniform, one layer per checkpoint) runs on CPU
+    and one step equals the HF reference; the model really recomputes (megatron's CheckpointFunction runs)."""
+    import mcore_checks as C
+    from megatron.core.tensor_parallel import random as mrandom
+
+    ref = refs["qwen2_untied"]
+    lrn = C.learner(ref, megatron_overrides=dict(recompute_granularity="full", recompute_method="uniform",
+                                                 recompute_num_layers=1))
+    assert lrn.describe().endswith("spec=local fusions=none recompute_granularity=full"), lrn.describe()
+    calls = []
+    real_backward = mrandom.CheckpointFunction.backward
+
+    def counting_backward(ctx, *grads):
+        calls.append(1)
+        return real_backward(ctx, *grads)
+
+    mrandom.CheckpointFunction.backward = staticmethod(counting_backward)
+    try:
+        C.check_train_step(lrn, ref)
+    finally:
+        mrandom.CheckpointFunction.backward = staticmethod(real_backward)
+    assert len(calls) == 2 * 3, calls  # 2 layers x 3 micro-batches recomputed in backward
 
 
 def main() -> None:
@@ -211,7 +289,13 @@ def main() -> None:
         for name in ("config.json", "tokenizer.json", "chat_template.jinja"):
             assert (out / name).read_bytes() == (src / name).read_bytes(), name
 
-    checks += [("nan_guard_tp1", nan_guard), ("resume_with_optimizer_state", resume),
+    checks += [(f"plan_matches_learner_tp1_{name}", lambda ref=ref: C.check_plan_matches_learner(ref, 1, 1))
+               for name, ref in refs.items()]
+    checks.append(("plan_matches_learner_recompute",
+                   lambda: C.check_plan_matches_learner(refs["qwen3"], 1, 1, recompute=True)))
+    checks += [("recompute_full_train", lambda: check_recompute_train_step(refs)),
+               ("extra_state_checkpoints", lambda: check_extra_state_checkpoints(refs, work)),
+               ("nan_guard_tp1", nan_guard), ("resume_with_optimizer_state", resume),
                ("refuse_other_architecture", refuse_other_arch), ("reference_policy_learner", reference_policy),
                ("save_hf_after_training", save_hf_after_training)]
     run_checks(checks, result_dir)

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Start `sparse-rl train` on this node under torchrun: one call per node, the same arguments on every node.
+#
+#   launch/torchrun.sh --config configs/recipes/qwen2.5-3b/rkv.yaml [key.path=value ...]     # one node
+#   NNODES=2 RDZV_ENDPOINT=node01:29500 launch/torchrun.sh --config RECIPE [...]            # on each of 2 nodes
+#
+# First `sparse-rl preflight` checks this node (recipe, model and data present, GPU count vs TP x PP x DP, the
+# rendezvous endpoint reachable); then torchrun starts NPROC_PER_NODE ranks that meet at the c10d rendezvous.
+# Every phase of every step prints a time-stamped heartbeat line (log.heartbeat=true, always on here), so a
+# hang says where.
+#
+# Environment:
+#   NNODES          nodes of the job (default 1)
+#   NPROC_PER_NODE  ranks on this node (default: the GPUs nvidia-smi lists, else 1)
+#   RDZV_ENDPOINT   HOST:PORT of the rendezvous, the same on every node (default 127.0.0.1:29500; multi-node:
+#                   the first node's address)
+#   RDZV_ID         rendezvous id, the same on every node (default sparse-rl; Slurm: the job id)
+#   PYTHON          interpreter (default: the project's .venv, else python3)
+#   SKIP_PREFLIGHT  1 to skip the checks
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [ -z "${PYTHON:-}" ]; then
+  if [ -x "$ROOT/.venv/bin/python" ]; then PYTHON="$ROOT/.venv/bin/python"; else PYTHON=python3; fi
+fi
+NNODES="${NNODES:-1}"
+if [ -z "${NPROC_PER_NODE:-}" ]; then
+  NPROC_PER_NODE=1
+  if command -v nvidia-smi >/dev/null 2>&1 && gpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" && [ "$gpus" -gt 0 ]; then
+    NPROC_PER_NODE="$gpus"
+  fi
+fi
+RDZV_ENDPOINT="${RDZV_ENDPOINT:-127.0.0.1:29500}"
+RDZV_ID="${RDZV_ID:-sparse-rl}"
+
+echo "[launch] $(date '+%F %T') $(hostname): $NNODES node(s) x $NPROC_PER_NODE rank(s), rendezvous $RDZV_ENDPOINT ($RDZV_ID)"
+if [ "${SKIP_PREFLIGHT:-0}" != 1 ]; then
+  "$PYTHON" -m sparse_rl_megatron.cli preflight --nnodes "$NNODES" --nproc-per-node "$NPROC_PER_NODE" \
+    --rdzv-endpoint "$RDZV_ENDPOINT" "$@"
+fi
+# torchrun forwards SIGTERM/SIGINT to the ranks, which save at the next step boundary and exit 0.
+exec "$PYTHON" -m torch.distributed.run --nnodes "$NNODES" --nproc-per-node "$NPROC_PER_NODE" \
+  --rdzv-backend c10d --rdzv-endpoint "$RDZV_ENDPOINT" --rdzv-id "$RDZV_ID" \
+  --module sparse_rl_megatron.cli train "$@" log.heartbeat=true

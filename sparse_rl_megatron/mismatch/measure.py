@@ -1,0 +1,100 @@
+"""The measurement of ``sparse-rl mismatch``: every row through the trainer's own rollout step.
+
+Set-up follows ``trainer/run.py`` minus what only training needs (optimizer, run-directory lock, checkpoints,
+metrics files): process groups -> the model directories the run would use (``tiny`` / ``task:<name>`` built once
+in ``run_dir/model`` and reused, exactly as ``sparse-rl train`` does) -> a learner without optimizer at the
+recipe's TP x PP (the dense recompute of pi_old) -> engine and reward on global rank 0 -> the engine made to
+serve the learner's weights (pushed when it was given an export, then the weight-sync probe).
+
+Then, per row, ``trainer.step.rollout_step`` at rollout step 1: rank 0 samples the run's first prompts on a view
+of the engine with that row's compression (same weights, same sampler seed for every row) and scores them; every
+rank recomputes pi_old and runs ``prepare_correction``; rank 0 keeps the row's statistics. Under torchrun the
+other ranks take part in the learner's collectives, as in training.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from sparse_rl_megatron.trainer import distributed as D
+
+if TYPE_CHECKING:
+    from sparse_rl_megatron.algo import CorrectionConfig
+    from sparse_rl_megatron.compression import CompressionConfig
+    from sparse_rl_megatron.mismatch.study import RowResult
+    from sparse_rl_megatron.trainer.config import TrainConfig
+    from sparse_rl_megatron.trainer.preflight import RunPlan
+
+STUDY_STEP = 1
+"""The rollout step whose prompts and sampler seed every row uses (the run's first step)."""
+
+
+@dataclass
+class Measurement:
+    """What rank 0 measured (the other ranks get an empty one)."""
+
+    rows: list["RowResult"] = field(default_factory=list)
+    """Dense first, then each budget."""
+    probe_max_abs_diff: float | None = None
+    """Largest |log-prob difference| between engine and learner on the weight-sync probe (None: probe off)."""
+    learner: str = ""
+    """The learner's layout in words."""
+
+
+def measure(cfg: "TrainConfig", plan: "RunPlan", rows: list[tuple[str, "CompressionConfig"]],
+            correction: "CorrectionConfig", say: Callable[[str], None]) -> Measurement:
+    """Sample and recompute every row of ``rows``; collective (every rank calls it). ``say`` prints on rank 0."""
+    from sparse_rl_megatron.learner import Learner
+    from sparse_rl_megatron.mismatch.study import row_result
+    from sparse_rl_megatron.trainer.engines import ENGINES
+    from sparse_rl_megatron.trainer.models import export_for_engine, prepare_model
+    from sparse_rl_megatron.trainer.prompts import PromptOrder
+    from sparse_rl_megatron.trainer.run import make_reward
+    from sparse_rl_megatron.trainer.step import rollout_step
+
+    D.init(cfg.phase_timeout_s)
+    with contextlib.ExitStack() as stack:
+        stack.callback(D.shutdown)
+        run_dir = Path(cfg.run_dir)
+        dirs = D.on_main(lambda: prepare_model(cfg, plan.task, run_dir))
+        for note in dirs.notes:
+            say(note)
+        learner = Learner(cfg.learner_config(dirs.learner), trainable=False)
+        hf_dir = dirs.engine_hf or export_for_engine(learner, run_dir)
+        spec = ENGINES.get(cfg.rollout.engine)
+        engine = reward = records = None
+        if D.is_main():
+            engine = spec.build(hf_dir, cfg.rollout, cfg.log.progress)
+            reward = stack.enter_context(make_reward(cfg, plan))
+            records = PromptOrder(plan.train_data.records, cfg.seed, cfg.data.shuffle).take(
+                cfg.rollout.prompts_per_step)
+        D.wait_for_main()
+        out = Measurement(learner=learner.describe())
+        out.probe_max_abs_diff = _serve_learner_weights(cfg, learner, engine, spec, push=dirs.engine_hf is None)
+        for label, compression in rows:
+            say(f"measuring {label}: {cfg.rollout.prompts_per_step} prompts x {cfg.rollout.samples_per_prompt} "
+                f"samples, up to {cfg.rollout.sampling.max_new_tokens} tokens")
+            view = spec.with_compression(engine, compression) if engine is not None else None
+            batch = rollout_step(learner=learner, engine=view, reward=reward, records=records,
+                                 template=plan.template, n=cfg.rollout.samples_per_prompt,
+                                 sampling=cfg.rollout.sampling, correction=correction, seed=cfg.seed,
+                                 step=STUDY_STEP, engine_name=cfg.rollout.engine)
+            if D.is_main():
+                out.rows.append(row_result(label, compression, batch))
+        return out
+
+
+def _serve_learner_weights(cfg: "TrainConfig", learner, engine, spec, push: bool) -> float | None:
+    """Make the engine serve the learner's weights (push them when the engine was given an export, which may
+    predate the checkpoint) and probe it; returns the probe's largest difference. Collective."""
+    from sparse_rl_megatron.trainer.weight_sync import default_tolerance, probe_sequence, probe_weights, sync_weights
+
+    if push:
+        sync_weights(learner, engine, version=0, bucket_mb=cfg.sync.bucket_mb)
+    if not cfg.sync.probe:
+        return None
+    probe = probe_sequence(learner.arch.vocab_size, cfg.sync.probe_tokens, cfg.seed)
+    tolerance = cfg.sync.probe_tolerance or default_tolerance(cfg.rollout.dtype)
+    return probe_weights(learner, engine, spec, probe, tolerance, cfg.rollout.engine, 0)["sync/probe_max_abs_diff"]

@@ -1,0 +1,139 @@
+"""What ``sparse-rl mismatch`` writes and prints: a results JSON, a table, the log-rho histograms (PNG).
+
+Results file (``FORMAT_VERSION`` 1; NaN is written as null)::
+
+    {"format_version": 1, "command": "sparse-rl mismatch",
+     "meta": {"model_path", "dataset", "template", "engine", "engine_dtype", "learner", "world_size", "prompts",
+              "samples_per_prompt", "sampling": {...}, "sampler_seed", "correction": {...}, "notes": [...],
+              "probe_max_abs_diff", "dense_tolerance", "config": {the resolved train config}},
+     "histogram_edges": [... bins + 1 log-rho edges shared by every row ...],
+     "rows": [{"label", "compression": {...}, "stats": {...}, "histogram": [... counts ...],
+               "samples": [{"group", "index", "source_id", "reward", "response_tokens", "finish_reason",
+                            "compression_events", "peak_kv_tokens", "log_rho_sum", "rho_min", "kept"}]}]}
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sparse_rl_megatron.algo.rho_stats import histogram_counts, histogram_edges
+
+if TYPE_CHECKING:
+    from sparse_rl_megatron.mismatch.measure import Measurement
+
+FORMAT_VERSION = 1
+HISTOGRAM_BINS = 60
+"""Equal-width log-rho bins shared by every row (between the smallest and largest log rho of the study)."""
+COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("reward", "rollout/reward_mean", ".3f"),
+    ("resp len", "rollout/response_len_mean", ".1f"),
+    ("trunc", "rollout/truncated_frac", ".2f"),
+    ("KV peak mean", "rollout/kv_tokens_peak_mean", ".0f"),
+    ("KV peak max", "rollout/kv_tokens_peak_max", ".0f"),
+    ("KV vs dense", "rollout/kv_retained_frac", ".2f"),
+    ("compr. events", "rollout/compression_events_mean", ".1f"),
+    ("rho min", "rho/min", ".2g"),
+    ("p0.1", "rho/p0.1", ".3g"),
+    ("p1", "rho/p1", ".3g"),
+    ("p5", "rho/p5", ".3g"),
+    ("p50", "rho/p50", ".4g"),
+    ("p99", "rho/p99", ".3g"),
+    ("max |log rho|", "log_rho/abs_max", ".2g"),
+    ("rejected tok", "sparse/rejected_token_frac", ".3f"),
+    ("vetoed seq", "sparse/vetoed_seq_frac", ".3f"),
+)
+"""Table columns: header, stats key, format. ``KV vs dense``: mean over samples of the peak KV tokens held over the
+prompt + response tokens a dense cache holds for the same sample."""
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with NaN / inf floats (also inside lists and dicts) replaced by None: strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def results_document(measurement: "Measurement", meta: dict[str, Any]) -> dict[str, Any]:
+    """The results file's content (see the module docstring)."""
+    from sparse_rl_megatron.utils.config_io import to_dict
+
+    edges = histogram_edges([row.log_rho for row in measurement.rows], HISTOGRAM_BINS)
+    rows = [{"label": row.label, "compression": to_dict(row.compression), "stats": row.stats,
+             "histogram": histogram_counts(row.log_rho, edges), "samples": row.samples}
+            for row in measurement.rows]
+    return _finite({"format_version": FORMAT_VERSION, "command": "sparse-rl mismatch", "meta": meta,
+                    "histogram_edges": edges.tolist(), "rows": rows})
+
+
+def _cell(value: Any, fmt: str) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, fmt)
+
+
+def build_table(document: dict[str, Any]):
+    """A rich table: one row per study row (dense first), one column per ``COLUMNS`` entry."""
+    from rich.table import Table
+
+    meta = document["meta"]
+    table = Table(title=f"rho = pi_old / pi_sparse on {meta['prompts']} prompts x {meta['samples_per_prompt']} "
+                        f"samples, sampler seed {meta['sampler_seed']}", title_justify="left")
+    table.add_column("KV cache", no_wrap=True)
+    for header, _, _ in COLUMNS:
+        table.add_column(header, justify="right")
+    for row in document["rows"]:
+        table.add_row(row["label"], *(_cell(row["stats"].get(key), fmt) for _, key, fmt in COLUMNS))
+    return table
+
+
+def dense_check(document: dict[str, Any]) -> tuple[bool, str]:
+    """Whether the dense row's |log rho| stays within the weight-sync tolerance, and a line saying so."""
+    dense = document["rows"][0]
+    worst, tolerance = dense["stats"].get("log_rho/abs_max"), document["meta"]["dense_tolerance"]
+    if worst is None:
+        return False, "dense: no response token to compare"
+    if worst <= tolerance:
+        return True, (f"dense: max |log rho| {worst:.2g} <= {tolerance:g}: the engine and the learner agree without "
+                      "compression, so the budget rows measure the compression alone")
+    return False, (f"dense: max |log rho| {worst:.2g} > {tolerance:g} (sync.probe_tolerance): the engine and the "
+                   "learner disagree even without compression; every budget row includes that gap")
+
+
+def plot_histograms(document: dict[str, Any], path: str | Path) -> Path:
+    """One panel per row: log-rho histogram over the shared edges, log-scale counts, the correction's bounds
+    (veto threshold, token rejection bounds) as dashed lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows, edges = document["rows"], document["histogram_edges"]
+    correction = document["meta"]["correction"]
+    bounds = {"veto": correction.get("veto_threshold"), "lower": correction.get("rejection_lower"),
+              "upper": correction.get("rejection_upper")}
+    fig, axes = plt.subplots(len(rows), 1, figsize=(8, 1.9 * len(rows) + 0.6), sharex=True, squeeze=False)
+    for ax, row in zip(axes[:, 0], rows):
+        counts = row["histogram"]
+        ax.stairs(counts, edges, fill=True, alpha=0.75)
+        if any(counts):
+            ax.set_yscale("log")
+            ax.set_ylim(bottom=0.7)
+        for name, rho in bounds.items():
+            if rho and edges[0] <= math.log(rho) <= edges[-1]:
+                ax.axvline(math.log(rho), color="tab:red" if name == "veto" else "tab:gray", ls="--", lw=0.8)
+        stats = row["stats"]
+        ax.set_title(f"{row['label']}: rho p1 {_cell(stats.get('rho/p1'), '.3g')}, min "
+                     f"{_cell(stats.get('rho/min'), '.2g')}, rejected tokens "
+                     f"{_cell(stats.get('sparse/rejected_token_frac'), '.3f')}", fontsize=9, loc="left")
+        ax.set_ylabel("tokens")
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("log rho = log pi_old - log pi_sparse  (dashed: rejection bounds, red: sequence veto)")
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

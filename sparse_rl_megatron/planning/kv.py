@@ -1,0 +1,85 @@
+"""Rollout KV budget: bytes per sequence dense vs compressed, and how many sequences a KV pool holds at once.
+
+KV bytes per token = 2 (K and V) x layers x KV heads x head_dim x dtype bytes; on one GPU of a TP engine
+the KV heads are split (or replicated when TP exceeds them: ceil(KV heads / TP) per GPU). Tokens held per
+sequence at its peak are ``CompressionSchedule.capacity``, the rule the engines themselves allocate by: dense
+prompt + response - 1 (the last token is never fed); compressed (scope all) at most B + W, or the prompt + 1
+when the prompt alone exceeds B + W.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sparse_rl_megatron.models.arch import ModelArch
+from sparse_rl_megatron.planning.inputs import DTYPE_BYTES, BatchShape, Layout, RolloutSetting
+from sparse_rl_megatron.planning.params import total_params
+
+
+def kv_bytes_per_token(arch: ModelArch, kv_dtype: str = "bfloat16", tp: int = 1) -> int:
+    """K + V bytes of one token on one GPU of a TP engine (all layers)."""
+    heads = math.ceil(arch.num_query_groups / tp)
+    return 2 * arch.num_layers * heads * arch.head_dim * DTYPE_BYTES[kv_dtype]
+
+
+def kv_tokens_per_sequence(batch: BatchShape, compression=None) -> int:
+    """Peak KV tokens one sequence holds (per layer and KV head); ``compression`` None means dense."""
+    from sparse_rl_megatron.compression import CompressionConfig, CompressionSchedule
+
+    return CompressionSchedule(compression or CompressionConfig()).capacity(batch.prompt_len, batch.response_len)
+
+
+@dataclass(frozen=True)
+class RolloutKV:
+    """The KV side of one rollout setting (dense or compressed)."""
+
+    label: str
+    tokens_per_sequence: int
+    bytes_per_sequence: int
+    """Whole engine (all its GPUs)."""
+    bytes_per_sequence_per_gpu: int
+    pool_per_gpu: float
+    concurrent_per_engine: int
+    engines: int
+    waves: int
+    """Rounds of concurrent decoding needed for one step's rollouts (0 when nothing fits)."""
+
+    @property
+    def concurrent(self) -> int:
+        return self.concurrent_per_engine * self.engines
+
+
+def kv_pool_per_gpu(arch: ModelArch, layout: Layout, rollout: RolloutSetting) -> float:
+    """KV pool bytes per GPU: as given, else mem_fraction x GPU memory - the engine's bf16 weights per GPU."""
+    if rollout.kv_pool_gib is not None:
+        return rollout.kv_pool_gib * 2 ** 30
+    weights = DTYPE_BYTES["bfloat16"] * total_params(arch) / rollout.tp
+    return rollout.mem_fraction * layout.gpu_memory_gib * 2 ** 30 - weights
+
+
+def rollout_kv(arch: ModelArch, layout: Layout, batch: BatchShape, rollout: RolloutSetting,
+               compression=None, label: str = "dense") -> RolloutKV:
+    """KV figures of one setting, with the rollout engines on the learner's GPUs (colocated, learner offloaded)."""
+    tokens = kv_tokens_per_sequence(batch, compression)
+    per_gpu = tokens * kv_bytes_per_token(arch, rollout.kv_dtype, rollout.tp)
+    pool = kv_pool_per_gpu(arch, layout, rollout)
+    concurrent = max(0, int(pool // per_gpu))
+    engines = layout.gpus // rollout.tp
+    total = concurrent * engines
+    return RolloutKV(label=label, tokens_per_sequence=tokens,
+                     bytes_per_sequence=tokens * kv_bytes_per_token(arch, rollout.kv_dtype),
+                     bytes_per_sequence_per_gpu=per_gpu, pool_per_gpu=pool, concurrent_per_engine=concurrent,
+                     engines=engines, waves=-(-batch.rollouts // total) if total else 0)
+
+
+def smallest_rollout_tp(arch: ModelArch, layout: Layout, batch: BatchShape, rollout: RolloutSetting,
+                        compression=None) -> int | None:
+    """The smallest rollout TP (dividing the GPUs, within a node) at which one sequence fits the KV pool."""
+    import dataclasses
+
+    for tp in range(1, min(layout.gpus, layout.gpus_per_node) + 1):
+        if layout.gpus % tp == 0:
+            kv = rollout_kv(arch, layout, batch, dataclasses.replace(rollout, tp=tp), compression)
+            if kv.concurrent_per_engine >= 1:
+                return tp
+    return None

@@ -1,0 +1,70 @@
+"""A whole plan: learner memory per stage, the rollout KV budget dense vs compressed, and a suggestion when the
+learner does not fit."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sparse_rl_megatron.models.arch import ModelArch
+from sparse_rl_megatron.planning.activations import MicroBatch
+from sparse_rl_megatron.planning.inputs import GIB, BatchShape, Layout, LearnerSetting, RolloutSetting
+from sparse_rl_megatron.planning.kv import RolloutKV, rollout_kv, smallest_rollout_tp
+from sparse_rl_megatron.planning.learner_memory import StageMemory, learner_memory, learner_micro_batch, peak_stage
+from sparse_rl_megatron.planning.params import total_params
+from sparse_rl_megatron.planning.search import Suggestion, check_layout, suggest
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: str
+    arch: ModelArch
+    layout: Layout
+    batch: BatchShape
+    learner: LearnerSetting
+    rollout: RolloutSetting
+    micro_batch: MicroBatch
+    stages: list[StageMemory]
+    kv: list[RolloutKV]
+    """Dense first, then the compressed setting (when one was given)."""
+    suggestion: Suggestion | None
+    """The nearest fitting layout when this one does not fit (None when it fits, or nothing does)."""
+    rollout_tp_hint: int | None = None
+    """The smallest rollout TP at which a sequence fits, when none fits at the given one."""
+
+    @property
+    def peak(self) -> StageMemory:
+        return peak_stage(self.stages, self.learner)
+
+    @property
+    def fits(self) -> bool:
+        """The learner fits its GPUs."""
+        return self.peak.total(self.learner) <= self.layout.gpu_memory_gib * GIB
+
+    @property
+    def rollout_fits(self) -> bool:
+        """At least one sequence (of the last KV setting) fits each rollout engine."""
+        return self.kv[-1].concurrent_per_engine >= 1
+
+    @property
+    def total_params(self) -> int:
+        return total_params(self.arch)
+
+
+def build_plan(model: str, arch: ModelArch, layout: Layout, batch: BatchShape, learner: LearnerSetting,
+               rollout: RolloutSetting, compression=None) -> Plan:
+    """``compression``: a ``CompressionConfig`` to put next to dense (None: dense only)."""
+    check_layout(arch, layout)
+    if layout.gpus % rollout.tp:
+        raise ValueError(f"--rollout-tp {rollout.tp} does not divide the {layout.gpus} GPUs; valid --rollout-tp "
+                         f"values: {', '.join(str(d) for d in range(1, layout.gpus + 1) if layout.gpus % d == 0)}")
+    stages = learner_memory(arch, layout, batch, learner)
+    kv = [rollout_kv(arch, layout, batch, rollout)]
+    if compression is not None and not compression.is_dense:
+        kv.append(rollout_kv(arch, layout, batch, rollout, compression,
+                             label=f"{compression.method} B={compression.budget} W={compression.buffer}"))
+    fits = peak_stage(stages, learner).total(learner) <= layout.gpu_memory_gib * GIB
+    hint = None
+    if kv[-1].concurrent_per_engine < 1:
+        hint = smallest_rollout_tp(arch, layout, batch, rollout, compression if len(kv) > 1 else None)
+    return Plan(model=model, arch=arch, layout=layout, batch=batch, learner=learner, rollout=rollout,
+                micro_batch=learner_micro_batch(batch, layout, learner), stages=stages, kv=kv,
+                suggestion=None if fits else suggest(arch, layout, batch, learner), rollout_tp_hint=hint)

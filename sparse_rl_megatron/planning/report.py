@@ -1,0 +1,84 @@
+"""The plan as Markdown tables (terminal-readable, and pasted as is into docs)."""
+from __future__ import annotations
+
+from sparse_rl_megatron.planning.inputs import GIB
+from sparse_rl_megatron.planning.plan import Plan
+
+
+def _gib(x: float) -> str:
+    return f"{x / GIB:.2f}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
+    return lines + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def render_learner(plan: Plan) -> list[str]:
+    s, lay, mb = plan.learner, plan.layout, plan.micro_batch
+    stages = [plan.stages[0]] + ([plan.stages[-1]] if lay.pp > 1 else [])
+    header = ["learner, per GPU (GiB)"] + (["GPU"] if lay.pp == 1 else ["stage 0 (first)", f"stage {lay.pp - 1} (last)"])
+    chunk = f"{s.logprob_chunk_tokens}-token chunks" if 0 < s.logprob_chunk_tokens < mb.scored else "unchunked"
+    used = lambda label, on: f"{label} (*)" if on else label  # noqa: E731
+    master = " + fp32 master weights" if s.param_bytes == 2 else ""
+    rows = [
+        [f"parameters, {s.params_dtype} (count)"] + [f"{_gib(x.weights)} ({x.params / 1e9:.2f}B)" for x in stages],
+        ["gradients, fp32"] + [_gib(x.gradients) for x in stages],
+        [used(f"optimizer: Adam moments{master}", not s.distributed_optimizer)] + [_gib(x.optimizer) for x in stages],
+        [used(f"same, distributed optimizer over DP={lay.dp}", s.distributed_optimizer)]
+        + [_gib(x.optimizer_distributed) for x in stages],
+    ]
+    if s.reference_model:
+        rows.append(["KL reference policy weights"] + [_gib(x.reference) for x in stages])
+    rows += [
+        [used("activations, no recompute (micro-batches in flight)", not s.recompute)]
+        + [f"{_gib(x.activations)} ({x.in_flight})" for x in stages],
+        [used("activations, full recompute", s.recompute)] + [_gib(x.activations_recompute) for x in stages],
+        [f"temporary: log-prob buffers (LM head, {chunk})"] + [_gib(x.head_temporary) for x in stages],
+        ["temporary: one recomputed layer + its attention" if s.recompute else "temporary: one layer's attention"]
+        + [_gib(x.recompute_temporary if s.recompute else x.layer_temporary) for x in stages],
+        ["**total**: weights + gradients + (*) rows + the larger temporary"] + [f"**{_gib(x.total(s))}**" for x in stages],
+    ]
+    peak = plan.peak.total(s)
+    verdict = (f"learner fits: peak {_gib(peak)} GiB of {lay.gpu_memory_gib:g} GiB per GPU" if plan.fits else
+               f"learner DOES NOT FIT: peak {_gib(peak)} GiB > {lay.gpu_memory_gib:g} GiB per GPU (stage {plan.peak.stage})")
+    lines = [f"Micro-batch: {mb.rows} row(s) x {mb.row_len} tokens ({s.max_tokens_per_device}-token budget), "
+             f"{mb.count} per DP rank per step; kernels: {s.kernels}.", ""]
+    lines += _table(header, rows) + ["", verdict]
+    if not plan.fits:
+        lines.append(f"nearest layout that fits: {plan.suggestion.describe(s)}" if plan.suggestion else
+                     "no layout fits on up to 8x the GPUs; the model needs more memory per GPU")
+    return lines
+
+
+def render_rollout(plan: Plan) -> list[str]:
+    r = plan.rollout
+    header = ["rollout KV"] + [k.label for k in plan.kv]
+    mib = lambda x: f"{x / 2 ** 20:,.1f} MiB"  # noqa: E731
+    rows = [
+        ["KV tokens per sequence (peak, per layer and KV head)"] + [f"{k.tokens_per_sequence:,}" for k in plan.kv],
+        [f"KV per sequence ({r.kv_dtype}, all layers)"] + [mib(k.bytes_per_sequence) for k in plan.kv],
+        [f"KV per sequence per GPU (rollout TP={r.tp})"] + [mib(k.bytes_per_sequence_per_gpu) for k in plan.kv],
+        ["KV pool per GPU" + (" (given)" if r.kv_pool_gib else f" ({r.mem_fraction:g} x GPU - bf16 weights / TP)")]
+        + [f"{_gib(k.pool_per_gpu)} GiB" for k in plan.kv],
+        ["concurrent sequences per engine"] + [f"{k.concurrent_per_engine:,}" for k in plan.kv],
+        [f"concurrent sequences, {plan.kv[0].engines} engine(s)"] + [f"{k.concurrent:,}" for k in plan.kv],
+        [f"decode waves for {plan.batch.rollouts:,} rollouts"] + [str(k.waves) if k.waves else "none fit" for k in plan.kv],
+    ]
+    lines = _table(header, rows)
+    if not plan.rollout_fits:
+        lines += ["", f"rollout DOES NOT FIT: not one sequence fits the KV pool at rollout TP={r.tp}"
+                  + (f"; smallest rollout TP that fits: {plan.rollout_tp_hint}" if plan.rollout_tp_hint else "")]
+    return lines
+
+
+def render(plan: Plan) -> str:
+    a, b = plan.arch, plan.batch
+    head = [
+        f"Plan: {plan.model} ({a.family}, {plan.total_params / 1e9:.2f}B parameters, {a.num_layers} layers, "
+        f"{a.num_attention_heads}/{a.num_query_groups} heads) on {plan.layout.describe()}",
+        f"Step: {b.prompts} prompts x {b.samples} samples = {b.rollouts} rollouts of {b.prompt_len} + "
+        f"{b.response_len} tokens",
+        "",
+    ]
+    return "\n".join(head + render_learner(plan) + [""] + render_rollout(plan)) + "\n"

@@ -1,0 +1,78 @@
+"""Which layouts a model allows, and the nearest layout that fits when the requested one does not."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from sparse_rl_megatron.models.arch import ModelArch
+from sparse_rl_megatron.planning.inputs import GIB, BatchShape, Layout, LearnerSetting
+from sparse_rl_megatron.planning.learner_memory import learner_memory, peak_stage
+
+MAX_GPU_MULTIPLE = 8  # when nothing fits on the given GPUs, try up to this many times as many
+
+
+def valid_tp(arch: ModelArch, gpus_per_node: int) -> list[int]:
+    """TP sizes that divide the heads, the KV groups and the FFN width, within one node."""
+    return [d for d in arch.tensor_parallel_sizes() if d <= gpus_per_node]
+
+
+def check_layout(arch: ModelArch, layout: Layout) -> None:
+    """One line naming ``--tp`` / ``--pp`` and the valid values when the model cannot be split so."""
+    tps = valid_tp(arch, layout.gpus_per_node)
+    if layout.tp not in tps:
+        raise ValueError(f"--tp {layout.tp} does not divide num_attention_heads={arch.num_attention_heads}, "
+                         f"num_key_value_heads={arch.num_query_groups} and intermediate_size={arch.ffn_hidden_size} "
+                         f"of this model; valid --tp values: {', '.join(map(str, tps))}")
+    if layout.pp not in arch.pipeline_parallel_sizes():
+        raise ValueError(f"--pp {layout.pp} does not divide num_hidden_layers={arch.num_layers}; valid --pp values: "
+                         f"{', '.join(map(str, arch.pipeline_parallel_sizes()))}")
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    layout: Layout
+    setting: LearnerSetting
+    peak_bytes: float
+
+    def describe(self, base: LearnerSetting) -> str:
+        changes = [self.layout.describe()]
+        if self.setting.distributed_optimizer and not base.distributed_optimizer:
+            changes.append("distributed optimizer on")
+        if self.setting.recompute and not base.recompute:
+            changes.append("full recompute")
+        return f"{', '.join(changes)}: {self.peak_bytes / GIB:.1f} GiB per GPU"
+
+
+def _candidates(arch: ModelArch, layout: Layout, gpus: int, setting: LearnerSetting):
+    for tp in valid_tp(arch, layout.gpus_per_node):
+        for pp in arch.pipeline_parallel_sizes():
+            if gpus % (tp * pp):
+                continue
+            lay = dataclasses.replace(layout, tp=tp, pp=pp, dp=gpus // (tp * pp))
+            for distopt in sorted({setting.distributed_optimizer, True}):
+                for recompute in sorted({setting.recompute, True}):
+                    yield lay, dataclasses.replace(setting, distributed_optimizer=distopt, recompute=recompute)
+
+
+def suggest(arch: ModelArch, layout: Layout, batch: BatchShape, setting: LearnerSetting) -> Suggestion | None:
+    """The fitting layout nearest to the requested one: the fewest changes (each switched-on memory saver counts
+    1, a TP or PP change its log2 distance), then the most data parallelism; more GPUs (x2, x4, ...) only if
+    none fits on the given ones."""
+    budget = layout.gpu_memory_gib * GIB
+    multiple = 1
+    while multiple <= MAX_GPU_MULTIPLE:
+        best = None
+        for lay, sett in _candidates(arch, layout, layout.gpus * multiple, setting):
+            peak = peak_stage(learner_memory(arch, lay, batch, sett), sett).total(sett)
+            if peak > budget:
+                continue
+            switched = (sett.recompute != setting.recompute) + (sett.distributed_optimizer != setting.distributed_optimizer)
+            distance = abs(math.log2(lay.tp / layout.tp)) + abs(math.log2(lay.pp / layout.pp))
+            key = (switched + distance, lay.tp * lay.pp, peak)
+            if best is None or key < best[0]:
+                best = (key, Suggestion(lay, sett, peak))
+        if best is not None:
+            return best[1]
+        multiple *= 2
+    return None

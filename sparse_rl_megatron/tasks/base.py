@@ -1,0 +1,46 @@
+"""What a task built in code provides: problems, the reward they are scored with, and a model that can learn them.
+
+Math data sets come from files (``sparse_rl_megatron.data``) and are trained from a given HF model. A *task* is
+self-contained instead, for runs that must learn in minutes on a laptop CPU and for controlled experiments: it
+generates its problems (train and held-out splits that never overlap), builds a tiny HF model with its own
+tokenizer (no download), and warm-starts it with a short supervised stage so RL starts from a policy that
+sometimes succeeds. Everything downstream (rollout engines, the Megatron learner, rewards, eval) treats the
+result like any HF model directory and any data set.
+"""
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any
+
+from sparse_rl_megatron.data.loader import Dataset
+
+SPLITS = ("train", "heldout")
+
+
+class Task(ABC):
+    """A generated problem family with its model recipe. Subclasses are registered in ``tasks.TASKS``."""
+
+    name: str
+    """Registry name (``task:<name>`` in configs)."""
+    description: str = ""
+    """One line for ``--help`` and logs."""
+    template: str = "plain"
+    """Prompt template name (``data.TEMPLATES``) applied to each record's ``prompt``."""
+    reward: str = "exact"
+    """Reward name (``rewards.REWARDS``) the responses are scored with."""
+
+    @abstractmethod
+    def records(self, split: str, limit: int | None = None, seed: int = 0) -> Dataset:
+        """Problems of ``split`` (one of ``SPLITS``): deterministic for a seed, train and held-out disjoint."""
+
+    @abstractmethod
+    def build_model(self, out_dir: str | os.PathLike, *, seed: int = 0) -> Path:
+        """Write a randomly initialised HF model directory (config, safetensors, tokenizer) to ``out_dir``."""
+
+    @abstractmethod
+    def warm_start(self, model_dir: str | os.PathLike, out_dir: str | os.PathLike, *, seed: int = 0,
+                   **options: Any) -> dict[str, float]:
+        """Supervised training of ``model_dir`` on worked solutions of train problems; writes the trained HF
+        model directory to ``out_dir`` and returns its metrics (loss, steps, seconds, held-out accuracy)."""

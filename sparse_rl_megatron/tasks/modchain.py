@@ -1,0 +1,178 @@
+"""``modchain``: a multi-step task on which Sparse-RL GRPO learns in minutes on a CPU (the embedded default).
+
+Iterate ``x <- (a x + b) mod 10`` from ``x0`` for N steps (``modchain_problems.py``: formats and split). The
+parameters are tags among distractors in a short prompt, and the chain of thought (2N + 1 words + EOS) is
+several times longer than a small KV budget, so a compressed cache must keep the few prompt tags that every
+step needs while it evicts the rest. The model is a tiny standard HF Qwen2 with a word-level tokenizer built
+in code; the warm start is a short supervised stage on worked solutions (``sft.py``).
+See docs/embedded-default.md for the recommended settings and measured curves.
+"""
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sparse_rl_megatron.data.loader import Dataset
+from sparse_rl_megatron.data.record import MathRecord
+from sparse_rl_megatron.tasks.base import SPLITS, Task
+from sparse_rl_megatron.tasks.modchain_problems import ANSWER_TOKENS, MODULUS, answer_text, make_problem, split_keys, vocabulary
+from sparse_rl_megatron.tasks.sft import SFTConfig, check_output_free, save_model_dir, supervised_finetune
+from sparse_rl_megatron.tasks.word_tokenizer import build_word_tokenizer
+
+NAME = "modchain"
+WARM_START = {"steps": 300, "lr": 3e-3, "batch_size": 16, "decay_fraction": 0.4, "key_dropout": 0.9,
+              "key_dropout_keep_recent": 4}
+"""The recommended supervised stage (``SFTConfig`` fields; docs/embedded-default.md): about 50% held-out, and
+response-key dropout so the model tolerates a compressed chain-of-thought cache. Options override these."""
+MIN_POSITIONS = 256
+"""Smallest ``max_position_embeddings`` (room for overlong sampled responses; RoPE has no parameters)."""
+
+
+@dataclass(frozen=True)
+class ModChainModel:
+    """The tiny Qwen2 the task trains (standard HF architecture, tied embeddings)."""
+
+    hidden_size: int = 128
+    """Model width."""
+    num_layers: int = 2
+    """Decoder layers (2 learn this task faster than 4 at half the cost per step: measured, docs)."""
+    num_heads: int = 4
+    """Query heads (head dim = hidden_size / num_heads)."""
+    num_kv_heads: int = 2
+    """KV heads (GQA groups)."""
+    intermediate_size: int = 512
+    """FFN width."""
+
+
+@dataclass(frozen=True)
+class ModChainSpec:
+    """Problem family and model of one ``modchain`` variant."""
+
+    steps: int = 30
+    """N: chain length; the response is 2N + 1 words plus EOS."""
+    distractors: int = 4
+    """Distractor tags in the prompt (the prompt is 5 + distractors tokens)."""
+    heldout_size: int = 100
+    """``(x0, a, b)`` triples held out (of 400); the other triples are the training problems."""
+    heldout_variants: int = 4
+    """Held-out records per held-out triple (different distractors and tag orders): 400 problems, so a
+    greedy accuracy has a standard error of about 2.5 points."""
+    train_variants: int = 10
+    """Training records per training triple."""
+    model: ModChainModel = field(default_factory=ModChainModel)
+    """The model recipe."""
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "heldout_variants", "train_variants"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ModChainSpec.{name} must be >= 1, got {getattr(self, name)}")
+        split_keys(self.heldout_size)  # validates heldout_size
+        make_problem((0, 1, 0), self.distractors, random.Random(0))  # validates distractors
+
+
+class ModChainTask(Task):
+    """``task:modchain`` (see module docstring)."""
+
+    description = "x <- (a*x + b) mod 10 for N steps from tags in the prompt; answer \\boxed{x_N}"
+    template = "raw"
+    reward = "exact"
+
+    def __init__(self, spec: ModChainSpec | None = None, name: str = NAME):
+        self.spec = spec or ModChainSpec()
+        self.name = name
+
+    # ----------------------------------------------------------------------------------------- problems
+    @property
+    def prompt_tokens(self) -> int:
+        """Tokens of every prompt."""
+        return 5 + self.spec.distractors
+
+    @property
+    def response_tokens(self) -> int:
+        """Tokens of a correct response, EOS included (the least ``max_new_tokens`` that lets it finish)."""
+        return 2 * self.spec.steps + ANSWER_TOKENS + 1
+
+    def records(self, split: str, limit: int | None = None, seed: int = 0) -> Dataset:
+        """Held-out: every held-out triple ``heldout_variants`` times, in a fixed order; train: every training
+        triple ``train_variants`` times, shuffled. Distractors and tag order are drawn from ``seed``."""
+        if split not in SPLITS:
+            raise ValueError(f"{self.name} split must be one of {', '.join(SPLITS)}, got '{split}'")
+        spec = self.spec
+        keys = split_keys(spec.heldout_size)[split]
+        variants = spec.heldout_variants if split == "heldout" else spec.train_variants
+        rng = random.Random(f"{self.name}/{split}/{seed}")
+        rows = [(v, key, make_problem(key, spec.distractors, rng)) for v in range(variants) for key in keys]
+        if split == "train":
+            rng.shuffle(rows)
+        records = [
+            MathRecord(prompt=p.prompt(), answer=p.answer(spec.steps), source_id=f"{split}-{x0}{a}{b}-v{v}",
+                       dataset=self.name, answer_style="boxed",
+                       extra={"solution": p.solution(spec.steps), "x0": x0, "a": a, "b": b})
+            for v, (x0, a, b), p in rows[:limit]
+        ]
+        return Dataset(name=self.name, path=f"task:{self.name}/{split}", records=records)
+
+    # -------------------------------------------------------------------------------------------- model
+    def tokenizer(self):
+        """The word-level tokenizer of this variant's vocabulary."""
+        return build_word_tokenizer(vocabulary(self.spec.steps), [" " + answer_text(d) for d in range(MODULUS)])
+
+    def build_model(self, out_dir: str | os.PathLike, *, seed: int = 0) -> Path:
+        from transformers import AutoModelForCausalLM
+
+        from sparse_rl_megatron.utils.tiny_models import tiny_config
+
+        tok = self.tokenizer()
+        m = self.spec.model
+        config = tiny_config(
+            "qwen2", vocab_size=len(tok), hidden_size=m.hidden_size, num_layers=m.num_layers,
+            num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, intermediate_size=m.intermediate_size,
+            tie_word_embeddings=True, max_position_embeddings=max(MIN_POSITIONS, 2 * (self.prompt_tokens + self.response_tokens)),
+        )
+        config.bos_token_id, config.eos_token_id, config.pad_token_id = None, tok.eos_token_id, tok.pad_token_id
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tok_dir:
+            tok.save_pretrained(tok_dir)
+            return save_model_dir(model, tok_dir, out_dir)
+
+    # --------------------------------------------------------------------------------------- warm start
+    def sft_examples(self, tokenizer, seed: int = 0) -> list[tuple[list[int], list[int]]]:
+        """``(prompt_ids, solution_ids + [eos])`` of every training record (the solution encoded after the
+        prompt and a space, as the model continues the prompt)."""
+        out = []
+        for r in self.records("train", seed=seed):
+            prompt = tokenizer(r.prompt, add_special_tokens=False)["input_ids"]
+            full = tokenizer(f"{r.prompt} {r.extra['solution']}", add_special_tokens=False)["input_ids"]
+            if full[:len(prompt)] != prompt:
+                raise ValueError(f"{self.name}: the prompt of {r.source_id} does not tokenize as a prefix")
+            out.append((prompt, full[len(prompt):] + [tokenizer.eos_token_id]))
+        return out
+
+    def warm_start(self, model_dir: str | os.PathLike, out_dir: str | os.PathLike, *, seed: int = 0,
+                   **options: Any) -> dict[str, float]:
+        """Supervised stage on the training problems' worked solutions: ``SFTConfig`` fields as options (defaults
+        ``WARM_START``), plus ``eval_problems``: held-out problems scored greedily at the end (0 = skip). Works
+        from any checkpoint of this task, so it also serves as the equal-time supervised control."""
+        from transformers import AutoTokenizer
+
+        from sparse_rl_megatron.utils.config_io import from_dict
+
+        eval_problems = int(options.pop("eval_problems", 200))
+        config = from_dict(SFTConfig, {**WARM_START, **options}, "warm_start")
+        check_output_free(out_dir)
+        tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+        metrics = supervised_finetune(model_dir, out_dir, self.sft_examples(tok, seed), config, seed=seed)
+        if eval_problems > 0:
+            from sparse_rl_megatron.tasks.accuracy import heldout_accuracy
+
+            metrics["sft/heldout_acc"] = heldout_accuracy(self, out_dir, limit=eval_problems, seed=seed)
+        return metrics

@@ -1,0 +1,154 @@
+"""Training checkpoints: ``run_dir/checkpoints/step_<k>/`` after k rollout steps, and resuming from them.
+
+A checkpoint directory is, in the order it is written:
+1. the learner's own atomic ``Learner.save`` (model, optimizer, LR schedule, learner counters; torch_dist,
+   loadable at any TP x PP, and itself a model directory ``sparse-rl eval`` / ``convert`` accept);
+2. ``rng/rank<r>.pt``: the python, numpy and torch RNG states of every rank (written atomically per rank);
+3. ``trainer_state.json``, LAST, by rank 0 after a barrier, atomically (tmp + rename): the rollout step, the
+   data position, the weight version, the world size. Only a directory that has it is *complete*; a kill at
+   any earlier moment leaves an incomplete directory that resume ignores (and the next save replaces).
+``resume: auto`` picks the newest complete one; the last ``keep_last`` complete ones are kept.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sparse_rl_megatron.utils.errors import UserError
+
+CHECKPOINTS_DIR = "checkpoints"
+STATE_FILE = "trainer_state.json"
+RNG_DIR = "rng"
+FORMAT_VERSION = 1
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def step_dir(run_dir: str | os.PathLike, step: int) -> Path:
+    return Path(run_dir) / CHECKPOINTS_DIR / f"step_{step}"
+
+
+def is_complete(path: str | os.PathLike) -> bool:
+    return (Path(path) / STATE_FILE).is_file()
+
+
+def complete_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """``(step, dir)`` of every complete checkpoint, oldest first."""
+    root = Path(run_dir) / CHECKPOINTS_DIR
+    found = []
+    for child in root.iterdir() if root.is_dir() else ():
+        m = _STEP_DIR.match(child.name)
+        if m and child.is_dir() and is_complete(child):
+            found.append((int(m.group(1)), child))
+    return sorted(found)
+
+
+def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
+    found = complete_checkpoints(run_dir)
+    return found[-1][1] if found else None
+
+
+def resolve_resume(resume: str, run_dir: str | os.PathLike) -> Path | None:
+    """The checkpoint to resume from (None: start from scratch), per ``checkpoint.resume``."""
+    if resume == "never":
+        return None
+    if resume == "auto":
+        return latest_checkpoint(run_dir)
+    path = Path(resume)
+    if not path.is_dir():
+        raise UserError(f"checkpoint.resume: {path} does not exist (valid: auto, never, or a checkpoint directory)")
+    if not is_complete(path):
+        raise UserError(f"checkpoint.resume: {path} is not a complete training checkpoint (no {STATE_FILE}; "
+                        "it was interrupted while saving, or is not a checkpoint of `sparse-rl train`)")
+    return path
+
+
+def read_state(ckpt: str | os.PathLike) -> dict[str, Any]:
+    state = json.loads((Path(ckpt) / STATE_FILE).read_text())
+    if state.get("format_version") != FORMAT_VERSION:
+        raise UserError(f"{Path(ckpt) / STATE_FILE}: format_version {state.get('format_version')} is not "
+                        f"{FORMAT_VERSION}, which this version writes and reads")
+    return state
+
+
+def _atomic_write(path: Path, write) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def capture_rng() -> dict[str, Any]:
+    """This process's python, numpy and torch (CPU, and CUDA when present) RNG states."""
+    import numpy as np
+
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    import numpy as np
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def save(run_dir: str | os.PathLike, step: int, learner, trainer_state: dict[str, Any], keep_last: int) -> Path:
+    """Write ``step_<step>`` (collective: every rank calls it), then prune to the last ``keep_last``."""
+    from sparse_rl_megatron.trainer import distributed as D
+
+    out = step_dir(run_dir, step)
+    if D.is_main() and out.exists() and not is_complete(out):
+        shutil.rmtree(out)  # an earlier, interrupted save of this step: start it over
+    D.wait_for_main()
+    learner.save(out)
+    rng_dir = out / RNG_DIR
+    rng_dir.mkdir(exist_ok=True)
+    _atomic_write(rng_dir / f"rank{D.rank()}.pt", lambda f: torch.save(capture_rng(), f))
+    D.wait_for_main()
+    if D.is_main():
+        state = {"format_version": FORMAT_VERSION, "step": step, "world_size": D.world_size(), **trainer_state}
+        _atomic_write(out / STATE_FILE, lambda f: f.write((json.dumps(state, indent=2) + "\n").encode()))
+        prune(run_dir, keep_last)
+    D.wait_for_main()
+    return out
+
+
+def prune(run_dir: str | os.PathLike, keep_last: int) -> list[Path]:
+    """Delete complete checkpoints older than the last ``keep_last``, and incomplete ones older than the newest
+    complete one (left by interrupted saves). Returns what was deleted."""
+    complete = complete_checkpoints(run_dir)
+    doomed = [path for _, path in complete[:-keep_last]]
+    if complete:
+        newest = complete[-1][0]
+        root = Path(run_dir) / CHECKPOINTS_DIR
+        for child in root.iterdir():
+            m = _STEP_DIR.match(child.name.split(".")[0])
+            if m and int(m.group(1)) < newest and not is_complete(child) and child.is_dir():
+                doomed.append(child)
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
+
+
+def load_rng(ckpt: str | os.PathLike, rank: int) -> bool:
+    """Restore this rank's RNG states from ``ckpt``; False when the checkpoint has none for this rank (it was
+    written by a run with fewer ranks)."""
+    path = Path(ckpt) / RNG_DIR / f"rank{rank}.pt"
+    if not path.is_file():
+        return False
+    restore_rng(torch.load(path, weights_only=False))
+    return True

@@ -1,0 +1,312 @@
+"""Typed configuration of ``sparse-rl train``: one section per component, every field documented.
+
+``TrainConfig`` is built from a YAML recipe (with ``include:``) plus ``key.path=value`` overrides by
+``utils.config_io``; an unknown key, a wrong type or a bad value is a ``ConfigError`` naming the dotted field
+and, where there is a choice, the valid values. Checks that need no file and no model run here (in the
+dataclasses' ``__post_init__``); checks against files, the world size and the registries run in
+``trainer/preflight.py``, still before any model loads.
+
+The ``learner`` section has every ``LearnerConfig`` field except ``model_path`` (the run's ``model_path``);
+Megatron's own knobs pass through its ``megatron_overrides`` / ``optimizer_overrides``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparse_rl_megatron.algo.config import CorrectionConfig
+from sparse_rl_megatron.compression.config import CompressionConfig
+from sparse_rl_megatron.learner.config import LearnerConfig
+from sparse_rl_megatron.rewards.pool import VerifierPoolConfig
+from sparse_rl_megatron.rollout.engine import SamplingParams
+
+ENGINE_DTYPES = ("float32", "bfloat16", "float16")
+RESUME_MODES = ("auto", "never")
+EVAL_MODES = ("dense", "sparse")
+SINGLE_SAMPLE_ESTIMATORS = ("reinforce",)
+"""Advantage estimators that give a signal with one sample per prompt (a batch baseline); the group-based ones
+(grpo, drgrpo, rloo) give every sample of a one-sample group advantage 0, i.e. nothing to learn."""
+TINY_MODEL = "tiny"
+"""``model_path`` value: a random tiny Qwen2 + byte-level tokenizer built in the run directory (no download)."""
+
+
+def _learner_section() -> type:
+    """A dataclass with the fields of ``LearnerConfig`` minus ``model_path`` (same types, defaults, checks)."""
+    hints = typing.get_type_hints(LearnerConfig)
+    specs = []
+    for f in dataclasses.fields(LearnerConfig):
+        if f.name == "model_path":
+            continue
+        default = ({"default": f.default} if f.default is not dataclasses.MISSING
+                   else {"default_factory": f.default_factory})
+        specs.append((f.name, hints[f.name], field(**default)))
+
+    def __post_init__(self) -> None:  # LearnerConfig's own validation, with a placeholder model path
+        self.to_learner_config("<model_path>")
+
+    def to_learner_config(self, model_path: str) -> LearnerConfig:
+        return LearnerConfig(model_path=model_path, **{name: getattr(self, name) for name, _, _ in specs})
+
+    cls = dataclasses.make_dataclass(
+        "LearnerSection", specs, namespace={"__post_init__": __post_init__, "to_learner_config": to_learner_config})
+    cls.__doc__ = ("The Megatron learner: every ``LearnerConfig`` field (see ``learner/config.py`` for their docs) "
+                   "except ``model_path``, which is the run's.")
+    cls.__module__ = __name__
+    return cls
+
+
+LearnerSection = _learner_section()
+
+
+@dataclass
+class DataConfig:
+    """Where training prompts come from."""
+
+    dataset: str = "gsm8k_train"
+    """A named data set (``data.DATASETS``), a JSONL/Parquet file, or ``task:<name>`` (its train split)."""
+    data_root: str | None = None
+    """Folder holding the shared data of named sets (default ``../shared/data`` or ``$SPARSE_RL_DATA``)."""
+    template: str | None = None
+    """Prompt template (``data.TEMPLATES``); None: the task's template, else ``qwen25_chat``."""
+    input_key: str = "prompt"
+    """Prompt field of a dataset given as a user file."""
+    label_key: str = "answer"
+    """Gold-answer field of a dataset given as a user file."""
+    limit: int | None = None
+    """Use only the first N problems (None: all)."""
+    shuffle: bool = True
+    """Visit the problems in a new seeded order each epoch (else in file order)."""
+
+    def __post_init__(self) -> None:
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"DataConfig.limit must be >= 1 or None (all problems), got {self.limit}")
+
+
+@dataclass
+class RolloutConfig:
+    """How responses are sampled (the sparse sampler pi_sparse)."""
+
+    engine: str = "hf"
+    """Rollout engine (``trainer.engines.ENGINES``): ``hf`` (reference engine, in rank 0's process)."""
+    prompts_per_step: int = 4
+    """GRPO groups (prompts) per rollout step."""
+    samples_per_prompt: int = 4
+    """GRPO group size n (samples per prompt)."""
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    """Sampling of training responses (temperature 1 as in the reference runs; the seed is set per step)."""
+    compression: CompressionConfig = field(default_factory=CompressionConfig)
+    """KV compression while sampling; method ``none`` is a dense rollout."""
+    dtype: str = "float32"
+    """Compute dtype of the engine (float32 on CPU; bfloat16 on GPUs)."""
+    max_batch_size: int = 64
+    """Most sequences the engine decodes together."""
+    engine_options: dict[str, Any] = field(default_factory=dict)
+    """Engine-specific options (e.g. server addresses of an HTTP engine); the ``hf`` engine takes none."""
+
+    def __post_init__(self) -> None:
+        for name in ("prompts_per_step", "samples_per_prompt", "max_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.dtype not in ENGINE_DTYPES:
+            raise ValueError(f"RolloutConfig.dtype must be one of {', '.join(ENGINE_DTYPES)}, got '{self.dtype}'")
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per rollout step."""
+        return self.prompts_per_step * self.samples_per_prompt
+
+
+@dataclass
+class RewardConfig:
+    """How responses are scored."""
+
+    name: str | None = None
+    """Reward (``rewards.REWARDS``); None: the task's reward, else ``math``."""
+    verifier: VerifierPoolConfig = field(default_factory=VerifierPoolConfig)
+    """Worker processes and time limit of the ``math`` reward."""
+
+
+@dataclass
+class SyncConfig:
+    """Weight sync learner -> rollout engine, and the check that the engine serves the new weights."""
+
+    bucket_mb: int = 512
+    """Size of one HF-named weight bucket (MiB)."""
+    probe: bool = True
+    """After every sync, compare the engine's dense log-probs of a fixed probe sequence with the learner's."""
+    probe_tokens: int = 32
+    """Length of the probe sequence (half prompt, half response), drawn once from the run's seed."""
+    probe_tolerance: float | None = None
+    """Largest allowed |log-prob difference| (None: 1e-3 for a float32 engine, 0.1 for 16-bit ones)."""
+
+    def __post_init__(self) -> None:
+        if self.bucket_mb < 1:
+            raise ValueError(f"SyncConfig.bucket_mb must be >= 1, got {self.bucket_mb}")
+        if self.probe_tokens < 2:
+            raise ValueError(f"SyncConfig.probe_tokens must be >= 2 (a prompt and a response token), got "
+                             f"{self.probe_tokens}")
+        if self.probe_tolerance is not None and not self.probe_tolerance > 0:
+            raise ValueError(f"SyncConfig.probe_tolerance must be > 0 or None, got {self.probe_tolerance}")
+
+
+@dataclass
+class CheckpointConfig:
+    """Checkpoints (learner, optimizer, schedule, data position, RNG of every rank) and resume."""
+
+    save_every: int = 0
+    """Save every k rollout steps (0: only at the end and when stopped by a signal)."""
+    keep_last: int = 2
+    """Complete checkpoints kept (older ones are deleted)."""
+    resume: str = "auto"
+    """``auto``: continue from the newest complete checkpoint of the run directory, if any; ``never``: start
+    over (earlier outputs are archived); or the path of a ``checkpoints/step_<k>`` directory."""
+
+    def __post_init__(self) -> None:
+        if self.save_every < 0:
+            raise ValueError(f"CheckpointConfig.save_every must be >= 0 (0 = only at the end), got {self.save_every}")
+        if self.keep_last < 1:
+            raise ValueError(f"CheckpointConfig.keep_last must be >= 1, got {self.keep_last}")
+        if not self.resume:
+            raise ValueError(f"CheckpointConfig.resume must be {', '.join(RESUME_MODES)} or a checkpoint path")
+
+
+@dataclass
+class TrainEvalConfig:
+    """Periodic evaluation of the live policy on held-out problems, under dense and sparse inference."""
+
+    every: int = 0
+    """Evaluate every k rollout steps (0: only before the first and after the last step)."""
+    at_start: bool = True
+    """Evaluate before the first step (the 'before' of the before/after accuracy)."""
+    datasets: list[str] = field(default_factory=list)
+    """Named sets or files; empty: the task's held-out split when training on a task, else no evaluation."""
+    limit: int | None = 64
+    """First N problems of each data set (None: all)."""
+    n: int = 1
+    """Samples per problem (accuracy is avg@n)."""
+    max_new_tokens: int | None = None
+    """Response length (None: the rollout's ``sampling.max_new_tokens``)."""
+    temperature: float = 0.0
+    """Sampling temperature (0 = greedy, the least noisy estimate on a small held-out set)."""
+    top_p: float = 1.0
+    """Nucleus mass."""
+    modes: list[str] = field(default_factory=lambda: list(EVAL_MODES))
+    """``dense`` (full KV cache) and/or ``sparse`` (the rollout's compression; skipped when that is dense)."""
+
+    def __post_init__(self) -> None:
+        if self.every < 0:
+            raise ValueError(f"TrainEvalConfig.every must be >= 0 (0 = start and end only), got {self.every}")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"TrainEvalConfig.limit must be >= 1 or None (all problems), got {self.limit}")
+        if self.n < 1:
+            raise ValueError(f"TrainEvalConfig.n must be >= 1, got {self.n}")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError(f"TrainEvalConfig.max_new_tokens must be >= 1 or None, got {self.max_new_tokens}")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"TrainEvalConfig needs temperature >= 0 and 0 < top_p <= 1, got {self.temperature}, "
+                             f"{self.top_p}")
+        bad = [m for m in self.modes if m not in EVAL_MODES]
+        if bad or not self.modes:
+            raise ValueError(f"TrainEvalConfig.modes must be a non-empty list of {', '.join(EVAL_MODES)}, got "
+                             f"{self.modes}")
+
+
+@dataclass
+class LogConfig:
+    """What the run shows and writes while it trains."""
+
+    progress: bool = True
+    """Progress bars (rollout, optimizer steps) and a table of key metrics per step."""
+    tensorboard: bool = True
+    """Write TensorBoard logs next to ``metrics.jsonl``."""
+    heartbeat: bool = False
+    """Print a time-stamped line as each phase of each step starts (cluster logs: a hang says where)."""
+    plot: bool = True
+    """Draw ``metrics.png`` at the end of the run."""
+
+
+@dataclass
+class LaunchConfig:
+    """What the recipe was written for (``sparse-rl preflight`` checks a launch against it)."""
+
+    gpus: int | None = None
+    """GPUs (ranks) the recipe expects in total; None: any count that TP x PP divides."""
+    layout: str = ""
+    """The intended layout in words (nodes, GPUs, TP x PP x DP, where the engines run); printed at start."""
+
+    def __post_init__(self) -> None:
+        if self.gpus is not None and self.gpus < 1:
+            raise ValueError(f"LaunchConfig.gpus must be >= 1 or None, got {self.gpus}")
+
+
+@dataclass
+class TrainConfig:
+    """One ``sparse-rl train`` run."""
+
+    run_dir: str = "runs/train"
+    """Where config, metrics, plots, checkpoints, eval results and built models go (one run at a time)."""
+    model_path: str = TINY_MODEL
+    """An HF model directory, a sparse-rl Megatron checkpoint, ``tiny`` (random tiny Qwen2 built in the run
+    directory) or ``task:<name>`` (the task's model, built and warm-started once in the run directory)."""
+    seed: int = 0
+    """Seed of the prompt order, the sampler, a built model and the weight-sync probe."""
+    plugins: list[str] = field(default_factory=list)
+    """Python modules imported first (on every rank); they may register tasks, rewards, templates, engines."""
+    steps: int = 3
+    """Rollout steps (each: rollout, reward, recompute, correction, optimizer steps, sync)."""
+    global_batch_size: int | None = None
+    """Samples per optimizer step: a rollout batch (prompts_per_step x samples_per_prompt) is split into
+    that many-sample slices, one optimizer step each (None: one step on the whole rollout batch)."""
+    warm_start: dict[str, Any] = field(default_factory=dict)
+    """Options of the task's supervised warm start (``task:<name>`` models only)."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Training prompts."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Rollout engine, group size, sampling, KV compression."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """Scoring of responses."""
+    correction: CorrectionConfig = field(default_factory=CorrectionConfig)
+    """Sparse-RL rejection + reweighting + advantages (reference defaults)."""
+    learner: LearnerSection = field(default_factory=LearnerSection)  # type: ignore[valid-type]
+    """The Megatron learner (parallel layout, optimizer, loss with its KL coefficient, Megatron knobs)."""
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    """Weight sync to the engine and its probe."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Checkpoints and resume."""
+    eval: TrainEvalConfig = field(default_factory=TrainEvalConfig)
+    """Periodic held-out evaluation (dense and sparse)."""
+    log: LogConfig = field(default_factory=LogConfig)
+    """Progress, TensorBoard, heartbeat, plot."""
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
+    """The GPUs and layout the recipe expects."""
+    phase_timeout_s: int = 4 * 3600
+    """Longest time ranks wait for rank 0's rollout, reward or evaluation before they call it a hang."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ValueError(f"TrainConfig.steps must be >= 1, got {self.steps}")
+        if self.phase_timeout_s < 1:
+            raise ValueError(f"TrainConfig.phase_timeout_s must be >= 1, got {self.phase_timeout_s}")
+        rollout_batch = self.rollout.batch_size
+        if self.global_batch_size is not None and (
+                self.global_batch_size < 1 or rollout_batch % self.global_batch_size):
+            raise ValueError(
+                f"TrainConfig.global_batch_size={self.global_batch_size} must divide the rollout batch "
+                f"rollout.prompts_per_step x rollout.samples_per_prompt = {rollout_batch}")
+        if (self.rollout.samples_per_prompt == 1
+                and self.correction.advantage_estimator not in SINGLE_SAMPLE_ESTIMATORS):
+            raise ValueError(
+                f"rollout.samples_per_prompt=1 with correction.advantage_estimator="
+                f"'{self.correction.advantage_estimator}' trains on zero advantages (a group of one has no "
+                f"baseline); use samples_per_prompt >= 2 or an estimator that works with one sample: "
+                f"{', '.join(SINGLE_SAMPLE_ESTIMATORS)}")
+
+    @property
+    def optimizer_steps_per_rollout(self) -> int:
+        return 1 if self.global_batch_size is None else self.rollout.batch_size // self.global_batch_size
+
+    def learner_config(self, model_path: str) -> LearnerConfig:
+        """The ``LearnerConfig`` of this run for the model at ``model_path``."""
+        return self.learner.to_learner_config(model_path)

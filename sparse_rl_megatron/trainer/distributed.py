@@ -1,0 +1,119 @@
+"""How the ranks of a run cooperate: every rank runs the same loop; global rank 0 drives the rollout engine.
+
+Under ``torchrun`` every rank builds the learner and calls its collectives; the in-process engine, the reward
+and the evaluation live on rank 0, which broadcasts what the others need (the scored samples). While rank 0
+generates or evaluates, the other ranks wait in a collective of a separate gloo *control group* whose timeout
+is the run's ``phase_timeout_s`` (hours), not the learner's collective timeout (minutes): a long rollout is
+not a hang, a dead rank still is. A single process is a world of one (no torchrun needed).
+"""
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Any, Callable, TypeVar
+
+import torch.distributed as dist
+
+T = TypeVar("T")
+
+
+class MainRankFailed(RuntimeError):
+    """Raised on the other ranks when rank 0 failed in work only it does (rollout, evaluation, set-up)."""
+
+_CONTROL: dict[str, Any] = {}
+
+
+def env_world_size() -> int:
+    """The world size torchrun announces (1 without torchrun); readable before any process group exists."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def env_rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def env_local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def init(phase_timeout_s: int) -> None:
+    """Join the default process group (the learner's) and create the control group. Idempotent."""
+    from sparse_rl_megatron.learner.parallel import init_process_group
+
+    init_process_group()
+    if "group" not in _CONTROL:
+        _CONTROL["group"] = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=phase_timeout_s))
+
+
+def _group():
+    return _CONTROL["group"]
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else env_rank()
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else env_world_size()
+
+
+def is_main() -> bool:
+    """True on global rank 0 (the engine's rank)."""
+    return rank() == 0
+
+
+def broadcast_from_main(obj: T | None) -> T:
+    """``obj`` of rank 0 on every rank (pickled; any Python object)."""
+    if world_size() == 1:
+        return obj  # type: ignore[return-value]
+    box = [obj]
+    dist.broadcast_object_list(box, src=0, group=_group())
+    return box[0]
+
+
+def on_main(fn: Callable[[], T]) -> T:
+    """Run ``fn`` on rank 0 and hand its result to every rank. If it raises, rank 0 re-raises the error and the
+    other ranks raise ``MainRankFailed`` with its message (instead of waiting for a result that never comes);
+    a ``UserError`` stays a ``UserError`` everywhere."""
+    from sparse_rl_megatron.utils.errors import UserError
+
+    outcome: tuple[str, Any] | None = None
+    error: BaseException | None = None
+    if is_main():
+        try:
+            outcome = ("ok", fn())
+        except Exception as err:  # handed to the other ranks, then re-raised here
+            error = err
+            outcome = ("user_error" if isinstance(err, UserError) else "error", f"{type(err).__name__}: {err}")
+    kind, value = broadcast_from_main(outcome)
+    if error is not None:
+        raise error
+    if kind == "user_error":
+        relayed = UserError(value.split(": ", 1)[1])
+        relayed.relayed_from_main = True  # rank 0 prints it; the CLI of the others stays quiet
+        raise relayed
+    if kind == "error":
+        raise MainRankFailed(f"rank 0 failed: {value}")
+    return value
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """``obj`` of every rank, in rank order, on every rank."""
+    if world_size() == 1:
+        return [obj]
+    out: list[Any] = [None] * world_size()
+    dist.all_gather_object(out, obj, group=_group())
+    return out
+
+
+def wait_for_main() -> None:
+    """Barrier on the control group (the others wait here while rank 0 works alone)."""
+    if world_size() > 1:
+        dist.barrier(group=_group())
+
+
+def shutdown() -> None:
+    """Destroy the process groups (end of run)."""
+    _CONTROL.clear()
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,110 @@
+"""The Sparse-RL training loop (``sparse-rl train``), top to bottom.
+
+Per rollout step k (every rank runs it; rank 0 drives the engine, see ``distributed.py``):
+  1. rollout of n samples per prompt on the (compressed-KV) engine, reward, dense recompute of pi_old
+     (+ reference log-probs when KL is on), rejection + reweighting + advantages on the whole batch;
+  2. optimizer steps on ``global_batch_size`` slices (none when correction rejected everything);
+  3. weight sync to the engine as version k, verified by the log-prob probe;
+  4. metrics; a checkpoint every ``save_every`` steps, at the end, and when a stop is requested
+     (SIGTERM / SIGUSR1 / Ctrl-C / STOP file: save, then exit 0); held-out evaluation dense and sparse.
+Set-up, resume and the services called here live in ``run.py``; the data half of a step in ``step.py``.
+"""
+from __future__ import annotations
+
+import time
+
+from sparse_rl_megatron.trainer import distributed as D
+from sparse_rl_megatron.trainer.config import TrainConfig
+from sparse_rl_megatron.trainer.optimize import optimizer_steps
+from sparse_rl_megatron.trainer.progress import print_step
+from sparse_rl_megatron.trainer.run import Run, exit_note, start_run
+from sparse_rl_megatron.trainer.step import rollout_step
+
+
+def train(cfg: TrainConfig) -> dict[str, float]:
+    """Run (or resume) ``cfg`` to ``cfg.steps`` rollout steps; returns the last step's metrics."""
+    with start_run(cfg) as run:
+        try:
+            return _loop(cfg, run)
+        except Exception as err:  # name where it happened and what was kept; the traceback follows
+            err.add_note(f"sparse-rl train: failed in the {run.heartbeat.where} on rank {D.rank()}; {exit_note(run)}")
+            raise
+
+
+def _loop(cfg: TrainConfig, run: Run) -> dict[str, float]:
+    hb, main = run.heartbeat, D.is_main()
+    stop = _stop_reason(run)  # asked to stop during set-up (a task's warm start can take minutes)
+    if stop:
+        run.say(f"stopped by {stop} before step {run.step + 1}; nothing new to save")
+        return {}
+    if run.step == 0 and cfg.eval.at_start and run.plan.eval_data:
+        hb.phase(0, "evaluation")
+        run.log(0, run.evaluate(0))
+    metrics: dict[str, float] = {}
+    for step in range(run.step + 1, cfg.steps + 1):
+        # 1. rollout (rank 0) -> reward -> dense recompute (+ reference) -> correction, on the whole batch
+        hb.phase(step, "rollout")
+        records = run.prompts.take(cfg.rollout.prompts_per_step) if main else None
+        batch = rollout_step(learner=run.learner, engine=run.engine, reward=run.reward, records=records,
+                             template=run.plan.template, n=cfg.rollout.samples_per_prompt,
+                             sampling=cfg.rollout.sampling, correction=cfg.correction, seed=cfg.seed, step=step,
+                             engine_name=cfg.rollout.engine, ref_learner=run.ref_learner)
+        # 2. optimizer steps on global-batch slices (the engine lends its memory meanwhile)
+        hb.phase(step, "train")
+        t0 = time.perf_counter()
+        if main:
+            run.engine.release_memory()
+        train = optimizer_steps(run.learner, batch, cfg.optimizer_steps_per_rollout, cfg.log.progress and main)
+        if not batch.trainable:
+            run.say(f"[yellow]step {step}: correction rejected every sample; no optimizer step[/]")
+        if main:
+            run.engine.resume_memory()
+        train["time/train_s"] = time.perf_counter() - t0
+        # 3. weight sync learner -> engine (version = step), checked by the probe
+        hb.phase(step, "sync")
+        sync = run.sync(version=step)
+        metrics = {**batch.metrics, **train, **sync, "time/sync_s": sync["sync/seconds"]}
+        # 4. checkpoint (periodic, last step, or stop requested on any rank), evaluation, metrics
+        stop = _stop_reason(run)
+        every = cfg.checkpoint.save_every
+        if stop or step == cfg.steps or (every and step % every == 0):
+            hb.phase(step, "save")
+            run.save(step)
+        if step == cfg.steps or (cfg.eval.every and step % cfg.eval.every == 0):
+            hb.phase(step, "evaluation")
+            metrics.update(run.evaluate(step))
+        run.log(step, metrics)
+        if main and cfg.log.progress:
+            print_step(run.console, step, cfg.steps, metrics)
+        if stop:
+            run.say(f"stopped at step {step} by {stop}; checkpoint {run.run_dir / 'checkpoints' / f'step_{step}'}")
+            return metrics
+    _finish(cfg, run)
+    return metrics
+
+
+def _stop_reason(run: Run) -> str | None:
+    """Why to stop after this step: any rank's stop request (all ranks agree), else None."""
+    reasons = [r for r in D.gather_objects(run.stop.reason) if r]
+    return reasons[0] if reasons else None
+
+
+def _finish(cfg: TrainConfig, run: Run) -> None:
+    """Plot, and the before/after held-out accuracy of the run."""
+    if not D.is_main() or not run.writer.path.is_file():
+        return
+    if run.step >= cfg.steps:
+        run.say(f"nothing to do: {run.resumed_from} is already at step {run.step} of steps={cfg.steps}")
+    if cfg.log.plot:
+        from sparse_rl_megatron.observability.plots import PLOT_FILE, plot_metrics
+
+        plot = plot_metrics(run.writer.path, run.run_dir / PLOT_FILE)
+        run.say(f"metrics: {run.writer.path}  plot: {plot}  checkpoints: {run.run_dir / 'checkpoints'}")
+    from sparse_rl_megatron.observability.metrics_writer import read_metrics
+
+    for mode in ("dense", "sparse"):
+        key = f"eval/{mode}/accuracy"
+        evals = [(r["step"], r[key]) for r in read_metrics(run.writer.path) if r.get(key) is not None]
+        if len(evals) >= 2:
+            (first, before), (last, after) = evals[0], evals[-1]
+            run.say(f"held-out accuracy ({mode}): step {first} {before:.3f} -> step {last} {after:.3f}")

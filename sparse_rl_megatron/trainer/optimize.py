@@ -1,0 +1,71 @@
+"""The optimizer steps of one rollout step: the rollout batch cut into ``global_batch_size`` slices.
+
+Slices are contiguous in the group-major batch (whole GRPO groups when the slice size is a multiple of the
+group size); each is one ``Learner.train_step``, whose loss is normalised over that slice's kept tokens and
+samples (each optimizer step is its own global batch). A slice with no training token left after rejection is
+skipped (an optimizer step on nothing would still move Adam's moments and apply weight decay); a rollout whose
+every sample was rejected trains not at all, and says so in its metrics.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sparse_rl_megatron.trainer.step import RolloutBatch
+
+LAST_VALUE_KEYS = ("train/step", "train/skipped_total", "train/lr")
+"""Learner counters reported as their value after the last optimizer step; other metrics are averaged."""
+SUMMED_KEYS = ("train/skipped", "train/tokens")
+
+
+def optimizer_steps(learner, batch: "RolloutBatch", num_steps: int, progress: bool = False) -> dict[str, float]:
+    """Run ``num_steps`` optimizer steps on equal slices of ``batch``; returns ``train/*`` and ``loss/*`` metrics
+    (identical on every rank). Collective."""
+    from sparse_rl_megatron.learner import TrainBatch
+    from sparse_rl_megatron.learner.batch import SequenceBatch
+
+    size = len(batch.samples) // num_steps
+    per_step: list[dict[str, float]] = []
+    empty = 0
+    bar = _bar(num_steps, progress)
+    for i in range(num_steps):
+        rows = list(range(i * size, (i + 1) * size))
+        prepared = batch.prepared.select(rows)
+        if not bool(prepared.keep.any()):
+            empty += 1
+        else:
+            seqs = SequenceBatch([batch.sequences.prompts[r] for r in rows], [batch.sequences.responses[r] for r in rows])
+            ref = None if batch.ref_log_probs is None else batch.ref_log_probs[rows]
+            per_step.append(learner.train_step(TrainBatch(seqs, prepared, ref)))
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    metrics = aggregate(per_step)
+    metrics.update({"train/optimizer_steps": float(len(per_step)), "train/empty_slices": float(empty),
+                    "train/all_rejected": 0.0 if batch.trainable else 1.0})
+    return metrics
+
+
+def aggregate(per_step: list[dict[str, float]]) -> dict[str, float]:
+    """One record for several optimizer steps: counters as their last value, sums, else the mean."""
+    out: dict[str, float] = {}
+    for key in {k for m in per_step for k in m}:
+        values = [m[key] for m in per_step if key in m]
+        if key in LAST_VALUE_KEYS:
+            out[key] = values[-1]
+        elif key in SUMMED_KEYS:
+            out[key] = sum(values)
+        else:
+            out[key] = sum(values) / len(values)
+    if per_step and "train/grad_norm" in out:
+        out["train/grad_norm_max"] = max(m["train/grad_norm"] for m in per_step)
+    return out
+
+
+def _bar(total: int, progress: bool):
+    if not progress or total < 2:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="optimizer steps", leave=False)

@@ -1,0 +1,131 @@
+"""Everything about a ``sparse-rl train`` config that can be wrong, checked before any model loads.
+
+Each problem is one ``UserError`` line naming the field (or file) and the valid values: the model directory and
+its ``config.json``, the parallel layout against the model and the world size, the task, template, reward and
+engine names, the data sets (named, files, tasks: loaded here, so an empty or label-less file is caught now), an
+explicit resume checkpoint. Every rank runs it (on several nodes each checks its own files).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sparse_rl_megatron.utils.errors import UserError
+
+if TYPE_CHECKING:
+    from sparse_rl_megatron.data.loader import Dataset
+    from sparse_rl_megatron.tasks.base import Task
+    from sparse_rl_megatron.trainer.config import TrainConfig
+
+DEFAULT_TEMPLATE = "qwen25_chat"
+DEFAULT_REWARD = "math"
+HELDOUT_SEED = 0
+"""Seed of a task's held-out problems: the same evaluation set whatever the training seed."""
+
+
+@dataclass
+class RunPlan:
+    """What preflight resolved: the names and data the run will use."""
+
+    task: "Task | None"
+    """The task of ``model_path`` / ``data.dataset`` (``task:<name>``), if any."""
+    template: str
+    """Prompt template name."""
+    reward: str
+    """Reward name."""
+    train_data: "Dataset"
+    """Training problems."""
+    eval_data: dict[str, "Dataset"] = field(default_factory=dict)
+    """Held-out problems by data set name (empty: no evaluation)."""
+    hf_config: dict[str, Any] | None = None
+    """The model's HF config when it exists before the run (None for ``tiny`` / task models)."""
+
+
+def _task(name: str, option: str):
+    from sparse_rl_megatron.tasks import get_task
+    from sparse_rl_megatron.utils.registry import UnknownNameError
+
+    try:
+        return get_task(name)
+    except UnknownNameError as err:
+        raise UserError(f"{option}: {err}") from None
+
+
+def _load(name: str, cfg: "TrainConfig", option: str, split: str, limit: int | None) -> "Dataset":
+    from sparse_rl_megatron.data.sets import load_dataset
+    from sparse_rl_megatron.tasks import is_task_ref
+
+    if is_task_ref(name):
+        task = _task(name, option)
+        return task.records(split, limit=limit, seed=cfg.seed if split == "train" else HELDOUT_SEED)
+    try:
+        return load_dataset(name, root=cfg.data.data_root, input_key=cfg.data.input_key,
+                            label_key=cfg.data.label_key, limit=limit, root_option="data.data_root")
+    except (OSError, ValueError, KeyError) as err:  # missing file or root, unknown name, no usable row
+        raise UserError(f"{option}: {err}") from None
+
+
+def check_model(cfg: "TrainConfig", world_size: int) -> dict[str, Any] | None:
+    """The model path and the parallel layout (against the model's shape and the world size)."""
+    from sparse_rl_megatron.models.arch import arch_from_hf_config
+    from sparse_rl_megatron.tasks import is_task_ref
+    from sparse_rl_megatron.trainer.config import TINY_MODEL
+    from sparse_rl_megatron.utils.preflight import check_model_dir
+
+    tp, pp = cfg.learner.tensor_parallel_size, cfg.learner.pipeline_parallel_size
+    if world_size % (tp * pp):
+        raise UserError(
+            f"learner.tensor_parallel_size x learner.pipeline_parallel_size = {tp} x {pp} = {tp * pp} does not divide "
+            f"the world size {world_size} (torchrun --nnodes x --nproc-per-node); valid: a divisor of {world_size}")
+    hf_config = None
+    if cfg.model_path == TINY_MODEL:
+        from sparse_rl_megatron.utils.tiny_models import tiny_config
+
+        hf_config = tiny_config("qwen2").to_dict()
+    elif is_task_ref(cfg.model_path):
+        _task(cfg.model_path, "model_path")
+        return None
+    else:
+        hf_config = check_model_dir(cfg.model_path, "model_path")
+    try:
+        arch = arch_from_hf_config(hf_config)
+        arch.check_tensor_parallel(tp)
+        arch.check_pipeline_parallel(pp)
+    except KeyError as err:
+        raise UserError(f"model_path: the config of {cfg.model_path} has no {err} field") from None
+    except ValueError as err:
+        raise UserError(f"learner: {err} (model {cfg.model_path})") from None
+    return None if cfg.model_path == TINY_MODEL else hf_config
+
+
+def preflight(cfg: "TrainConfig", world_size: int) -> RunPlan:
+    """Check ``cfg`` against files, registries and ``world_size``; load the data. Raises ``UserError``."""
+    from sparse_rl_megatron.data.templates import TEMPLATES
+    from sparse_rl_megatron.rewards.registry import REWARDS
+    from sparse_rl_megatron.tasks import is_task_ref
+    from sparse_rl_megatron.trainer.checkpoints import resolve_resume
+    from sparse_rl_megatron.trainer.engines import ENGINES
+    from sparse_rl_megatron.utils.registry import UnknownNameError
+
+    hf_config = check_model(cfg, world_size)
+    task = None
+    for name, option in ((cfg.model_path, "model_path"), (cfg.data.dataset, "data.dataset")):
+        if is_task_ref(name):
+            task = _task(name, option)
+    if cfg.warm_start and not is_task_ref(cfg.model_path):
+        raise UserError(f"warm_start: options are only used with model_path: task:<name>, not {cfg.model_path!r}")
+    template = cfg.data.template or (task.template if task is not None else DEFAULT_TEMPLATE)
+    reward = cfg.reward.name or (task.reward if task is not None else DEFAULT_REWARD)
+    try:
+        TEMPLATES.check(template, "data.template")
+        REWARDS.check(reward, "reward.name")
+        ENGINES.check(cfg.rollout.engine, "rollout.engine")
+    except UnknownNameError as err:
+        raise UserError(str(err)) from None
+    if cfg.checkpoint.resume not in ("auto", "never"):
+        resolve_resume(cfg.checkpoint.resume, cfg.run_dir)
+    train = _load(cfg.data.dataset, cfg, "data.dataset", "train", cfg.data.limit)
+    names = cfg.eval.datasets or ([f"task:{task.name}"] if task is not None and is_task_ref(cfg.data.dataset) else [])
+    evals = {name: _load(name, cfg, "eval.datasets", "heldout", cfg.eval.limit) for name in names}
+    return RunPlan(task=task, template=template, reward=reward, train_data=train, eval_data=evals,
+                   hf_config=hf_config)

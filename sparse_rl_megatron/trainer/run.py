@@ -1,0 +1,207 @@
+"""Set-up and tear-down of one training run, and the services the loop calls (log, save, sync, evaluate).
+
+Order of set-up (each step fails with one clear line before the costly ones start):
+preflight (every rank: config vs files, registries, world size; the data is loaded) -> process groups ->
+rank 0 takes the run-directory lock and decides fresh start (earlier outputs archived) or resume (metrics
+past the checkpoint dropped) -> models built once (tiny / task warm start) -> learner (+ reference policy when
+KL is on) -> engine and reward on rank 0 -> checkpoint loaded -> weights synced and probed.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sparse_rl_megatron.observability.metrics_writer import METRICS_FILE
+from sparse_rl_megatron.observability.plots import PLOT_FILE
+from sparse_rl_megatron.trainer import checkpoints, distributed as D
+from sparse_rl_megatron.trainer.config import TrainConfig
+from sparse_rl_megatron.trainer.evaluation import EVAL_DIR
+from sparse_rl_megatron.trainer.progress import HEARTBEAT_DIR
+from sparse_rl_megatron.trainer.preflight import RunPlan, preflight
+from sparse_rl_megatron.utils.config_io import to_dict
+
+CONFIG_FILE = "config.yaml"
+OUTPUTS = (CONFIG_FILE, METRICS_FILE, PLOT_FILE, "tensorboard", checkpoints.CHECKPOINTS_DIR, EVAL_DIR, HEARTBEAT_DIR)
+"""What a fresh start moves to ``archive/`` (the built models under ``model/`` are kept and reused)."""
+
+
+@dataclass
+class Run:
+    """A started run: everything the loop touches. Rank-0-only members are None on the other ranks."""
+
+    cfg: TrainConfig
+    plan: RunPlan
+    run_dir: Path
+    stack: contextlib.ExitStack
+    learner: Any = None
+    ref_learner: Any = None
+    engine: Any = None
+    spec: Any = None
+    reward: Any = None
+    prompts: Any = None
+    writer: Any = None
+    console: Any = None
+    heartbeat: Any = None
+    stop: Any = None
+    probe: Any = None
+    step: int = 0
+    """Rollout steps completed (the checkpoint's step when resumed)."""
+    resumed_from: Path | None = None
+
+    # ------------------------------------------------------------------------------------------------ log
+    def say(self, text: str) -> None:
+        if D.is_main():
+            self.console.print(text)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        if D.is_main():
+            self.writer.write(step, metrics)
+
+    # ----------------------------------------------------------------------------------------------- sync
+    def sync(self, version: int, push: bool = True) -> dict[str, float]:
+        """Push the learner's weights to the engine as ``version`` (unless ``push`` is False), then probe."""
+        from sparse_rl_megatron.trainer.weight_sync import default_tolerance, probe_weights, sync_weights
+
+        metrics: dict[str, float] = {}
+        if push:
+            metrics.update(sync_weights(self.learner, self.engine, version, self.cfg.sync.bucket_mb))
+        if self.cfg.sync.probe:
+            tol = self.cfg.sync.probe_tolerance or default_tolerance(self.cfg.rollout.dtype)
+            metrics.update(probe_weights(self.learner, self.engine, self.spec, self.probe, tol,
+                                         self.cfg.rollout.engine, version))
+        return metrics
+
+    # ----------------------------------------------------------------------------------------------- save
+    def save(self, step: int) -> Path:
+        state = D.on_main(lambda: {"data": self.prompts.state_dict(), "weight_version": step,
+                                   "learner_steps": self.learner.steps, "seed": self.cfg.seed})
+        return checkpoints.save(self.run_dir, step, self.learner, state, self.cfg.checkpoint.keep_last)
+
+    # ------------------------------------------------------------------------------------------- evaluate
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Held-out accuracy of the live weights (rank 0 evaluates, every rank gets the metrics)."""
+        from sparse_rl_megatron.trainer.evaluation import evaluate
+
+        if not self.plan.eval_data:
+            return {}
+        return D.on_main(lambda: evaluate(self.engine, self.spec, self.reward, self.plan.eval_data, self.cfg,
+                                          self.plan.template, step, self.run_dir))
+
+
+def _claim_run_dir(cfg: TrainConfig, run: Run) -> tuple[str | None, dict | None, list[str]]:
+    """Rank 0: lock the run directory, choose fresh start or resume (the checkpoint and its trainer state), write
+    the resolved config."""
+    from sparse_rl_megatron.utils.run_dir import RunDirLock, archive_previous_outputs
+
+    lock = run.stack.enter_context(RunDirLock(run.run_dir))
+    notes = []
+    if lock.taken_over:
+        notes.append(f"took over the lock of a run that is no longer alive (pid {lock.taken_over.get('pid')} on "
+                     f"{lock.taken_over.get('host')})")
+    resume = checkpoints.resolve_resume(cfg.checkpoint.resume, run.run_dir)
+    state = None if resume is None else checkpoints.read_state(resume)
+    if resume is None:
+        archived = archive_previous_outputs(run.run_dir, OUTPUTS)
+        if archived:
+            notes.append(f"previous outputs of {run.run_dir} moved to {archived}")
+    else:
+        notes.append(f"resuming from {resume}")
+        old = run.run_dir / CONFIG_FILE
+        if old.is_file():
+            old.replace(run.run_dir / f"{CONFIG_FILE}.before-step{state['step']}")
+    (run.run_dir / CONFIG_FILE).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    return (None if resume is None else str(resume)), state, notes
+
+
+def _build_models(cfg: TrainConfig, run: Run) -> None:
+    """Learner (+ reference), engine and reward; rank 0 builds the model directories first."""
+    from sparse_rl_megatron.learner import Learner
+    from sparse_rl_megatron.trainer.engines import ENGINES
+    from sparse_rl_megatron.trainer.models import export_for_engine, prepare_model
+    from sparse_rl_megatron.trainer.weight_sync import probe_sequence
+
+    dirs = D.on_main(lambda: prepare_model(cfg, run.plan.task, run.run_dir))
+    for note in dirs.notes:
+        run.say(note)
+    run.learner = Learner(cfg.learner_config(dirs.learner))
+    if cfg.learner.loss.kl_coef > 0:  # the reference policy is the initial model, also after a resume
+        run.ref_learner = Learner(cfg.learner_config(dirs.learner), trainable=False)
+    hf_dir = dirs.engine_hf or export_for_engine(run.learner, run.run_dir)
+    run.spec = ENGINES.get(cfg.rollout.engine)
+    run.probe = probe_sequence(run.learner.arch.vocab_size, cfg.sync.probe_tokens, cfg.seed)
+    if D.is_main():
+        run.engine = run.spec.build(hf_dir, cfg.rollout, cfg.log.progress)
+        run.reward = run.stack.enter_context(make_reward(cfg, run.plan))
+    D.wait_for_main()
+
+
+def make_reward(cfg: TrainConfig, plan: RunPlan):
+    """Rank 0: the run's reward (a context manager: the ``math`` reward owns a verifier process pool)."""
+    from sparse_rl_megatron.rewards.registry import REWARDS
+
+    factory = REWARDS.get(plan.reward)
+    return factory(cfg.reward.verifier) if plan.reward == "math" else factory()
+
+
+@contextlib.contextmanager
+def start_run(cfg: TrainConfig):
+    """Set up a run (see the module docstring); yields a ``Run``; closes the reward, logs and lock at the end."""
+    from rich.console import Console
+
+    from sparse_rl_megatron.observability.metrics_writer import MetricsWriter
+    from sparse_rl_megatron.trainer.progress import Heartbeat
+    from sparse_rl_megatron.trainer.prompts import PromptOrder
+    from sparse_rl_megatron.trainer.signals import StopRequest
+
+    plan = preflight(cfg, D.env_world_size())
+    D.init(cfg.phase_timeout_s)
+    with contextlib.ExitStack() as stack:
+        run = Run(cfg=cfg, plan=plan, run_dir=Path(cfg.run_dir), stack=stack, console=Console(soft_wrap=True))
+        stack.callback(D.shutdown)
+        resume, state, notes = D.on_main(lambda: _claim_run_dir(cfg, run))
+        for note in notes:
+            run.say(note)
+        run.stop = stack.enter_context(StopRequest(run.run_dir, announce=D.env_local_rank() == 0))
+        if D.is_main():
+            run.stop.clear_stop_file()  # it asked the previous process to stop; this one has just started
+        D.wait_for_main()
+        run.heartbeat = Heartbeat(run.run_dir, D.rank(), cfg.log.heartbeat)
+        _build_models(cfg, run)
+        if D.is_main():
+            run.prompts = PromptOrder(plan.train_data.records, cfg.seed, cfg.data.shuffle)
+        if resume is not None:
+            run.learner.load(resume)
+            restored = checkpoints.load_rng(resume, D.rank())
+            run.step, run.resumed_from = int(state["step"]), Path(resume)
+            if D.is_main():
+                for warning in run.prompts.load_state_dict(state["data"]):
+                    run.say(f"[yellow]warning[/]: {warning}")
+                if not restored or state.get("world_size") != D.world_size():
+                    run.say(f"[yellow]warning[/]: the checkpoint was written by {state.get('world_size')} ranks, "
+                            f"this run has {D.world_size()}: RNG states are not all restored")
+        if D.is_main():
+            run.writer = MetricsWriter(run.run_dir, tensorboard=cfg.log.tensorboard,
+                                       resume_step=run.step if resume is not None else None)
+            stack.callback(run.writer.close)
+            run.say(f"[bold]sparse-rl train[/]: {run.learner.describe()}; world {D.world_size()}; data "
+                    f"{cfg.data.dataset} ({len(plan.train_data)} problems); KV {cfg.rollout.compression.describe()}; "
+                    f"{cfg.steps} steps x {cfg.rollout.prompts_per_step} prompts x {cfg.rollout.samples_per_prompt} "
+                    f"samples, {cfg.optimizer_steps_per_rollout} optimizer step(s) each")
+        # the engine serves the learner's weights from here on: pushed after a resume, probed always
+        startup = run.sync(version=run.step, push=resume is not None)
+        if "sync/probe_max_abs_diff" in startup:
+            run.say(f"engine '{cfg.rollout.engine}' serves the learner's weights (version {run.step}): probe "
+                    f"max |log-prob diff| {startup['sync/probe_max_abs_diff']:.2g}")
+        yield run
+
+
+def exit_note(run: Run) -> str:
+    """Where a run that ends early left its work (for messages)."""
+    latest = checkpoints.latest_checkpoint(run.run_dir)
+    where = f"last complete checkpoint: {latest}" if latest else "no checkpoint yet"
+    return f"{where}; rerun the same command to resume (checkpoint.resume: auto)"
+

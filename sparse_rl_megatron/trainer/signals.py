@@ -1,0 +1,61 @@
+"""Stop requests: SIGTERM, SIGUSR1 (Slurm's time-limit warning), SIGINT (Ctrl-C), or a ``STOP`` file.
+
+A request only sets a flag; the loop looks at it at each step boundary, agrees on it across ranks (any rank's
+request stops every rank), saves a checkpoint and exits 0. A second Ctrl-C aborts at once (KeyboardInterrupt);
+the last saved checkpoint is still complete. The ``STOP`` file in the run directory is for launchers that
+cannot signal the training processes themselves (an sbatch script traps USR1 and writes it; see launch/).
+"""
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+
+STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
+STOP_FILE = "STOP"
+
+
+class StopRequest:
+    """Installed for the life of a run: ``with StopRequest(run_dir) as stop: ... stop.reason``."""
+
+    def __init__(self, run_dir: str | Path, announce: bool = True):
+        self.stop_file = Path(run_dir) / STOP_FILE
+        self.announce = announce
+        self.signal_name: str | None = None
+        self._previous: dict[int, object] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if name == "SIGINT" and self.signal_name == "SIGINT":
+            raise KeyboardInterrupt  # second Ctrl-C: abort now
+        if self.signal_name is None:
+            self.signal_name = name
+            if self.announce:
+                again = " (Ctrl-C again to abort without saving)" if name == "SIGINT" else ""
+                print(f"\n{name} received: stopping at the end of the current step, after a checkpoint{again}",
+                      file=sys.stderr, flush=True)
+
+    @property
+    def reason(self) -> str | None:
+        """What asked this rank to stop (a signal name or the STOP file), else None."""
+        if self.signal_name is not None:
+            return self.signal_name
+        if self.stop_file.exists():
+            return f"{STOP_FILE} file"
+        return None
+
+    def clear_stop_file(self) -> None:
+        """Remove a STOP file left for an earlier process of the run (a new process starts un-stopped)."""
+        self.stop_file.unlink(missing_ok=True)
+
+    def __enter__(self) -> "StopRequest":
+        for name in STOP_SIGNALS:
+            sig = getattr(signal, name)
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        self._previous.clear()

@@ -1,0 +1,31 @@
+"""The error types of a user's mistake (a bad option, a missing or broken file), as opposed to a bug.
+
+Commands print a ``UserError`` as one line (``sparse-rl <command>: error: <message>``, exit status 2) instead
+of a traceback (``cli.py``). The message names the option, field or file and, where there is a choice, the
+valid values. ``utils.config_io.ConfigError`` is one. A ``UsageError`` is a bad command-line option: the CLI
+prints the command's usage line before it, as argparse does for the errors it finds itself.
+"""
+from __future__ import annotations
+
+import argparse
+
+
+class UserError(Exception):
+    """Something the user asked for cannot be done as asked; the message says what to change."""
+
+    exit_code = 2
+
+
+class UsageError(UserError):
+    """A command-line option (or a combination of options) that cannot work; the message names the option."""
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type``: an integer >= 1 (argparse reports ``argument --x: must be an integer >= 1, got '0'``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got '{text}'")
+    return value

@@ -1,0 +1,23 @@
+"""``sparse-rl plan`` against the real megatron-core learner on CPU (gloo ranks): per GPU, the parameters, the
+fp32 main gradients and the Adam state exactly (the distributed optimizer's shards disjoint, summing to all moments, ~1 / DP each), and
+the activations each micro-batch keeps for backward (autograd's saved tensors, ``local`` kernels, fp32)
+within 0.5% + 512 B (loss padding slots, vocab mask), at TP1 for every model (Qwen2 tied / untied, Llama 3.x, Qwen3) and with full recompute, TP2
+and PP2 (static only: 1F1B interleaves the micro-batches) for Qwen3, and DP2 with the distributed optimizer."""
+import pytest
+
+from mcore_harness import MODELS
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_plan_matches_learner_tp1(single_launch, model):
+    single_launch.check(f"plan_matches_learner_tp1_{model}")
+
+
+def test_plan_matches_learner_with_full_recompute(single_launch):
+    """Full recompute (one layer per checkpoint): the forward keeps each layer's input, as planned."""
+    single_launch.check("plan_matches_learner_recompute")
+
+
+@pytest.mark.parametrize("layout", ["tp2pp1", "tp1pp2", "tp1pp1", "distopt"])
+def test_plan_matches_learner_layouts(pair_launch, layout):
+    pair_launch.check(f"plan_matches_learner_{layout}")

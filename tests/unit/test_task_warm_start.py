@@ -1,0 +1,92 @@
+"""The supervised stage (tasks/sft.py) and modchain's warm start built on it."""
+import math
+
+import pytest
+import torch
+
+from sparse_rl_megatron.tasks.modchain import ModChainModel, ModChainSpec, ModChainTask
+from sparse_rl_megatron.tasks.sft import SFTConfig, collate
+from sparse_rl_megatron.utils.config_io import ConfigError
+
+TINY = ModChainSpec(steps=6, heldout_size=40, heldout_variants=1, train_variants=2,
+                    model=ModChainModel(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64))
+
+
+@pytest.fixture(scope="module")
+def init_dir(tmp_path_factory):
+    return ModChainTask(TINY).build_model(tmp_path_factory.mktemp("warm") / "init", seed=0)
+
+
+def test_lr_schedule_constant_then_cosine_over_the_last_fraction():
+    cfg = SFTConfig(steps=10, lr=1.0, min_lr=0.0, decay_fraction=0.4)
+    lrs = [cfg.lr_at(s) for s in range(10)]
+    assert lrs[:6] == [1.0] * 6
+    assert lrs[6] == pytest.approx(0.5 * (1 + math.cos(math.pi / 4)))
+    assert lrs[9] == pytest.approx(0.0)
+    assert SFTConfig(steps=10, lr=0.5, decay_fraction=0.0).lr_at(9) == 0.5
+
+
+def test_collate_masks_prompts_and_padding():
+    ids, labels = collate([([5, 6], [7, 8, 1]), ([5], [9, 1])], pad_id=0)
+    assert ids.tolist() == [[5, 6, 7, 8, 1], [5, 9, 1, 0, 0]]
+    assert labels.tolist() == [[-100, -100, 7, 8, 1], [-100, 9, 1, -100, -100]]
+
+
+def test_short_warm_start_lowers_the_loss_deterministically(init_dir, tmp_path):
+    task = ModChainTask(TINY)
+    opts = dict(steps=30, lr=1e-2, batch_size=8, log_every=0, eval_problems=0)
+    m1 = task.warm_start(init_dir, tmp_path / "a", seed=1, **opts)
+    assert m1["sft/steps"] == 30 and m1["sft/seconds"] > 0 and m1["sft/cpu_seconds"] > 0
+    assert m1["sft/loss_last"] < 0.7 * m1["sft/loss_first"], m1
+    task.warm_start(init_dir, tmp_path / "b", seed=1, **opts)
+    from safetensors.torch import load_file
+
+    a, b = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert (tmp_path / "a" / "tokenizer.json").is_file() and not (tmp_path / "a.partial").exists()
+    # continuing from the result (the equal-time supervised control) works from any checkpoint of the task
+    m2 = task.warm_start(tmp_path / "a", tmp_path / "c", seed=2, steps=5, lr=1e-3, batch_size=8, log_every=0,
+                         eval_problems=4)
+    assert m2["sft/loss_first"] < m1["sft/loss_first"] and 0.0 <= m2["sft/heldout_acc"] <= 1.0
+
+
+def test_bad_options_and_existing_output_are_refused_before_training(init_dir, tmp_path):
+    task = ModChainTask(TINY)
+    with pytest.raises(ConfigError, match="warm_start: unknown key\\(s\\) stepz; valid keys: .*steps"):
+        task.warm_start(init_dir, tmp_path / "x", stepz=3)
+    with pytest.raises(ConfigError, match="steps must be >= 1"):
+        task.warm_start(init_dir, tmp_path / "x", steps=0)
+    (tmp_path / "x").mkdir()
+    with pytest.raises(FileExistsError, match="already exists"):
+        task.warm_start(init_dir, tmp_path / "x", steps=1)
+
+
+def test_key_dropout_mask_keeps_causality_prompt_and_recent_keys():
+    from sparse_rl_megatron.tasks.sft import key_dropout_mask
+
+    g = torch.Generator().manual_seed(0)
+    length, prompt_lens = 40, torch.tensor([5, 9, 1, 12])
+    mask = key_dropout_mask(prompt_lens, length, rate=1.0, prompt_rate=0.0, keep_recent=3, generator=g)
+    assert mask.shape == (4, 1, length, length) and mask.dtype == torch.bool
+    i, j = torch.arange(length).view(-1, 1), torch.arange(length).view(1, -1)
+    causal = j <= i
+    for b, p in enumerate(prompt_lens.tolist()):
+        m = mask[b, 0]
+        assert not (m & ~causal).any()                       # never a future key
+        assert m[causal & ((i - j) < 3)].all()               # the recent window (and the query itself)
+        assert m[causal & (j < p)].all()                     # prompt keys, with prompt_rate 0
+    droppable = causal & ((i - j) >= 3) & (j >= 12)
+    assert (~mask[:, 0][:, droppable]).any()                 # some response keys are dropped
+    # rate 0 everywhere: plain causal attention
+    assert torch.equal(key_dropout_mask(prompt_lens, length, 0.0, 0.0, 1, generator=g)[:, 0], causal.expand(4, -1, -1))
+    # prompt keys drop too with prompt_rate > 0; a row's drop rate is u * rate with u ~ U[0, 1]
+    many = key_dropout_mask(torch.full((400,), 5), length, 0.0, 1.0, 1, generator=g)[:, 0]
+    dropped_prompt = (~many[:, causal & (j < 5) & (i != j)]).float().mean()
+    assert 0.4 < float(dropped_prompt) < 0.6
+
+
+def test_warm_start_with_key_dropout_learns(init_dir, tmp_path):
+    task = ModChainTask(TINY)
+    m = task.warm_start(init_dir, tmp_path / "kd", seed=0, steps=30, lr=1e-2, batch_size=8, log_every=0,
+                        eval_problems=0, key_dropout=0.9, key_dropout_prompt=0.3)
+    assert m["sft/loss_last"] < 0.7 * m["sft/loss_first"], m

@@ -1,0 +1,156 @@
+"""``sparse-rl train`` configs: every recipe loads, the learner section is typed, bad values name their field,
+and preflight catches bad files and layouts before any model loads."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sparse_rl_megatron.trainer.config import TrainConfig
+from sparse_rl_megatron.trainer.preflight import preflight
+from sparse_rl_megatron.utils.config_io import ConfigError, from_dict, load_config
+from sparse_rl_megatron.utils.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPES = sorted(p for p in (ROOT / "configs").rglob("*.yaml") if "base" not in p.relative_to(ROOT / "configs").parts)
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: str(p.relative_to(ROOT / "configs")))
+def test_every_recipe_loads_into_train_config(recipe):
+    cfg = load_config(TrainConfig, recipe)
+    assert cfg.learner_config("x").model_path == "x"
+
+
+def test_learner_section_is_typed_and_checked():
+    cfg = from_dict(TrainConfig, {"learner": {"tensor_parallel_size": 2, "optim": {"lr": 1e-5},
+                                              "megatron_overrides": {"recompute_granularity": "full"}}})
+    lc = cfg.learner_config("/models/m")
+    assert (lc.model_path, lc.tensor_parallel_size, lc.optim.lr) == ("/models/m", 2, 1e-5)
+    assert lc.megatron_overrides == {"recompute_granularity": "full"}
+    with pytest.raises(ConfigError, match=r"^learner: unknown key\(s\) tp; valid keys: batch_layout, .*tensor_parallel_size"):
+        from_dict(TrainConfig, {"learner": {"tp": 2}})
+    with pytest.raises(ConfigError, match=r"^learner: unknown key\(s\) model_path"):  # the run's, not the learner's
+        from_dict(TrainConfig, {"learner": {"model_path": "x"}})
+    with pytest.raises(ConfigError, match=r"learner.optim: OptimConfig.lr_decay_style must be one of constant"):
+        from_dict(TrainConfig, {"learner": {"optim": {"lr_decay_style": "wavy"}}})
+    with pytest.raises(ConfigError, match=r"learner: LearnerConfig.batch_layout: unknown batch layout 'x'; valid names: packed, padded"):
+        from_dict(TrainConfig, {"learner": {"batch_layout": "x"}})
+
+
+def test_one_sample_per_prompt_needs_an_estimator_that_works_with_one():
+    with pytest.raises(ConfigError, match=r"samples_per_prompt=1 with correction.advantage_estimator='grpo' trains on "
+                                          r"zero advantages.*: reinforce"):
+        from_dict(TrainConfig, {"rollout": {"samples_per_prompt": 1}})
+    cfg = from_dict(TrainConfig, {"rollout": {"samples_per_prompt": 1},
+                                  "correction": {"advantage_estimator": "reinforce"}})
+    assert cfg.rollout.batch_size == cfg.rollout.prompts_per_step
+
+
+def test_global_batch_must_divide_the_rollout_batch():
+    cfg = from_dict(TrainConfig, {"rollout": {"prompts_per_step": 4, "samples_per_prompt": 4}, "global_batch_size": 8})
+    assert cfg.optimizer_steps_per_rollout == 2
+    with pytest.raises(ConfigError, match=r"global_batch_size=6 must divide the rollout batch .* = 16"):
+        from_dict(TrainConfig, {"rollout": {"prompts_per_step": 4, "samples_per_prompt": 4}, "global_batch_size": 6})
+    with pytest.raises(ConfigError, match=r"^eval: TrainEvalConfig.modes must be a non-empty list of dense, sparse"):
+        from_dict(TrainConfig, {"eval": {"modes": ["fast"]}})
+
+
+# ------------------------------------------------------------------------------------------------- preflight
+def _model_dir(path: Path, **overrides) -> Path:
+    """A model directory that passes the file checks (config + an empty weights file; nothing loads it)."""
+    path.mkdir(parents=True, exist_ok=True)
+    config = {"model_type": "qwen2", "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 256, **overrides}
+    (path / "config.json").write_text(json.dumps(config))
+    (path / "model.safetensors").write_bytes(b"")
+    return path
+
+
+def _jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _cfg(tmp_path, **fields) -> TrainConfig:
+    data = {"model_path": str(_model_dir(tmp_path / "m")), "run_dir": str(tmp_path / "run"),
+            "data": {"dataset": str(_jsonl(tmp_path / "d.jsonl", [{"prompt": "1+1?", "answer": "2"}]))}}
+    for key, value in fields.items():
+        node = data
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return from_dict(TrainConfig, data)
+
+
+def test_preflight_passes_and_resolves_defaults(tmp_path):
+    plan = preflight(_cfg(tmp_path), world_size=2)
+    assert (plan.template, plan.reward, len(plan.train_data), plan.eval_data) == ("qwen25_chat", "math", 1, {})
+    assert plan.hf_config["num_attention_heads"] == 4
+
+
+@pytest.mark.parametrize("fields,world,message", [
+    ({"model_path": "/no/such/model"}, 1, r"^model_path: /no/such/model does not exist$"),
+    ({"learner.tensor_parallel_size": 2}, 3, r"^learner.tensor_parallel_size x learner.pipeline_parallel_size = 2 x 1 "
+                                             r"= 2 does not divide the world size 3"),
+    ({"learner.tensor_parallel_size": 4}, 4, r"^learner: tensor_parallel_size=4 does not divide num_query_groups .*=2 .*\(model .*/m\)$"),
+    ({"learner.pipeline_parallel_size": 3}, 3, r"^learner: pipeline_parallel_size=3 does not divide .*"),
+    ({"data.template": "chatml"}, 1, r"^data.template: unknown prompt template 'chatml'; valid names: plain, "),
+    ({"reward.name": "bleu"}, 1, r"^reward.name: unknown reward 'bleu'; valid names: math"),
+    ({"rollout.engine": "vllm"}, 1, r"^rollout.engine: unknown rollout engine 'vllm'; valid names: hf$"),
+    ({"data.dataset": "gsm9k"}, 1, r"^data.dataset: 'gsm9k' is neither a named data set \(valid names: aime24, "),
+    ({"data.dataset": "gsm8k_train", "data.data_root": "/no/root"}, 1,
+     r"^data.dataset: data set 'gsm8k_train' expects /no/root/train/gsm8k/train.jsonl.* with data.data_root or "),
+    ({"data.dataset": "/no/file.jsonl"}, 1, r"^data.dataset: data file not found: /no/file.jsonl$"),
+    ({"eval.datasets": ["gsm8k", "/no/eval.jsonl"]}, 1, r"^eval.datasets: "),
+    ({"model_path": "task:nope"}, 1, r"^model_path: unknown task 'nope'; valid names:"),
+    ({"warm_start": {"steps": 3}}, 1, r"^warm_start: options are only used with model_path: task:<name>"),
+    ({"checkpoint.resume": "/no/ckpt"}, 1, r"^checkpoint.resume: /no/ckpt does not exist \(valid: auto, never, or"),
+])
+def test_preflight_errors_name_the_field(tmp_path, fields, world, message):
+    with pytest.raises(UserError, match=message):
+        preflight(_cfg(tmp_path, **fields), world_size=world)
+
+
+def test_preflight_names_bad_files(tmp_path):
+    cfg = _cfg(tmp_path)
+    (Path(cfg.model_path) / "config.json").write_text('{"model_type": "qwen2",')
+    with pytest.raises(UserError, match=r"^.*/m/config.json is not valid JSON"):
+        preflight(cfg, 1)
+    _model_dir(Path(cfg.model_path), model_type="gpt9")
+    with pytest.raises(UserError, match=r"^learner: unknown model family 'gpt9'|model_type"):
+        preflight(cfg, 1)
+    cfg = _cfg(tmp_path)
+    (tmp_path / "empty.jsonl").write_text("")
+    cfg.data.dataset = str(tmp_path / "empty.jsonl")
+    with pytest.raises(UserError, match=r"^data.dataset: data file .*empty.jsonl has no usable rows"):
+        preflight(cfg, 1)
+    cfg.data.dataset = str(_jsonl(tmp_path / "nolabel.jsonl", [{"prompt": "1+1?"}, {"prompt": "2+2?"}]))
+    with pytest.raises(UserError, match=r"^data.dataset: data file .*nolabel.jsonl has no usable rows \(2 malformed.*"
+                                        r"line 1: .*answer"):
+        preflight(cfg, 1)
+
+
+def test_paper_recipes_carry_the_reference_settings_and_a_consistent_layout():
+    from sparse_rl_megatron.trainer.launch_check import LaunchShape, check_gpus
+
+    recipes = {p.parent.name + "/" + p.stem: load_config(TrainConfig, p) for p in RECIPES if "recipes" in p.parts}
+    assert len(recipes) == 12  # Qwen2.5 1.5B / 3B / 7B x dense, rkv, snapkv, naive
+    for name, cfg in recipes.items():
+        assert (cfg.rollout.prompts_per_step, cfg.rollout.samples_per_prompt, cfg.global_batch_size) == (128, 8, 256)
+        assert cfg.optimizer_steps_per_rollout == 4 and cfg.rollout.sampling.max_new_tokens == 4096
+        assert (cfg.learner.optim.lr, cfg.learner.loss.kl_coef, cfg.data.dataset) == (1e-6, 1e-4, "math_train_l3to5")
+        assert cfg.rollout.engine == "sglang" and cfg.launch.gpus and cfg.launch.layout
+        method = name.split("/")[1]
+        assert cfg.rollout.compression.method == {"dense": "none", "snapkv": "snapkv"}.get(method, "rkv"), name
+        assert cfg.correction.mode == ("none" if method == "naive" else "sparse_rl"), name
+        if method != "dense":
+            c = cfg.rollout.compression
+            assert (c.budget, c.window, c.buffer) == (512, 8, 128)
+        gpus = cfg.launch.gpus
+        check_gpus(LaunchShape(1, gpus), visible=gpus, tp=cfg.learner.tensor_parallel_size,
+                   pp=cfg.learner.pipeline_parallel_size, expected=gpus)
+        assert cfg.run_dir == f"runs/{name.replace('/', '-')}"
+        sp = cfg.learner.megatron_overrides.get("sequence_parallel", False)
+        assert sp == (cfg.learner.tensor_parallel_size > 1), name  # the reference's SP wherever TP allows it
