@@ -13,7 +13,7 @@ import time
 import urllib.request
 
 import pytest
-from conftest import STRICT_MEMORY_CHECKS, assert_matches_reference, teacher_forced
+from sglang_helpers import STRICT_MEMORY_CHECKS, assert_matches_reference, teacher_forced
 
 from sparse_rl_megatron.compression import CompressionConfig
 from sparse_rl_megatron.rollout.engine import SamplingParams

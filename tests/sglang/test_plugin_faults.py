@@ -17,7 +17,7 @@ import sys
 import textwrap
 
 import pytest
-from conftest import assert_matches_reference, scheduler_env, teacher_forced
+from sglang_helpers import assert_matches_reference, scheduler_env, teacher_forced
 
 from sparse_rl_megatron.compression import CompressionConfig
 from sparse_rl_megatron.rollout.engine import SamplingParams

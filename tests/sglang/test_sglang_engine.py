@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import (assert_matches_reference, full_forward_logprobs, read_stats, scheduler_env,
-                      teacher_forced)
+from sglang_helpers import (assert_matches_reference, full_forward_logprobs, read_stats, scheduler_env,
+                            teacher_forced)
 
 from sparse_rl_megatron.compression import CompressionConfig
 from sparse_rl_megatron.rollout.engine import RolloutEngine, SamplingParams
