@@ -142,6 +142,8 @@ def request_compression(base: CompressionConfig, overrides: Any) -> CompressionC
         SparseKVConfig(compression=config)  # the plugin's own restrictions (methods, prefill compression)
     except ValueError as err:
         raise ConfigError(f"custom_params.{REQUEST_KEY}: {err}") from None
+    if config.is_dense:  # nothing is compressed: no query ring, no position buffer
+        return config
     if config.window > base.window:
         raise ConfigError(f"custom_params.{REQUEST_KEY}.window ({config.window}) exceeds the server's window "
                           f"({base.window}), which sizes the query ring")

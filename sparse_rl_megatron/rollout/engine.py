@@ -67,8 +67,11 @@ class RolloutEngine(Protocol):
         (all samples of prompt 0 first), with ``group_id`` = prompt index."""
         ...
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Load HF-named full tensors (any subset of the model's parameters) and set the weight version."""
+    def update_weights(self, named_tensors: Iterable, version: int) -> None:
+        """Load HF-named full tensors and set the weight version. ``named_tensors``: (hf_name, tensor) pairs or
+        buckets (lists of pairs, as ``Learner.export_weights`` yields them), possibly a lazy iterator consumed
+        once. Any subset of the parameters, except for engines that reload a whole model (SGLang's ``disk``
+        sync): there one call carries every weight."""
         ...
 
     def release_memory(self) -> None:

@@ -20,7 +20,7 @@ from sparse_rl_megatron.rollout.kv_cache import CompressedKVCache
 from sparse_rl_megatron.rollout.sample import CompressionInfo, Sample
 from sparse_rl_megatron.rollout.sampling import draw_uniforms, sample_tokens
 from sparse_rl_megatron.rollout.stopping import StopChecker
-from sparse_rl_megatron.rollout.weights import copy_named_tensors, read_hf_safetensors
+from sparse_rl_megatron.rollout.weights import copy_named_tensors, iter_pairs, read_hf_safetensors
 
 _SEED_RANGE = 2**62  # seeds drawn when SamplingParams.seed is None
 _COMPACT_FRACTION = 4
@@ -77,9 +77,9 @@ class HFRolloutEngine:
         return next(self.model.parameters()).device
 
     # ------------------------------------------------------------------------------------------- weights
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Load HF-named tensors (any subset) and set the weight version."""
-        copy_named_tensors(self.model, named_tensors)
+    def update_weights(self, named_tensors: Iterable, version: int) -> None:
+        """Load HF-named tensors (any subset; pairs or buckets of pairs, possibly lazy) and set the weight version."""
+        copy_named_tensors(self.model, iter_pairs(named_tensors))
         self.weight_version = version
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int | None = None) -> None:

@@ -49,8 +49,10 @@ class InProcessClient:
 
         self.engine = sglang.Engine(**engine_kwargs)
 
-    def generate(self, input_ids: list[list[int]], sampling_params: list[dict], groups=None) -> list[dict]:
-        return self.engine.generate(input_ids=input_ids, sampling_params=sampling_params, return_logprob=True)
+    def generate(self, input_ids: list[list[int]], sampling_params: list[dict], groups=None,
+                 logprob_start_len: list[int] | None = None) -> list[dict]:
+        return self.engine.generate(input_ids=input_ids, sampling_params=sampling_params, return_logprob=True,
+                                    logprob_start_len=logprob_start_len)
 
     def _run(self, name: str, fields: dict) -> Any:
         from sglang.srt.managers import io_struct
@@ -142,15 +144,23 @@ class HttpClient:
                 raise ValueError(f"SGLang server {url} is at weight version {current}, not {version}; pass "
                                  f"weight_version={current} to SGLangRolloutEngine (or update its weights)")
 
-    def generate(self, input_ids: list[list[int]], sampling_params: list[dict], groups=None) -> list[dict]:
+    def generate(self, input_ids: list[list[int]], sampling_params: list[dict], groups=None,
+                 logprob_start_len: list[int] | None = None) -> list[dict]:
         """Requests of one group (``groups[j]``, default: each its own) go to one server, so they share
-        the prompt's KV in its radix cache."""
+        the prompt's KV in its radix cache. ``logprob_start_len[j]``: also return the log-probs of request j's
+        input tokens from that position on (``meta_info['input_token_logprobs']``)."""
         n = len(self.urls)
         groups = list(range(len(input_ids))) if groups is None else groups
         shards = [[j for j in range(len(input_ids)) if groups[j] % n == i] for i in range(n)]
-        futures = [self._pool.submit(self._request, url, "/generate", {
-            "input_ids": [input_ids[j] for j in idx], "sampling_params": [sampling_params[j] for j in idx],
-            "return_logprob": True}) for url, idx in zip(self.urls, shards) if idx]
+        def body(idx: list[int]) -> dict:
+            out = {"input_ids": [input_ids[j] for j in idx], "sampling_params": [sampling_params[j] for j in idx],
+                   "return_logprob": True}
+            if logprob_start_len is not None:
+                out["logprob_start_len"] = [logprob_start_len[j] for j in idx]
+            return out
+
+        futures = [self._pool.submit(self._request, url, "/generate", body(idx))
+                   for url, idx in zip(self.urls, shards) if idx]
         out: list[dict] = [None] * len(input_ids)  # type: ignore[list-item]
         for (url, idx), fut in zip([(u, i) for u, i in zip(self.urls, shards) if i], futures):
             result = fut.result()

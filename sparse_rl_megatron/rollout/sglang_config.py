@@ -39,6 +39,10 @@ class SGLangEngineConfig:
     """Fraction of device memory for weights + KV pool (None: SGLang's default)."""
     max_running_requests: int | None = None
     """Most requests decoding at once (None: SGLang's default)."""
+    memory_saver: bool = False
+    """CUDA, in-process: start SGLang with ``enable_memory_saver`` (torch_memory_saver, an SGLang dependency on GPU)
+    so ``release_memory`` really frees its KV cache and weights while a colocated learner trains; without it
+    release/resume are no-ops (always on CPU)."""
     radix_cache: bool = True
     """Share a GRPO group's prompt KV between its samples (prefilled once)."""
     inner_backend: str = ""

@@ -22,7 +22,7 @@ Weights: ``update_weights`` takes HF-named full tensors (or the learner's bucket
 them between ``begin/end_weight_update`` (``tensor``, in-process), over a process group (``distributed``,
 gloo on CPU / NCCL on GPU, any node) or through safetensors files (``disk``); SGLang flushes its prefix
 cache, so no KV computed with old weights survives. ``release_memory`` / ``resume_memory`` map to SGLang's
-``release/resume_memory_occupation`` (no-ops on CPU).
+``release/resume_memory_occupation`` (they free memory only on CUDA with ``memory_saver``; no-ops on CPU).
 """
 from __future__ import annotations
 
@@ -39,20 +39,6 @@ from sparse_rl_megatron.rollout.sglang_config import CPU_DEFAULT_POOL_TOKENS, SG
 from sparse_rl_megatron.utils.config_io import to_dict
 
 _SEED_MOD = 2**31 - 1  # SGLang's sampling_seed is a 32-bit signed int
-
-
-def _flatten_buckets(named_tensors: Iterable) -> list[list[tuple[str, torch.Tensor]]]:
-    """(name, tensor) pairs or buckets (lists of pairs) -> a list of buckets."""
-    buckets: list[list[tuple[str, torch.Tensor]]] = []
-    loose: list[tuple[str, torch.Tensor]] = []
-    for item in named_tensors:
-        if isinstance(item, (list, tuple)) and item and isinstance(item[0], (list, tuple)):
-            buckets.append([(str(n), t) for n, t in item])
-        elif isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], str):
-            loose.append((item[0], item[1]))
-        else:
-            raise TypeError(f"update_weights: expected (hf_name, tensor) pairs or buckets of them, got {type(item)}")
-    return buckets + ([loose] if loose else [])
 
 
 class SGLangRolloutEngine:
@@ -97,7 +83,8 @@ class SGLangRolloutEngine:
 
         c = self.config
         on_cpu = cpu_compat.apply()
-        kwargs: dict[str, Any] = dict(cpu_compat.cpu_engine_kwargs()) if on_cpu else {"disable_cuda_graph": True}
+        kwargs: dict[str, Any] = dict(cpu_compat.cpu_engine_kwargs()) if on_cpu else {
+            "disable_cuda_graph": True, "enable_memory_saver": c.memory_saver}
         kwargs.update(model_path=c.model_path, dtype=c.dtype, tp_size=c.tp_size, random_seed=c.random_seed,
                       log_level=c.log_level, attention_backend=BACKEND_NAME, page_size=1,
                       disable_radix_cache=not c.radix_cache, weight_version=str(self.weight_version))
@@ -144,6 +131,32 @@ class SGLangRolloutEngine:
             raise RuntimeError(f"{len(todo)} request(s) were refused after retractions {self.config.max_resubmits + 1} "
                                "times; enlarge the KV pool or lower max_running_requests")
         return [done[(g, i)] for g in range(len(prompt_ids)) for i in range(n)]
+
+    def dense_logprobs(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """``[len(response)]`` T=1 log-probs of each given response after its prompt, under full attention
+        (compression off for these requests; one prefill each, at temperature 1 so SGLang's input log-probs
+        are unscaled). The weight-sync probe's engine side."""
+        if self._released:
+            raise RuntimeError("SGLangRolloutEngine.dense_logprobs called after release_memory(); call resume_memory()")
+        ids = [list(map(int, p)) + list(map(int, r)) for p, r in zip(prompts, responses)]
+        if any(len(p) < 1 for p in prompts):
+            raise ValueError("dense_logprobs: every prompt needs at least one token")
+        params = self._sampling(SamplingParams(temperature=1.0, max_new_tokens=1), 0, 0, 0,
+                                to_dict(CompressionConfig()))
+        outs = self.client.generate(ids, [dict(params) for _ in ids], groups=list(range(len(ids))),
+                                    logprob_start_len=[len(p) - 1 for p in prompts])
+        result = []
+        for j, (out, response) in enumerate(zip(outs, responses)):
+            self._check_version(out["meta_info"], j, 0)
+            triples = out["meta_info"]["input_token_logprobs"][1:]  # the first is the last prompt token's: None
+            if [int(t) for _, t, _ in triples] != [int(t) for t in response]:
+                raise RuntimeError(f"dense_logprobs: SGLang scored other tokens than response {j}'s")
+            result.append(torch.tensor([float(lp) for lp, _, _ in triples], dtype=torch.float32))
+        return result
+
+    def with_compression(self, compression: CompressionConfig) -> "CompressionView":
+        """This engine (same servers, same live weights) sampling with another KV compression per request."""
+        return CompressionView(self, compression)
 
     def _sampling(self, s: SamplingParams, group: int, index: int, attempt: int, overrides) -> dict:
         params: dict[str, Any] = {"temperature": s.temperature, "top_p": s.top_p,
@@ -222,10 +235,12 @@ class SGLangRolloutEngine:
 
     # ------------------------------------------------------------------------------------------ weights
     def update_weights(self, named_tensors: Iterable, version: int) -> None:
-        """Load HF-named full tensors (pairs, or buckets of pairs) into every server and set the version."""
+        """Load HF-named full tensors (pairs or buckets of pairs, possibly lazy: streamed bucket by bucket) into
+        every server and set the version. ``disk`` sync needs every weight in one call."""
         from sparse_rl_megatron.rollout.sglang_weights import push_weights
+        from sparse_rl_megatron.rollout.weights import iter_buckets
 
-        push_weights(self, _flatten_buckets(named_tensors), str(version))
+        push_weights(self, iter_buckets(named_tensors), str(version))
         self.client.flush_cache()
         self.weight_version = version
 
@@ -254,3 +269,22 @@ class SGLangRolloutEngine:
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
+
+
+class CompressionView:
+    """An :class:`SGLangRolloutEngine` whose ``generate`` uses another KV compression (e.g. dense evaluation of a
+    sparse-rollout server); weights, version and memory state are the engine's."""
+
+    def __init__(self, engine: SGLangRolloutEngine, compression: CompressionConfig):
+        self.engine, self.compression = engine, compression
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def weight_version(self) -> int:
+        return self.engine.weight_version
+
+    def generate(self, prompts: Sequence[str | list[int]], n: int, sampling: SamplingParams) -> list[Sample]:
+        return self.engine.generate(prompts, n, sampling, compression=self.compression)

@@ -5,7 +5,8 @@
 this process is rank 0 and broadcasts each bucket's tensors in order while SGLang's
 ``update_weights_from_distributed`` receives them (the call is posted first, then the broadcast runs,
 as SGLang's own tests and slime do); server i's TP ranks are ``1 + i * tp_size ...``. ``disk`` writes a
-full HF directory (safetensors plus the model's config and tokenizer files) and has every server reload it.
+full HF directory (one safetensors shard per bucket plus the model's config and tokenizer files) and has every
+server reload it. Buckets are streamed: only one is held at a time.
 Every update carries the new weight version, which SGLang stamps on each later response.
 """
 from __future__ import annotations
@@ -13,17 +14,21 @@ from __future__ import annotations
 import shutil
 import socket
 from pathlib import Path
+from typing import Iterable
 
 import torch
 
 GROUP_NAME = "sparse_rl_weight_sync"
 
 
-def push_weights(engine, buckets: list[list[tuple[str, torch.Tensor]]], version: str) -> None:
+def push_weights(engine, buckets: Iterable[list[tuple[str, torch.Tensor]]], version: str) -> None:
     c = engine.config
     if c.weight_sync == "disk":
-        reload_from_disk(engine.client, write_hf_dir(buckets, Path(c.weight_sync_dir) / f"v{version}", c.model_path),
-                         version)
+        out = write_hf_dir(buckets, Path(c.weight_sync_dir) / f"v{version}", c.model_path)
+        reload_from_disk(engine.client, out, version)
+        previous, engine._disk_weights = getattr(engine, "_disk_weights", None), out
+        if previous is not None and previous != out:
+            shutil.rmtree(previous, ignore_errors=True)  # one model copy on disk at a time
         return
     client = engine.client
     client.call_each("begin_weight_update", [{"selector": "all"}] * client.num_servers)
@@ -81,14 +86,18 @@ def _process_group(engine):
     return engine._weight_group
 
 
-def write_hf_dir(buckets: list[list[tuple[str, torch.Tensor]]], out: Path, model_path: str) -> Path:
-    """An HF model directory: the given tensors as ``model.safetensors`` plus ``model_path``'s other files."""
+def write_hf_dir(buckets: Iterable[list[tuple[str, torch.Tensor]]], out: Path, model_path: str) -> Path:
+    """An HF model directory: each bucket as ``model-<k>.safetensors`` (SGLang loads every shard of a directory
+    without an index) plus ``model_path``'s other files."""
     from safetensors.torch import save_file
 
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
     for item in Path(model_path).iterdir():
         if item.is_file() and not item.name.startswith("model") and item.suffix != ".safetensors":
             shutil.copy2(item, out / item.name)
-    tensors = {name: t.detach().to("cpu").contiguous().clone() for bucket in buckets for name, t in bucket}
-    save_file(tensors, str(out / "model.safetensors"))
+    for k, bucket in enumerate(buckets):
+        tensors = {name: t.detach().to("cpu").contiguous().clone() for name, t in bucket}
+        save_file(tensors, str(out / f"model-{k:05d}.safetensors"))
     return out
