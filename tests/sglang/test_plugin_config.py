@@ -47,6 +47,8 @@ def test_request_overrides_stay_within_the_server():
         request_compression(base, {"bugdet": 8})
     with pytest.raises(ConfigError, match="'h2o' is not supported by the SGLang plugin"):
         request_compression(base, {"method": "h2o"})
+    # a dense request (the trainer's weight probe, dense evaluation) needs no query ring: any window goes
+    assert request_compression(base, {"method": "none", "window": 32, "budget": 512}).is_dense
 
 
 def test_engine_config_is_checked_early():
@@ -75,3 +77,32 @@ def test_launcher_adds_what_the_plugin_needs_unless_given():
                         ("--device", "cpu"), ("--max-total-tokens", "65536")]:
         assert argv[argv.index(flag) + 1] == value
     assert "--device" not in server_argv(["--model-path", "m"], on_cpu=False)
+
+
+def test_trainer_section_and_recipes():
+    """``rollout.sglang`` in ``sparse-rl train``: SGLangEngineConfig's fields minus what the run gives (model,
+    compression, dtype); every shipped recipe names the sglang engine and builds its config."""
+    from pathlib import Path
+
+    from sparse_rl_megatron.trainer.config import TrainConfig
+    from sparse_rl_megatron.utils.config_io import load_config
+
+    recipes = sorted((Path(__file__).resolve().parents[2] / "configs" / "recipes").glob("qwen2.5-*/*.yaml"))
+    assert len(recipes) == 12
+    for recipe in recipes:
+        rollout = load_config(TrainConfig, recipe).rollout
+        engine = rollout.sglang_config("/models/m")
+        assert rollout.engine == "sglang" and engine.model_path == "/models/m" and engine.dtype == "bfloat16"
+        assert engine.compression == rollout.compression and engine.memory_saver
+    cfg = load_config(TrainConfig, None, ["rollout.engine=sglang", "rollout.sglang.urls=[http://h:1]",
+                                          "rollout.sglang.weight_sync=distributed"])
+    assert cfg.rollout.sglang_config("/m").urls == ["http://h:1"]
+    for overrides, message in [
+        (["rollout.engine=sglang", "rollout.sglang.weight_sync=nccl"],
+         "rollout.sglang: SGLangEngineConfig.weight_sync must be one of tensor, distributed, disk"),
+        (["rollout.engine=sglang", "rollout.sglang.model_path=/x"], "rollout.sglang: unknown key.s. model_path"),
+        (["rollout.engine=sglang", "rollout.compression.method=h2o"], "rollout: .*'h2o' is not supported"),
+        (["rollout.sglang.max_total_tokens=1024"], "rollout: sglang options are set, but engine is 'hf'"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            load_config(TrainConfig, None, overrides)
