@@ -4,8 +4,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Protocol, Sequence, runtime_checkable
 
-import torch
-
 from sparse_rl_megatron.rollout.sample import Sample
 
 

@@ -262,7 +262,12 @@ class SGLangRolloutEngine:
         self._released = False
 
     def shutdown(self) -> None:
-        self.client.shutdown()
+        from sparse_rl_megatron.rollout.sglang_weights import close_process_group
+
+        try:
+            close_process_group(self)
+        finally:
+            self.client.shutdown()
 
     def __enter__(self) -> "SGLangRolloutEngine":
         return self

@@ -18,7 +18,8 @@ from typing import Iterable
 
 import torch
 
-GROUP_NAME = "sparse_rl_weight_sync"
+GROUP_PREFIX = "sparse_rl_weight_sync"
+"""Process-group names are this plus the rendezvous port: unique per engine, in this process and on the servers."""
 
 
 def push_weights(engine, buckets: Iterable[list[tuple[str, torch.Tensor]]], version: str) -> None:
@@ -41,7 +42,7 @@ def push_weights(engine, buckets: Iterable[list[tuple[str, torch.Tensor]]], vers
             for bucket in buckets:
                 body = {"names": [n for n, _ in bucket],
                         "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
-                        "shapes": [list(t.shape) for _, t in bucket], "group_name": GROUP_NAME,
+                        "shapes": [list(t.shape) for _, t in bucket], "group_name": engine._weight_group_name,
                         "flush_cache": False, "weight_version": version}
                 pending = client.submit_each("update_weights_from_distributed", [body] * client.num_servers)
                 device = "cuda" if c.distributed_backend == "nccl" else "cpu"
@@ -66,24 +67,38 @@ def _free_port() -> int:
 
 
 def _process_group(engine):
-    """The process group with every server's TP ranks (created on first use)."""
+    """The process group with every server's TP ranks (created on first use, named after its port)."""
     if getattr(engine, "_weight_group", None) is not None:
         return engine._weight_group
     from sglang.srt.utils import init_custom_process_group
 
     c = engine.config
     port = c.master_port or _free_port()
+    name = f"{GROUP_PREFIX}_{port}"
     world = 1 + engine.client.num_servers * c.tp_size
     bodies = [{"master_address": c.master_address, "master_port": port, "rank_offset": 1 + i * c.tp_size,
-               "world_size": world, "group_name": GROUP_NAME, "backend": c.distributed_backend}
+               "world_size": world, "group_name": name, "backend": c.distributed_backend}
               for i in range(engine.client.num_servers)]
     pending = engine.client.submit_each("init_weights_update_group", bodies)
-    engine._weight_group = init_custom_process_group(
-        backend=c.distributed_backend, init_method=f"tcp://{c.master_address}:{port}", world_size=world, rank=0,
-        group_name=GROUP_NAME)
+    group = init_custom_process_group(backend=c.distributed_backend, init_method=f"tcp://{c.master_address}:{port}",
+                                      world_size=world, rank=0, group_name=name)
     for future in pending:
         future.result()
-    return engine._weight_group
+    engine._weight_group, engine._weight_group_name = group, name
+    return group
+
+
+def close_process_group(engine) -> None:
+    """Leave the ``distributed`` sync group (if one was made): the servers drop theirs, this process its own."""
+    group = getattr(engine, "_weight_group", None)
+    if group is None:
+        return
+    engine._weight_group = None
+    try:
+        engine.client.call_each("destroy_weights_update_group",
+                                [{"group_name": engine._weight_group_name}] * engine.client.num_servers)
+    finally:
+        torch.distributed.destroy_process_group(group)
 
 
 def write_hf_dir(buckets: Iterable[list[tuple[str, torch.Tensor]]], out: Path, model_path: str) -> Path:
