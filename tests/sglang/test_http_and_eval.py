@@ -105,7 +105,7 @@ def test_eval_cli_with_the_sglang_engine(tiny_model_dir, tmp_path):
                  "--compression", "rkv", "--budget", "12", "--window", "3", "--buffer", "4", "--output", str(out)])
     assert code == 0
     result = json.loads(out.read_text())
-    assert result["meta"]["engine"] == "sglang" and result["meta"]["mode"] == "rkv-B12"
+    assert result["meta"]["engine"] == "sglang" and result["meta"]["mode"] == "rkv-B12-W4"
     (bench,) = result["benchmarks"].values()
     samples = [s for p in bench["problems"] for s in p["samples"]]
     assert len(samples) == 6 and max(s["compression_events"] for s in samples) >= 1
