@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_rollout import add_model_args, model_kwargs
+
 MODES = ("dense", "plugin", "fork")
 
 
@@ -46,13 +48,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--method", default="rkv")
     p.add_argument("--max-running", type=int, default=128, help="SGLang's max_running_requests (not the limit)")
     p.add_argument("--stats-every", type=int, default=8, help="the plugin logs the pool every k-th forward")
-    # The "small random Qwen2" of ../shared/reference/models-and-data.md (4.9M parameters), as bench_rollout.py.
-    p.add_argument("--vocab", type=int, default=2048)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--intermediate", type=int, default=688)
-    p.add_argument("--layers", type=int, default=6)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--kv-heads", type=int, default=2)
+    add_model_args(p)
     return p.parse_args(argv)
 
 
@@ -108,10 +104,7 @@ def main(argv=None) -> None:
 
     cpu_compat.apply()
     workdir = Path(tempfile.mkdtemp(prefix="bench-sglang-"))
-    model_dir = save_tiny_hf_checkpoint(
-        workdir / "model", "qwen2", seed=0, vocab_size=args.vocab, hidden_size=args.hidden,
-        intermediate_size=args.intermediate, num_layers=args.layers, num_heads=args.heads,
-        num_kv_heads=args.kv_heads)
+    model_dir = save_tiny_hf_checkpoint(workdir / "model", "qwen2", seed=0, **model_kwargs(args))
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(10, args.vocab, (args.prompt_len,), generator=gen).tolist() for _ in range(args.requests)]
     print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, pool {args.pool} tokens, "
