@@ -132,7 +132,8 @@ class SGLangRolloutEngine:
                                "times; enlarge the KV pool or lower max_running_requests")
         return [done[(g, i)] for g in range(len(prompt_ids)) for i in range(n)]
 
-    def dense_logprobs(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    def dense_logprobs(self, prompts: Sequence[Sequence[int]],
+                       responses: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         """``[len(response)]`` T=1 log-probs of each given response after its prompt, under full attention
         (compression off for these requests; one prefill each, at temperature 1 so SGLang's input log-probs
         are unscaled). The weight-sync probe's engine side."""

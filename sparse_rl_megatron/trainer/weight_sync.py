@@ -2,10 +2,10 @@
 
 Sync: every rank iterates the learner's HF-named buckets (``Learner.export_weights``, a collective); rank 0
 hands the stream of buckets to its engine (one ``update_weights(buckets, version)`` call), which moves each its
-own way (tensors in process, a broadcast to separate engine GPUs, or files it reloads). Probe: the learner's dense log-probs of a fixed sequence
-(drawn once from the run's seed) against the engine's dense log-probs of the same sequence (compression off);
-a difference past the tolerance is an error naming the engine, since training on samples from stale or
-garbled weights would be silently off-policy.
+own way (tensors in process, a broadcast to separate engine GPUs, or files it reloads). Probe: the learner's
+dense log-probs of a fixed sequence (drawn once from the run's seed) against the engine's dense log-probs of the
+same sequence (compression off); a difference past the tolerance is an error naming the engine, since training
+on samples from stale or garbled weights would be silently off-policy.
 """
 from __future__ import annotations
 
