@@ -50,14 +50,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--repeats", type=int, default=2, help="runs per cell (methods interleaved); the fastest is kept")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    # The "small random Qwen2" of ../shared/reference/models-and-data.md (4.9M parameters).
+    add_model_args(p)
+    return p.parse_args(argv)
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """The "small random Qwen2" of ../shared/reference/models-and-data.md (4.9M parameters), its shape flags."""
     p.add_argument("--vocab", type=int, default=2048)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--intermediate", type=int, default=688)
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--kv-heads", type=int, default=2)
-    return p.parse_args(argv)
+
+
+def model_kwargs(args) -> dict:
+    """``build_tiny_model`` / ``save_tiny_hf_checkpoint`` keyword arguments from :func:`add_model_args`' flags."""
+    return dict(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
+                num_layers=args.layers, num_heads=args.heads, num_kv_heads=args.kv_heads)
 
 
 def make_engine(model, method: str, args) -> HFRolloutEngine:
@@ -83,9 +93,8 @@ def run_once(engine: HFRolloutEngine, length: int, args) -> tuple[float, float, 
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    model = build_tiny_model("qwen2", seed=0, vocab_size=args.vocab, hidden_size=args.hidden,
-                             intermediate_size=args.intermediate, num_layers=args.layers, num_heads=args.heads,
-                             num_kv_heads=args.kv_heads, max_position_embeddings=max(args.lengths) + args.prompt_len + 8)
+    model = build_tiny_model("qwen2", seed=0, **model_kwargs(args),
+                             max_position_embeddings=max(args.lengths) + args.prompt_len + 8)
     params = sum(p.numel() for p in model.parameters()) / 1e6
     print(f"# machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} thread(s); model: random Qwen2 {params:.2f}M params, {args.layers} layers, "

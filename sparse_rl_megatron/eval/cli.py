@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--export-dir", default=None, help="where a Megatron checkpoint is exported to HF (default: temp)")
 
     g = parser.add_argument_group("engine and inference mode")
-    g.add_argument("--engine", default="hf", help="rollout engine name (hf)")
+    g.add_argument("--engine", default="hf", help="rollout engine name: hf (reference) or sglang (SGLang + sparse_kv plugin)")
     g.add_argument("--compression", default="none", help="KV compressor: none (dense), rkv, snapkv, streamingllm, h2o")
     g.add_argument("--budget", type=positive_int, default=None, help="KV budget B (default 512; needs --compression)")
     g.add_argument("--window", type=positive_int, default=None, help="observation window alpha (default 8)")

@@ -3,15 +3,19 @@
 - ``sample``: :class:`Sample` / :class:`CompressionInfo` (provenance travels with the data).
 - ``engine``: :class:`SamplingParams` and the :class:`RolloutEngine` protocol.
 - ``hf_engine``: :class:`HFRolloutEngine`, the HF-transformers reference engine with KV compression
-  (``hf_forward`` decode pass, ``kv_cache`` per-head compressed cache, ``sampling``, ``stopping``, ``weights``).
+  (``hf_forward`` decode pass, ``kv_cache`` per-head compressed cache, ``sampling``, ``stopping``, ``weights``);
+  its ``teacher_forced`` mode is the oracle other engines are checked against.
+- ``sglang_engine``: :class:`SGLangRolloutEngine` on SGLang with the ``sparse_kv`` plugin (``sglang_config``,
+  ``sglang_client`` in-process / HTTP, ``sglang_weights`` weight sync).
 
-``HFRolloutEngine`` is imported lazily so that ``import sparse_rl_megatron.rollout.sample`` stays light.
+Engines are imported lazily so that ``import sparse_rl_megatron.rollout.sample`` stays light.
 """
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CompressionInfo", "HFRolloutEngine", "RolloutEngine", "Sample", "SamplingParams"]
+__all__ = ["CompressionInfo", "HFRolloutEngine", "RolloutEngine", "SGLangEngineConfig", "SGLangRolloutEngine",
+           "Sample", "SamplingParams"]
 
 
 def __getattr__(name: str) -> Any:
@@ -27,4 +31,12 @@ def __getattr__(name: str) -> Any:
         from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
 
         return HFRolloutEngine
+    if name == "SGLangRolloutEngine":
+        from sparse_rl_megatron.rollout.sglang_engine import SGLangRolloutEngine
+
+        return SGLangRolloutEngine
+    if name == "SGLangEngineConfig":
+        from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
+
+        return SGLangEngineConfig
     raise AttributeError(f"module 'sparse_rl_megatron.rollout' has no attribute '{name}'")

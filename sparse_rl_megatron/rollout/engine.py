@@ -4,8 +4,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Protocol, Sequence, runtime_checkable
 
-import torch
-
 from sparse_rl_megatron.rollout.sample import Sample
 
 
@@ -39,6 +37,21 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
 
+def encode_prompt(prompt: str | Sequence[int], index: int, tokenizer=None, vocab_size: int | None = None) -> list[int]:
+    """A prompt as token ids (strings need ``tokenizer``); refuses empty prompts and ids outside the vocab."""
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise ValueError(f"prompt {index} is a string but the engine has no tokenizer; pass token ids")
+        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    else:
+        ids = [int(t) for t in prompt]
+    if not ids:
+        raise ValueError(f"prompt {index} is empty (at least one token is needed)")
+    if vocab_size is not None and (min(ids) < 0 or max(ids) >= vocab_size):
+        raise ValueError(f"prompt {index} has token ids outside [0, {vocab_size})")
+    return ids
+
+
 @runtime_checkable
 class RolloutEngine(Protocol):
     """A generator of GRPO groups that can receive new weights."""
@@ -52,8 +65,11 @@ class RolloutEngine(Protocol):
         (all samples of prompt 0 first), with ``group_id`` = prompt index."""
         ...
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Load HF-named full tensors (any subset of the model's parameters) and set the weight version."""
+    def update_weights(self, named_tensors: Iterable, version: int) -> None:
+        """Load HF-named full tensors and set the weight version. ``named_tensors``: (hf_name, tensor) pairs or
+        buckets (lists of pairs, as ``Learner.export_weights`` yields them), possibly a lazy iterator consumed
+        once. Any subset of the parameters, except for engines that reload a whole model (SGLang's ``disk``
+        sync): there one call carries every weight."""
         ...
 
     def release_memory(self) -> None:

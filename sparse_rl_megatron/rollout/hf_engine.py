@@ -14,13 +14,13 @@ from typing import Iterable, Sequence
 import torch
 
 from sparse_rl_megatron.compression import CompressionConfig, CompressionSchedule
-from sparse_rl_megatron.rollout.engine import SamplingParams
+from sparse_rl_megatron.rollout.engine import SamplingParams, encode_prompt
 from sparse_rl_megatron.rollout.hf_forward import HFDecoder
 from sparse_rl_megatron.rollout.kv_cache import CompressedKVCache
 from sparse_rl_megatron.rollout.sample import CompressionInfo, Sample
 from sparse_rl_megatron.rollout.sampling import draw_uniforms, sample_tokens
 from sparse_rl_megatron.rollout.stopping import StopChecker
-from sparse_rl_megatron.rollout.weights import copy_named_tensors, read_hf_safetensors
+from sparse_rl_megatron.rollout.weights import copy_named_tensors, iter_pairs, read_hf_safetensors
 
 _SEED_RANGE = 2**62  # seeds drawn when SamplingParams.seed is None
 _COMPACT_FRACTION = 4
@@ -77,9 +77,9 @@ class HFRolloutEngine:
         return next(self.model.parameters()).device
 
     # ------------------------------------------------------------------------------------------- weights
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Load HF-named tensors (any subset) and set the weight version."""
-        copy_named_tensors(self.model, named_tensors)
+    def update_weights(self, named_tensors: Iterable, version: int) -> None:
+        """Load HF-named tensors (any subset; pairs or buckets of pairs, possibly lazy) and set the weight version."""
+        copy_named_tensors(self.model, iter_pairs(named_tensors))
         self.weight_version = version
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int | None = None) -> None:
@@ -102,8 +102,7 @@ class HFRolloutEngine:
     # ------------------------------------------------------------------------------------------ generate
     def generate(self, prompts: Sequence[str | list[int]], n: int, sampling: SamplingParams) -> list[Sample]:
         """``n`` samples per prompt, group-major (all samples of prompt 0 first), ``group_id`` = prompt index."""
-        if self._released:
-            raise RuntimeError("HFRolloutEngine.generate called after release_memory(); call resume_memory() first")
+        self._check_resumed("generate")
         if n < 1:
             raise ValueError(f"generate: n must be >= 1; got {n}")
         prompt_ids = [self._encode(p, i) for i, p in enumerate(prompts)]
@@ -114,22 +113,51 @@ class HFRolloutEngine:
         samples: list[Sample] = []
         for start in range(0, len(rows), self.max_batch_size):
             chunk = rows[start:start + self.max_batch_size]
-            samples.extend(self._generate_chunk(prompt_ids, prompts, chunk, sampling, seed, stopper))
+            picker = _Sampler(sampling, seed, chunk, stopper)
+            samples.extend(self._run_chunk(prompt_ids, prompts, chunk, sampling.max_new_tokens, picker))
         return samples
 
-    def _encode(self, prompt: str | list[int], index: int) -> list[int]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError(f"prompt {index} is a string but the engine has no tokenizer; pass token ids")
-            ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        else:
-            ids = [int(t) for t in prompt]
-        if not ids:
-            raise ValueError(f"prompt {index} is empty (at least one token is needed)")
+    def teacher_forced(self, prompts: Sequence[str | list[int]], responses: Sequence[Sequence[int]]) -> list[Sample]:
+        """Score given responses exactly as ``generate`` would have produced them: the oracle for other engines.
+
+        Each (prompt, response) pair is prefilled and its response fed token by token through the same decode
+        pass and the same compression schedule as ``generate`` (same events, same kept sets per layer and KV
+        head), so ``sampler_logprobs`` are the T=1 log-probs the compressed cache gives each response token, and
+        ``compression`` (events, peak, kept digest) is what ``generate`` records had it sampled these tokens.
+        Use it to measure any engine's mismatch: feed that engine's sampled tokens and compare log-probs/digests.
+
+        Returns one :class:`Sample` per pair, in order (``group_id`` = pair index, ``finish_reason`` ``length``,
+        ``sampler_logprobs_scaled`` None, ``metadata["teacher_forced"]`` True).
+        """
+        self._check_resumed("teacher_forced")
+        if len(prompts) != len(responses):
+            raise ValueError(f"teacher_forced: {len(prompts)} prompts but {len(responses)} responses; "
+                             "pass one per prompt")
+        prompt_ids = [self._encode(p, i) for i, p in enumerate(prompts)]
+        forced = [[int(t) for t in r] for r in responses]
         vocab = self.model.config.vocab_size
-        if min(ids) < 0 or max(ids) >= vocab:
-            raise ValueError(f"prompt {index} has token ids outside [0, {vocab})")
-        return ids
+        for i, r in enumerate(forced):
+            if not r:
+                raise ValueError(f"teacher_forced: response {i} is empty (at least one token is needed)")
+            if min(r) < 0 or max(r) >= vocab:
+                raise ValueError(f"teacher_forced: response {i} has token ids outside [0, {vocab})")
+        rows = [(g, 0) for g in range(len(prompt_ids))]
+        samples: list[Sample] = []
+        for start in range(0, len(rows), self.max_batch_size):
+            chunk = rows[start:start + self.max_batch_size]
+            picker = _Forced([forced[g] for g, _ in chunk])
+            samples.extend(self._run_chunk(prompt_ids, prompts, chunk, picker.longest, picker))
+        for s in samples:
+            s.sampler_logprobs_scaled = None
+            s.metadata["teacher_forced"] = True
+        return samples
+
+    def _check_resumed(self, what: str) -> None:
+        if self._released:
+            raise RuntimeError(f"HFRolloutEngine.{what} called after release_memory(); call resume_memory() first")
+
+    def _encode(self, prompt: str | list[int], index: int) -> list[int]:
+        return encode_prompt(prompt, index, self.tokenizer, self.model.config.vocab_size)
 
     def _eos_ids(self) -> list[int]:
         ids: set[int] = set()
@@ -156,12 +184,12 @@ class HFRolloutEngine:
             head_dim=d.head_dim, capacity=capacity, dtype=self.dtype, config=self.compression,
             scaling=d.scaling, device=self.device)
 
-    def _generate_chunk(self, prompt_ids, prompts, chunk, sampling: SamplingParams, seed: int,
-                        stopper: StopChecker) -> list[Sample]:
+    def _run_chunk(self, prompt_ids, prompts, chunk, max_new: int, picker) -> list[Sample]:
+        """Prefill the chunk's distinct prompts once, expand to its rows, then decode in lockstep; ``picker``
+        chooses each row's next token (sampled or forced) and when the row stops."""
         device = self.device
         groups = sorted({g for g, _ in chunk})
         lens = torch.tensor([len(prompt_ids[g]) for g in groups], device=device)
-        max_new = sampling.max_new_tokens
         longest = int(lens.max()) + max_new
         if self.decoder.max_positions is not None and longest > self.decoder.max_positions:
             raise ValueError(
@@ -179,7 +207,6 @@ class HFRolloutEngine:
         cache.select_rows(expand)
         logits = logits.index_select(0, expand)
 
-        uniforms = torch.stack([draw_uniforms(seed, g, i, max_new) for g, i in chunk])   # [R, max_new]
         tokens: list[list[int]] = [[] for _ in chunk]
         lp: list[list[float]] = [[] for _ in chunk]
         lp_scaled: list[list[float]] = [[] for _ in chunk]
@@ -191,7 +218,7 @@ class HFRolloutEngine:
         bar = self._progress(max_new, len(chunk))
         with bar:
             for step in range(max_new):
-                tok, lp1, lps = sample_tokens(logits, uniforms[active, step], sampling)
+                tok, lp1, lps = picker.pick(logits, active, step)
                 tok_list, lp1_list, lps_list = tok.tolist(), lp1.tolist(), lps.tolist()
                 for row, c in enumerate(active):
                     if finished[row]:
@@ -199,7 +226,7 @@ class HFRolloutEngine:
                     tokens[c].append(tok_list[row])
                     lp[c].append(lp1_list[row])
                     lp_scaled[c].append(lps_list[row])
-                    reasons[c] = stopper.check(tokens[c])
+                    reasons[c] = picker.check(c, tokens[c])
                     if reasons[c] is not None:
                         finished[row] = True
                         stats[c] = self._row_stats(cache, row)
@@ -256,3 +283,37 @@ class _NullBar(contextlib.nullcontext):
 
     def set_postfix(self, **_):
         pass
+
+
+class _Sampler:
+    """``generate``'s token choice: draw from the sampling distribution (per-sample uniforms); stop on
+    EOS, a stop string or the length limit."""
+
+    def __init__(self, sampling: SamplingParams, seed: int, chunk, stopper: StopChecker):
+        self.sampling = sampling
+        self.stopper = stopper
+        self.uniforms = torch.stack([draw_uniforms(seed, g, i, sampling.max_new_tokens) for g, i in chunk])
+
+    def pick(self, logits: torch.Tensor, active: list[int], step: int):
+        """logits [R, V] of the active rows -> tokens [R], T=1 log-probs [R], sampled-distribution log-probs [R]."""
+        return sample_tokens(logits, self.uniforms[active, step], self.sampling)
+
+    def check(self, c: int, tokens: list[int]) -> str | None:
+        return self.stopper.check(tokens)
+
+
+class _Forced:
+    """``teacher_forced``'s token choice: the given response token of each row; a row stops after its last one."""
+
+    def __init__(self, responses: list[list[int]]):
+        self.responses = responses
+        self.longest = max(len(r) for r in responses)
+
+    def pick(self, logits: torch.Tensor, active: list[int], step: int):
+        tok = torch.tensor([self.responses[c][min(step, len(self.responses[c]) - 1)] for c in active],
+                           device=logits.device)
+        lp = torch.log_softmax(logits.float(), dim=-1).gather(-1, tok[:, None]).squeeze(-1)
+        return tok, lp, lp
+
+    def check(self, c: int, tokens: list[int]) -> str | None:
+        return "length" if len(tokens) >= len(self.responses[c]) else None

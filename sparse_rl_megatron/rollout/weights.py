@@ -3,11 +3,39 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import torch
 
 _MAX_LISTED = 8  # names shown in an error message
+
+
+def _is_pair(item) -> bool:
+    return isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], str)
+
+
+def iter_buckets(named_tensors: Iterable) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """(hf_name, tensor) pairs or buckets (lists of pairs), possibly lazy -> buckets, one at a time (consecutive
+    loose pairs form one bucket). Raises ``TypeError`` on anything else."""
+    loose: list[tuple[str, torch.Tensor]] = []
+    for item in named_tensors:
+        if _is_pair(item):
+            loose.append((item[0], item[1]))
+            continue
+        if not (isinstance(item, (list, tuple)) and all(_is_pair(x) for x in item)):
+            raise TypeError(f"update_weights: expected (hf_name, tensor) pairs or buckets of them, got {type(item)}")
+        if loose:
+            yield loose
+            loose = []
+        yield [(n, t) for n, t in item]
+    if loose:
+        yield loose
+
+
+def iter_pairs(named_tensors: Iterable) -> Iterator[tuple[str, torch.Tensor]]:
+    """(hf_name, tensor) pairs or buckets of them, possibly lazy -> pairs, one at a time."""
+    for bucket in iter_buckets(named_tensors):
+        yield from bucket
 
 
 def _tied_aliases(model: torch.nn.Module) -> set[str]:

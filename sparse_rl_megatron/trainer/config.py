@@ -21,6 +21,7 @@ from sparse_rl_megatron.compression.config import CompressionConfig
 from sparse_rl_megatron.learner.config import LearnerConfig
 from sparse_rl_megatron.rewards.pool import VerifierPoolConfig
 from sparse_rl_megatron.rollout.engine import SamplingParams
+from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
 
 ENGINE_DTYPES = ("float32", "bfloat16", "float16")
 RESUME_MODES = ("auto", "never")
@@ -32,32 +33,43 @@ TINY_MODEL = "tiny"
 """``model_path`` value: a random tiny Qwen2 + byte-level tokenizer built in the run directory (no download)."""
 
 
-def _learner_section() -> type:
-    """A dataclass with the fields of ``LearnerConfig`` minus ``model_path`` (same types, defaults, checks)."""
-    hints = typing.get_type_hints(LearnerConfig)
+def _section(cls: type, omit: tuple[str, ...], name: str, doc: str, placeholders: dict[str, Any]) -> type:
+    """A dataclass with the fields of ``cls`` minus ``omit`` (same types and defaults). Its ``__post_init__`` runs
+    ``cls``'s own validation (the omitted fields from ``placeholders``, else their defaults); ``build(**omitted)``
+    returns the full ``cls``."""
+    hints = typing.get_type_hints(cls)
     specs = []
-    for f in dataclasses.fields(LearnerConfig):
-        if f.name == "model_path":
+    for f in dataclasses.fields(cls):
+        if f.name in omit:
             continue
         default = ({"default": f.default} if f.default is not dataclasses.MISSING
                    else {"default_factory": f.default_factory})
         specs.append((f.name, hints[f.name], field(**default)))
 
-    def __post_init__(self) -> None:  # LearnerConfig's own validation, with a placeholder model path
-        self.to_learner_config("<model_path>")
+    def __post_init__(self) -> None:
+        self.build(**placeholders)
 
-    def to_learner_config(self, model_path: str) -> LearnerConfig:
-        return LearnerConfig(model_path=model_path, **{name: getattr(self, name) for name, _, _ in specs})
+    def build(self, **omitted: Any):
+        return cls(**omitted, **{n: getattr(self, n) for n, _, _ in specs})
 
-    cls = dataclasses.make_dataclass(
-        "LearnerSection", specs, namespace={"__post_init__": __post_init__, "to_learner_config": to_learner_config})
-    cls.__doc__ = ("The Megatron learner: every ``LearnerConfig`` field (see ``learner/config.py`` for their docs) "
-                   "except ``model_path``, which is the run's.")
-    cls.__module__ = __name__
-    return cls
+    section = dataclasses.make_dataclass(name, specs, namespace={"__post_init__": __post_init__, "build": build})
+    section.__doc__ = doc
+    section.__module__ = __name__
+    return section
 
 
-LearnerSection = _learner_section()
+LearnerSection = _section(
+    LearnerConfig, ("model_path",), "LearnerSection",
+    "The Megatron learner: every ``LearnerConfig`` field (see ``learner/config.py`` for their docs) except "
+    "``model_path``, which is the run's.", {"model_path": "<model_path>"})
+SGLANG_FROM_ROLLOUT = ("model_path", "compression", "dtype")
+"""``SGLangEngineConfig`` fields the trainer fills in: the run's model (exported for the engine), and the rollout's
+KV compression and dtype."""
+SGLangSection = _section(
+    SGLangEngineConfig, SGLANG_FROM_ROLLOUT, "SGLangSection",
+    "Options of the ``sglang`` rollout engine: every ``SGLangEngineConfig`` field (see "
+    "``rollout/sglang_config.py`` for their docs) except ``model_path``, ``compression`` and ``dtype``, which are "
+    "the run's and the rollout section's.", {"model_path": "<model_path>"})
 
 
 @dataclass
@@ -89,7 +101,8 @@ class RolloutConfig:
     """How responses are sampled (the sparse sampler pi_sparse)."""
 
     engine: str = "hf"
-    """Rollout engine (``trainer.engines.ENGINES``): ``hf`` (reference engine, in rank 0's process)."""
+    """Rollout engine (``trainer.engines.ENGINES``): ``hf`` (reference engine, in rank 0's process) or ``sglang``
+    (SGLang with the sparse_kv plugin, in-process on rank 0 or HTTP servers; options in ``sglang``)."""
     prompts_per_step: int = 4
     """GRPO groups (prompts) per rollout step."""
     samples_per_prompt: int = 4
@@ -101,9 +114,11 @@ class RolloutConfig:
     dtype: str = "float32"
     """Compute dtype of the engine (float32 on CPU; bfloat16 on GPUs)."""
     max_batch_size: int = 64
-    """Most sequences the engine decodes together."""
+    """Most sequences the ``hf`` engine decodes together (``sglang``: ``sglang.max_running_requests``)."""
+    sglang: SGLangSection = field(default_factory=SGLangSection)  # type: ignore[valid-type]
+    """Options of the ``sglang`` engine (servers or in-process, KV pool, weight sync, ...); only with that engine."""
     engine_options: dict[str, Any] = field(default_factory=dict)
-    """Engine-specific options (e.g. server addresses of an HTTP engine); the ``hf`` engine takes none."""
+    """Options of an engine registered by a plugin; the built-in engines take none."""
 
     def __post_init__(self) -> None:
         for name in ("prompts_per_step", "samples_per_prompt", "max_batch_size"):
@@ -111,6 +126,14 @@ class RolloutConfig:
                 raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.dtype not in ENGINE_DTYPES:
             raise ValueError(f"RolloutConfig.dtype must be one of {', '.join(ENGINE_DTYPES)}, got '{self.dtype}'")
+        if self.engine == "sglang":  # the plugin's limits on the compression (method, scope, ...) checked now
+            self.sglang_config("<model_path>")
+        elif self.sglang != SGLangSection():
+            raise ValueError(f"sglang options are set, but engine is '{self.engine}' (they apply to engine sglang)")
+
+    def sglang_config(self, model_path: str) -> SGLangEngineConfig:
+        """The ``SGLangEngineConfig`` of the ``sglang`` engine serving the model at ``model_path``."""
+        return self.sglang.build(model_path=model_path, compression=self.compression, dtype=self.dtype)
 
     @property
     def batch_size(self) -> int:
@@ -309,4 +332,4 @@ class TrainConfig:
 
     def learner_config(self, model_path: str) -> LearnerConfig:
         """The ``LearnerConfig`` of this run for the model at ``model_path``."""
-        return self.learner.to_learner_config(model_path)
+        return self.learner.build(model_path=model_path)

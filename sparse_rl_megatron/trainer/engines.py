@@ -5,6 +5,11 @@ of it with another KV compression (periodic evaluation runs dense AND sparse on 
 score a token sequence densely with it (the weight-sync probe). Adding an engine is one ``ENGINES.add``.
 
 - ``hf``: the reference engine (``rollout/hf_engine.py``) in rank 0's process; weights arrive as tensors.
+- ``sglang``: SGLang with the ``sparse_kv`` plugin (``rollout/sglang_engine.py``), an in-process ``sglang.Engine``
+  on rank 0 or HTTP servers (``rollout.sglang.urls``); configured by ``rollout.sglang`` (an
+  ``SGLangEngineConfig`` minus what the run and the rollout section give: model, compression, dtype). Weights
+  go by ``rollout.sglang.weight_sync`` (tensor / distributed / disk); its evaluation views are per-request
+  compression overrides on the same server; the probe scores the sequence with SGLang's input log-probs.
 """
 from __future__ import annotations
 
@@ -37,11 +42,24 @@ class EngineSpec:
 ENGINES: Registry[EngineSpec] = Registry("rollout engine")
 
 
+def _no_plugin_options(rollout: "RolloutConfig") -> None:
+    if rollout.engine_options:
+        raise ValueError(f"rollout.engine_options: the {rollout.engine} engine takes no options, got "
+                         f"{sorted(rollout.engine_options)}")
+
+
+def _padded(rows: list[torch.Tensor], width: int) -> torch.Tensor:
+    """Per-row log-probs -> ``[len(rows), width]``, 0 past each row's end."""
+    out = torch.zeros(len(rows), width, dtype=torch.float32)
+    for i, row in enumerate(rows):
+        out[i, : row.numel()] = row
+    return out
+
+
 def _hf_build(model_dir: str, rollout: "RolloutConfig", show_progress: bool):
     from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
 
-    if rollout.engine_options:
-        raise ValueError(f"rollout.engine_options: the hf engine takes no options, got {sorted(rollout.engine_options)}")
+    _no_plugin_options(rollout)
     return HFRolloutEngine(model_dir, compression=rollout.compression, dtype=getattr(torch, rollout.dtype),
                            max_batch_size=rollout.max_batch_size, show_progress=show_progress)
 
@@ -56,16 +74,37 @@ def _hf_with_compression(engine, compression):
 
 @torch.no_grad()
 def _hf_dense_logprobs(engine, seqs: "SequenceBatch") -> torch.Tensor:
-    out = torch.zeros(len(seqs), seqs.max_response_len, dtype=torch.float32)
-    for i, (prompt, response) in enumerate(zip(seqs.prompts, seqs.responses)):
+    rows = []
+    for prompt, response in zip(seqs.prompts, seqs.responses):
         if response.numel() == 0:
+            rows.append(torch.zeros(0))
             continue
         ids = torch.cat([prompt, response]).unsqueeze(0).to(engine.device)
         logits = engine.model(input_ids=ids).logits[0, prompt.numel() - 1:-1].float()
         lp = torch.log_softmax(logits, dim=-1).gather(-1, response.to(logits.device).unsqueeze(-1)).squeeze(-1)
-        out[i, : response.numel()] = lp.cpu()
-    return out
+        rows.append(lp.cpu())
+    return _padded(rows, seqs.max_response_len)
 
 
 ENGINES.add("hf", EngineSpec(build=_hf_build, with_compression=_hf_with_compression,
                              dense_logprobs=_hf_dense_logprobs))
+
+
+def _sglang_build(model_dir: str, rollout: "RolloutConfig", show_progress: bool):
+    from sparse_rl_megatron.rollout.sglang_engine import SGLangRolloutEngine
+
+    _no_plugin_options(rollout)
+    return SGLangRolloutEngine(rollout.sglang_config(model_dir))
+
+
+def _sglang_dense_logprobs(engine, seqs: "SequenceBatch") -> torch.Tensor:
+    keep = [i for i, r in enumerate(seqs.responses) if r.numel() > 0]
+    scored = engine.dense_logprobs([seqs.prompts[i].tolist() for i in keep], [seqs.responses[i].tolist() for i in keep])
+    rows = [torch.zeros(0)] * len(seqs)
+    for i, row in zip(keep, scored):
+        rows[i] = row
+    return _padded(rows, seqs.max_response_len)
+
+
+ENGINES.add("sglang", EngineSpec(build=_sglang_build, with_compression=lambda engine, c: engine.with_compression(c),
+                                 dense_logprobs=_sglang_dense_logprobs))

@@ -135,6 +135,8 @@ def _build_models(cfg: TrainConfig, run: Run) -> None:
     run.probe = probe_sequence(run.learner.arch.vocab_size, cfg.sync.probe_tokens, cfg.seed)
     if D.is_main():
         run.engine = run.spec.build(hf_dir, cfg.rollout, cfg.log.progress)
+        if hasattr(run.engine, "shutdown"):  # an engine with servers or child processes (sglang)
+            run.stack.callback(run.engine.shutdown)
         run.reward = run.stack.enter_context(make_reward(cfg, run.plan))
     D.wait_for_main()
 

@@ -1,11 +1,11 @@
 """Weight sync learner -> rollout engine, then a probe that the engine really serves the new weights.
 
 Sync: every rank iterates the learner's HF-named buckets (``Learner.export_weights``, a collective); rank 0
-hands each bucket to its engine (``update_weights(bucket, version)``), which moves it its own way (tensors in
-process, or a broadcast to separate engine GPUs). Probe: the learner's dense log-probs of a fixed sequence
-(drawn once from the run's seed) against the engine's dense log-probs of the same sequence (compression off);
-a difference past the tolerance is an error naming the engine, since training on samples from stale or
-garbled weights would be silently off-policy.
+hands the stream of buckets to its engine (one ``update_weights(buckets, version)`` call), which moves each its
+own way (tensors in process, a broadcast to separate engine GPUs, or files it reloads). Probe: the learner's
+dense log-probs of a fixed sequence (drawn once from the run's seed) against the engine's dense log-probs of the
+same sequence (compression off); a difference past the tolerance is an error naming the engine, since training
+on samples from stale or garbled weights would be silently off-policy.
 """
 from __future__ import annotations
 
@@ -45,15 +45,26 @@ def default_tolerance(engine_dtype: str) -> float:
 
 
 def sync_weights(learner, engine, version: int, bucket_mb: int) -> dict[str, float]:
-    """Push the learner's weights to ``engine`` (rank 0; None elsewhere) as weight ``version``. Collective."""
+    """Push the learner's weights to ``engine`` (rank 0; None elsewhere) as weight ``version``. Collective.
+
+    The engine gets every bucket in one ``update_weights`` call, as a lazy stream (one bucket alive at a time;
+    an engine that reloads a whole model, e.g. SGLang's ``disk`` sync, sees the complete set)."""
     t0 = time.perf_counter()
-    buckets = nbytes = 0
-    for bucket in learner.export_weights(bucket_bytes=bucket_mb * MIB):
-        if engine is not None:
-            engine.update_weights(bucket, version=version)
-        buckets += 1
-        nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
-    return {"sync/seconds": time.perf_counter() - t0, "sync/buckets": float(buckets), "sync/mib": nbytes / MIB}
+    stats = {"buckets": 0, "bytes": 0}
+
+    def buckets():
+        for bucket in learner.export_weights(bucket_bytes=bucket_mb * MIB):
+            stats["buckets"] += 1
+            stats["bytes"] += sum(t.numel() * t.element_size() for _, t in bucket)
+            yield bucket
+
+    stream = buckets()
+    if engine is not None:
+        engine.update_weights(stream, version=version)
+    for _ in stream:  # other ranks (and an engine that stopped early) still take part in every bucket's collective
+        pass
+    return {"sync/seconds": time.perf_counter() - t0, "sync/buckets": float(stats["buckets"]),
+            "sync/mib": stats["bytes"] / MIB}
 
 
 def probe_weights(learner, engine, spec, probe: "SequenceBatch", tolerance: float, engine_name: str,

@@ -63,3 +63,33 @@ def test_release_and_resume_memory():
         _tokens(engine)
     engine.resume_memory()
     assert len(_tokens(engine).response_ids) == 12
+
+
+def test_buckets_and_pairs_are_streamed():
+    from sparse_rl_megatron.rollout.weights import iter_buckets, iter_pairs
+
+    a, b, c = ("a", torch.zeros(1)), ("b", torch.ones(1)), ("c", torch.ones(2))
+    pulled = []
+
+    def stream():  # the learner's export: buckets made one at a time
+        for bucket in ([a, b], [c]):
+            pulled.append(len(pulled))
+            yield bucket
+
+    buckets = iter_buckets(stream())
+    assert [n for n, _ in next(buckets)] == ["a", "b"] and pulled == [0]   # lazy: one bucket alive at a time
+    assert [n for n, _ in next(buckets)] == ["c"] and pulled == [0, 1]
+    # loose pairs between buckets form their own bucket; pairs come out of either form
+    assert [[n for n, _ in bk] for bk in iter_buckets([a, b, [c], a])] == [["a", "b"], ["c"], ["a"]]
+    assert [n for n, _ in iter_pairs([[a, b], c])] == ["a", "b", "c"]
+    with pytest.raises(TypeError, match="pairs or buckets"):
+        list(iter_buckets([torch.zeros(1)]))
+
+
+def test_update_weights_takes_a_lazy_stream_of_buckets():
+    target = build_tiny_model(init_std=0.2, seed=1)
+    engine = HFRolloutEngine(build_tiny_model(init_std=0.2, seed=2), show_progress=False)
+    named = list(target.state_dict().items())
+    engine.update_weights((bucket for bucket in (named[:3], named[3:])), version=2)
+    got, want = _tokens(engine), _tokens(HFRolloutEngine(target, show_progress=False))
+    assert got.response_ids == want.response_ids and got.weight_version == 2

@@ -98,7 +98,7 @@ def test_preflight_passes_and_resolves_defaults(tmp_path):
     ({"learner.pipeline_parallel_size": 3}, 3, r"^learner: pipeline_parallel_size=3 does not divide .*"),
     ({"data.template": "chatml"}, 1, r"^data.template: unknown prompt template 'chatml'; valid names: plain, "),
     ({"reward.name": "bleu"}, 1, r"^reward.name: unknown reward 'bleu'; valid names: exact, math"),
-    ({"rollout.engine": "vllm"}, 1, r"^rollout.engine: unknown rollout engine 'vllm'; valid names: hf$"),
+    ({"rollout.engine": "vllm"}, 1, r"^rollout.engine: unknown rollout engine 'vllm'; valid names: hf, sglang$"),
     ({"data.dataset": "gsm9k"}, 1, r"^data.dataset: 'gsm9k' is neither a named data set \(valid names: aime24, "),
     ({"data.dataset": "gsm8k_train", "data.data_root": "/no/root"}, 1,
      r"^data.dataset: data set 'gsm8k_train' expects /no/root/train/gsm8k/train.jsonl.* with data.data_root or "),

@@ -1,0 +1,203 @@
+"""``sparse_kv``: an SGLang attention backend that wraps a real one and bounds every request's KV.
+
+The inner backend (``torch_native`` on CPU; ``triton``, ``flashinfer``, ``fa3`` on GPU) runs the kernels
+unchanged: it is built on a view of the model runner whose ``req_to_token_pool.req_to_token`` is the
+plugin's physical table (``row_state``), and every forward hands it a ``ForwardBatch`` copy with physical
+lengths (``forward_plan``). The model, RoPE positions and SGLang's scheduler keep the logical lengths.
+
+Around that, per forward: ``init_forward_metadata`` updates the tables; each layer's ``forward_*`` stores
+the post-RoPE queries the scorers need (a ring of the last alpha per row and layer); after the forward
+(``after_forward``, hooked on ``ModelRunner.forward``, outside any graph) the rows that reached B + W are
+compressed and their evicted slots freed (``compaction``).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+
+from sglang_ext.config import BACKEND_NAME, REQUEST_KEY, ConfigError, SparseKVConfig, request_compression
+from sglang_ext.forward_plan import ForwardPlan, plan_forward
+from sglang_ext.row_state import RowInfo, RowState
+from sparse_rl_megatron.compression import KeptDigest
+
+logger = logging.getLogger(__name__)
+
+_ACTIVE: "SparseKVBackend | None" = None
+"""The backend of this process (SGLang runs one scheduler, hence one target model runner, per process)."""
+
+
+def active_backend() -> "SparseKVBackend | None":
+    return _ACTIVE
+
+
+class _PoolView:
+    """``req_to_token_pool`` as the inner backend sees it: the physical table instead of the logical one."""
+
+    def __init__(self, pool, table: torch.Tensor):
+        self._pool = pool
+        self.req_to_token = table
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pool, name)
+
+
+class _RunnerView:
+    """The model runner as the inner backend sees it (everything but the token table is the real one)."""
+
+    def __init__(self, runner, pool_view: _PoolView):
+        self._runner = runner
+        self.req_to_token_pool = pool_view
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._runner, name)
+
+
+class SparseKVBackend(AttentionBackend):
+    """Compressed-KV attention: per layer and KV head selection, evicted slots given back to SGLang."""
+
+    def __init__(self, model_runner, config: SparseKVConfig):
+        super().__init__()
+        from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+
+        if getattr(model_runner, "use_mla_backend", False):
+            raise ConfigError(f"{BACKEND_NAME}: MLA models are not supported (per-head K/V slots are needed)")
+        pool = model_runner.token_to_kv_pool
+        if not all(hasattr(pool, name) for name in ("get_key_buffer", "get_value_buffer", "head_num", "head_dim")):
+            raise ConfigError(f"{BACKEND_NAME}: KV pool {type(pool).__name__} is not a per-head MHA pool")
+        self.config = config
+        self.runner = model_runner
+        self.device = model_runner.device
+        self.req_to_token_pool = model_runner.req_to_token_pool
+        self.token_to_kv_pool = pool
+        self.allocator = model_runner.token_to_kv_pool_allocator
+        self.tree_cache = None  # set by the scheduler hook; used to evict cached prefixes when slots run short
+        self.radix_enabled = not bool(getattr(model_runner.server_args, "disable_radix_cache", False))
+        rtt = self.req_to_token_pool.req_to_token
+        mc = model_runner.model_config
+        self.layer_ids = list(range(pool.start_layer, pool.start_layer + pool.layer_num))
+        tp = int(getattr(model_runner.server_args, "tp_size", 1) or 1)
+        num_q_heads = mc.get_num_attention_heads(tp)
+        c = config.compression
+        self.state = RowState(
+            rows=rtt.shape[0], width=rtt.shape[1], num_layers=len(self.layer_ids), num_kv_heads=pool.head_num,
+            num_q_heads=num_q_heads, head_dim=pool.head_dim, window=c.window, max_candidates=c.max_candidates,
+            ring_dtype=model_runner.dtype, device=rtt.device, keep_queries=not c.is_dense,
+            keep_positions=config.kept_digest and not c.is_dense)
+        inner_name = config.resolved_inner_backend(str(self.device))
+        self.inner = ATTENTION_BACKENDS[inner_name](_RunnerView(model_runner, _PoolView(self.req_to_token_pool,
+                                                                                      self.state.table)))
+        self.scaling: dict[int, float] = {}
+        self.plan: ForwardPlan | None = None
+        self._last_idle = None
+        self.forwards = 0
+        self.compact_cpu = 0.0
+        """With ``stats_path``: forwards seen and this process's CPU seconds spent compressing (cumulative)."""
+        self._clip_admission()
+        global _ACTIVE
+        _ACTIVE = self
+        logger.info("sparse_kv backend: %s, inner %s", c.describe(), inner_name)
+
+    # ------------------------------------------------------------------------------------------- binding
+    def make_info(self, row: int, prompt_len: int, req=None) -> RowInfo:
+        """The row facts of a new request (its compression config validated here)."""
+        overrides = None
+        if req is not None:
+            overrides = (getattr(req.sampling_params, "custom_params", None) or {}).get(REQUEST_KEY)
+        base = self.config.compression
+        config = request_compression(base, overrides)
+        if not config.is_dense and base.is_dense:
+            raise ConfigError(f"custom_params.sparse_kv: this server was started dense (compression.method none); "
+                              f"start it with a compression method to compress requests")
+        meta = {"method": config.method, "budget": None if config.is_dense else config.budget,
+                "window": 0 if config.is_dense else config.window, "buffer": 0 if config.is_dense else config.buffer,
+                "scope": config.scope, "events": 0, "peak_kv_tokens": 0, "kept_digest": None,
+                "logprobs": _logprob_convention(), "retractions": int(getattr(req, "retraction_count", 0) or 0)}
+        digest = KeptDigest() if self.state.pos is not None and not config.is_dense else None
+        return RowInfo(config=config, prompt_len=prompt_len, req=req, meta=meta, digest=digest)
+
+    def bind(self, row: int, req) -> None:
+        """Scheduler side: ``req`` now owns ``row`` (called right after SGLang allocated the row)."""
+        generation = int(self.req_to_token_pool.req_generation[row])
+        info = self.state.info[row]
+        if self.state.generation[row] == generation and info is not None and info.req is req:
+            return  # a chunked prefill continuing in its row
+        old = getattr(req, "customized_info", None) or {}
+        previous = old.get(REQUEST_KEY)
+        info = self.make_info(row, len(req.origin_input_ids), req)
+        if previous:  # a retracted request re-prefilled: keep what its first attempt recorded
+            info.meta = {**previous[0], "retractions": info.meta["retractions"]}
+        self.state.reset(row, generation, info)
+        req.customized_info = {**old, REQUEST_KEY: [info.meta]}
+
+    # ------------------------------------------------------------------------------------------ forward
+    def init_forward_metadata(self, forward_batch):
+        if forward_batch.forward_mode.is_idle():
+            self.plan = None
+            self.inner.init_forward_metadata(forward_batch)
+            return
+        self.plan = plan_forward(
+            self.state, forward_batch, req_to_token=self.req_to_token_pool.req_to_token,
+            req_generation=self.req_to_token_pool.req_generation,
+            default_info=lambda row, seq: self.make_info(row, seq))
+        self.inner.init_forward_metadata(self.plan.phys_batch)
+
+    def _record_queries(self, q: torch.Tensor, layer) -> None:
+        plan = self.plan
+        self.scaling.setdefault(layer.layer_id, float(layer.scaling))
+        if plan is None or self.state.qwin is None or plan.ring_tokens.numel() == 0:
+            return
+        q = q.reshape(q.shape[0], layer.tp_q_head_num, layer.qk_head_dim)
+        ring = self.state.qwin[layer.layer_id - self.layer_ids[0]]
+        ring[plan.ring_rows, :, plan.ring_slots] = q[plan.ring_tokens].to(ring.dtype)
+
+    def _check_layer(self, layer) -> None:
+        if layer.is_cross_attention or (layer.sliding_window_size is not None and layer.sliding_window_size > -1):
+            raise ConfigError(f"{BACKEND_NAME}: sliding-window and cross-attention layers are not supported "
+                              f"(layer {layer.layer_id})")
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        self._check_layer(layer)
+        self._record_queries(q, layer)
+        return self.inner.forward_decode(q, k, v, layer, self.plan.phys_batch, save_kv_cache=save_kv_cache, **kwargs)
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        self._check_layer(layer)
+        self._record_queries(q, layer)
+        return self.inner.forward_extend(q, k, v, layer, self.plan.phys_batch, save_kv_cache=save_kv_cache, **kwargs)
+
+    def support_triton(self):
+        return self.inner.support_triton()
+
+    def after_forward(self) -> None:
+        """Compress the rows that reached B + W (called after the model forward, outside any graph)."""
+        from sglang_ext.compaction import compress_due_rows
+
+        plan, self.plan = self.plan, None
+        if plan is not None:
+            compress_due_rows(self, plan)
+
+    # ------------------------------------------------------------------------------------------- helpers
+    @property
+    def compresses(self) -> bool:
+        """Requests are compressed and their evicted slots freed (admission may count on it)."""
+        return not self.config.compression.is_dense and self.config.free_evicted
+
+    def _clip_admission(self) -> None:
+        """Admission reserves ``min(max_new_tokens, CLIP)`` future tokens per request; compressed requests
+        never hold more than B + W candidates, so CLIP becomes B + W (plus the next token's slot)."""
+        c = self.config.compression
+        if not self.compresses:  # dense, or nothing is freed: a request grows as if dense
+            return
+        from sglang.srt.managers import schedule_policy
+
+        schedule_policy.CLIP_MAX_NEW_TOKENS = min(schedule_policy.CLIP_MAX_NEW_TOKENS, c.max_candidates + 1)
+
+
+def _logprob_convention() -> str:
+    """``t1`` when SGLang returns unscaled log-probs (SGLANG_RETURN_ORIGINAL_LOGPROB), else ``scaled``."""
+    from sglang.srt.layers import sampler
+
+    return "t1" if sampler.SGLANG_RETURN_ORIGINAL_LOGPROB else "scaled"

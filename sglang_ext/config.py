@@ -1,0 +1,205 @@
+"""Configuration of the ``sparse_kv`` attention backend, and the server settings it refuses.
+
+Where it comes from: the environment variable ``SPARSE_RL_KV_CONFIG`` holds either a JSON object or the
+path of a ``.json`` / ``.yaml`` file with the fields of :class:`SparseKVConfig` (nested ``compression``
+holds :class:`~sparse_rl_megatron.compression.CompressionConfig`'s fields). SGLang starts its schedulers
+with ``spawn``, so they inherit it; ``python -m sglang_ext.launch_server --sparse-kv-config ...`` and
+``SGLangRolloutEngine`` set it for you. Select the backend with ``attention_backend="sparse_kv"``
+(``--attention-backend sparse_kv``).
+
+A request may override compression fields for itself with
+``sampling_params["custom_params"]["sparse_kv"] = {"method": "snapkv", "budget": 256, ...}``; its
+``window`` may not exceed the server's (the query ring is sized by it). Admission control is sized by
+the server's ``budget + buffer``.
+
+Everything is validated when the server starts (:func:`validate_server_args`, hooked on
+``ServerArgs.check_server_args``), before any model loads, with one line naming the bad field.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sparse_rl_megatron.compression import CompressionConfig
+from sparse_rl_megatron.utils.config_io import ConfigError, from_dict, to_dict
+
+BACKEND_NAME = "sparse_kv"
+CONFIG_ENV = "SPARSE_RL_KV_CONFIG"
+REQUEST_KEY = "sparse_kv"
+"""Key of a request's overrides in ``custom_params`` and of the provenance in the response ``meta_info``."""
+FAULT_ENV = "SPARSE_RL_KV_FAULT"
+"""Test-only fault injection (``skip_free``: evicted slots are dropped from the request but never freed).
+It exists so a test can show the strict idle memory checker catches a broken free; never set it otherwise."""
+
+SUPPORTED_METHODS = ("none", "rkv", "snapkv", "streamingllm")
+INNER_BACKENDS = ("torch_native", "triton", "flashinfer", "fa3")
+
+
+@dataclass
+class SparseKVConfig:
+    """Settings of the ``sparse_kv`` attention backend (one per server)."""
+
+    compression: CompressionConfig = field(default_factory=CompressionConfig)
+    """Default compression of every request (method, budget B, window alpha, buffer W, scope, scorer knobs)."""
+    inner_backend: str = ""
+    """The SGLang backend that runs the attention kernels: '' = torch_native on CPU, triton on CUDA."""
+    kept_digest: bool = False
+    """Hash the kept logical positions of every event into the response (one device->host copy per event)."""
+    free_evicted: bool = True
+    """Give evicted slots back to the allocator. False mimics the published fork (attention reads the
+    compressed set, memory stays dense); for benchmarks only."""
+    stats_path: str = ""
+    """If set, forwards append JSON lines of pool usage read from the allocator (tests, benchmarks)."""
+    stats_every: int = 1
+    """With ``stats_path``: log every k-th forward (compression time is accumulated over all of them)."""
+
+    def __post_init__(self) -> None:
+        c = self.compression
+        if c.method not in SUPPORTED_METHODS:
+            raise ValueError(
+                f"compression.method '{c.method}' is not supported by the SGLang plugin; valid: "
+                f"{', '.join(SUPPORTED_METHODS)} (h2o needs per-step attention mass the kernels do not return)")
+        if c.compress_prefill:
+            raise ValueError("compression.compress_prefill is not supported by the SGLang plugin (Sparse-RL "
+                             "compresses during decode only); set it to false")
+        if c.trigger_on_newline:
+            raise ValueError("compression.trigger_on_newline is not supported by the SGLang plugin; set it to false")
+        if self.stats_every < 1:
+            raise ValueError(f"stats_every must be >= 1; got {self.stats_every}")
+        if self.inner_backend and self.inner_backend not in INNER_BACKENDS:
+            raise ValueError(f"inner_backend must be one of {', '.join(INNER_BACKENDS)} (or '' for the "
+                             f"device default); got '{self.inner_backend}'")
+
+    def resolved_inner_backend(self, device: str) -> str:
+        return self.inner_backend or ("torch_native" if device == "cpu" else "triton")
+
+    def to_json(self) -> str:
+        return json.dumps(to_dict(self))
+
+
+def parse_config(text: str, source: str = CONFIG_ENV) -> SparseKVConfig:
+    """A :class:`SparseKVConfig` from JSON text or a path to a .json/.yaml file; errors name the field."""
+    text = text.strip()
+    data: Any
+    if text.startswith("{"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{source}: not valid JSON ({err})") from None
+    else:
+        path = Path(text)
+        if not path.is_file():
+            raise ConfigError(f"{source}: '{text}' is neither a JSON object nor an existing .json/.yaml file")
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(path.read_text())
+        else:
+            data = json.loads(path.read_text())
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the config must be a mapping")
+    try:
+        return from_dict(SparseKVConfig, data, path="sparse_kv")
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
+
+
+@contextlib.contextmanager
+def scheduler_env(**variables: str):
+    """Set environment variables for the SGLang processes started inside the block (spawned processes copy
+    the environment when they start: the plugin config, SGLang's switches), then restore the caller's."""
+    saved = {k: os.environ.get(k) for k in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def config_from_env() -> SparseKVConfig:
+    """The server's config (defaults to dense compression when ``SPARSE_RL_KV_CONFIG`` is unset)."""
+    text = os.environ.get(CONFIG_ENV, "")
+    return parse_config(text) if text.strip() else SparseKVConfig()
+
+
+def request_compression(base: CompressionConfig, overrides: Any) -> CompressionConfig:
+    """A request's compression: the server's, with the fields of ``custom_params['sparse_kv']`` replaced."""
+    if overrides is None:
+        return base
+    if not isinstance(overrides, dict):
+        raise ConfigError(f"custom_params.{REQUEST_KEY} must be a mapping of compression fields; got {overrides!r}")
+    merged = {**to_dict(base), **overrides}
+    config = from_dict(CompressionConfig, merged, path=f"custom_params.{REQUEST_KEY}")
+    try:
+        SparseKVConfig(compression=config)  # the plugin's own restrictions (methods, prefill compression)
+    except ValueError as err:
+        raise ConfigError(f"custom_params.{REQUEST_KEY}: {err}") from None
+    if config.is_dense:  # nothing is compressed: no query ring, no position buffer
+        return config
+    if config.window > base.window:
+        raise ConfigError(f"custom_params.{REQUEST_KEY}.window ({config.window}) exceeds the server's window "
+                          f"({base.window}), which sizes the query ring")
+    if config.max_candidates > base.max_candidates:
+        raise ConfigError(f"custom_params.{REQUEST_KEY}: budget + buffer ({config.max_candidates}) exceeds the "
+                          f"server's ({base.max_candidates}), which sizes admission and the position buffer")
+    return config
+
+
+def uses_sparse_kv(server_args: Any) -> bool:
+    from sglang.srt.arg_groups.overrides import attention_backends_of, resolved_view
+
+    return BACKEND_NAME in attention_backends_of(resolved_view(server_args))
+
+
+def validate_server_args(server_args: Any, config: SparseKVConfig | None = None) -> SparseKVConfig:
+    """Refuse, in one line each, the SGLang settings the plugin does not support. Returns the config."""
+    from sglang.srt.arg_groups.overrides import attention_backends_of, resolved_view
+
+    cfg = resolved_view(server_args)
+    config = config if config is not None else config_from_env()
+    prefill, decode = attention_backends_of(cfg)
+    if prefill != decode:
+        raise ConfigError(f"{BACKEND_NAME}: prefill and decode must both use the {BACKEND_NAME} attention "
+                          f"backend (got prefill={prefill}, decode={decode}); set attention_backend only")
+    checks = [
+        (cfg.page_size not in (None, 1), f"page_size={cfg.page_size}: {BACKEND_NAME} needs page_size 1 (a page "
+                                          "would mix kept and evicted tokens)"),
+        (bool(cfg.speculative_algorithm), f"speculative_algorithm={cfg.speculative_algorithm}: speculative "
+                                           f"decoding is not supported by {BACKEND_NAME}"),
+        (not _graphs_disabled(cfg), f"{BACKEND_NAME} runs its bookkeeping and compaction eagerly and does not "
+                                    "support CUDA graphs: pass disable_cuda_graph=True (CLI: "
+                                    "--disable-decode-cuda-graph --disable-prefill-cuda-graph)"),
+        (cfg.kv_cache_dtype not in (None, "auto"), f"kv_cache_dtype={cfg.kv_cache_dtype}: {BACKEND_NAME} "
+                                                    "needs the model dtype (auto) for the KV cache"),
+        (cfg.pp_size not in (None, 1), f"pp_size={cfg.pp_size}: pipeline parallelism is not supported by "
+                                        f"{BACKEND_NAME}"),
+        (bool(cfg.enable_dp_attention), f"enable_dp_attention: not supported by {BACKEND_NAME}"),
+        (bool(cfg.enable_mixed_chunk), f"enable_mixed_chunk: not supported by {BACKEND_NAME}"),
+        (bool(cfg.enable_hierarchical_cache), f"enable_hierarchical_cache: not supported by {BACKEND_NAME}"),
+        (bool(cfg.enable_hisparse), f"enable_hisparse: not supported together with {BACKEND_NAME}"),
+        (cfg.disaggregation_mode not in (None, "null"), f"disaggregation_mode={cfg.disaggregation_mode}: not "
+                                                          f"supported by {BACKEND_NAME}"),
+        (config.kept_digest and (cfg.tp_size or 1) > 1, f"kept_digest needs tp_size 1 (each TP rank holds only "
+                                                          f"its KV heads); got tp_size={cfg.tp_size}"),
+    ]
+    for bad, message in checks:
+        if bad:
+            raise ConfigError(message)
+    return config
+
+
+def _graphs_disabled(cfg: Any) -> bool:
+    if getattr(cfg, "disable_cuda_graph", False):
+        return True
+    graphs = getattr(cfg, "cuda_graph_config", None)
+    if graphs is None:
+        return True
+    return all(getattr(graphs, phase).backend == "disabled" for phase in ("decode", "prefill"))

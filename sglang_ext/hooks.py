@@ -1,0 +1,194 @@
+"""Every place the plugin hooks into SGLang 0.5.23 (through ``HookRegistry``; no SGLang file is changed).
+
+All hooks are inert unless this process runs the ``sparse_kv`` backend (``backend.active_backend()``), so
+installing the plugin changes nothing for servers that do not select it.
+
+| target | kind | why |
+|---|---|---|
+| ``ServerArgs.check_server_args`` | after | validate the config and refuse unsupported settings at start |
+| ``ModelRunner.forward`` | after | compress due rows after the layers ran (outside any graph) |
+| ``ReqToTokenPool.alloc`` | after | bind a request (its config, prompt length, provenance) to its row |
+| ``PrefillAdder.add_one_req`` | around | compressed EOS-ignoring requests are admitted by B + W, not by max_new_tokens |
+| ``Req._compute_max_prefix_len`` | around | a radix hit leaves the last alpha tokens to prefill (ring queries) |
+| ``common.release_kv_cache`` | around | a compressed request is not inserted into the radix tree when it ends |
+| ``BasePrefixCache.free_kv_row`` | around | release a compressed row's real slots, skipping evicted ones |
+| ``pool_stats_observer.kv_private_tokens`` | around | the busy memory checker counts what rows really own |
+| ``allocation.alloc_for_decode`` | around | reserve slots for first compressions that copy a shared prompt |
+| ``ScheduleBatch.new_tokens_required_next_decode`` | around | those reservations count when SGLang checks memory |
+| ``schedule_batch.release_req`` | around | a retracted request that already compressed is refused, not resumed dense |
+| ``ScheduleBatch.retract_decode`` | around | the refusal carries the plugin's message |
+| ``SchedulerOutputStreamer.is_request_level_customized_info_key`` | around | provenance sent once per request |
+| ``SchedulerInvariantChecker._check_all_pools`` | after | with ``stats_path``: log the idle pool (tests) |
+"""
+from __future__ import annotations
+
+from http import HTTPStatus
+
+from sglang_ext.accounting import extras_needed, handles_row, owned_slots, release_row, reserve_extras
+from sglang_ext.backend import active_backend
+from sglang_ext.compaction import record_idle
+from sglang_ext.config import REQUEST_KEY, ConfigError, uses_sparse_kv, validate_server_args
+
+REFUSED_RETRACTION = (
+    "sparse_kv: this request was retracted (KV pool full) after its KV cache had been compressed; re-prefilling "
+    "it would rebuild a dense cache and change the sampling distribution, so it is refused. Resubmit it, or "
+    "enlarge the KV pool / lower max_running_requests")
+_REFUSED_ATTR = "_sparse_kv_refused"
+
+
+def _check_server_args(result, server_args):
+    if uses_sparse_kv(server_args):
+        validate_server_args(server_args)
+
+
+def _after_model_forward(result, runner, *args, **kwargs):
+    backend = active_backend()
+    if backend is not None and runner is backend.runner:
+        backend.after_forward()
+
+
+def _bind_rows(result, pool, reqs, *args, **kwargs):
+    backend = active_backend()
+    if result is None or backend is None or pool is not backend.req_to_token_pool:
+        return
+    for req in reqs:
+        try:
+            backend.bind(req.kv.req_pool_idx, req)
+        except ConfigError as err:
+            from sparse_rl_megatron.compression import CompressionConfig
+            from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+            req.to_finish = FINISH_ABORT(str(err), HTTPStatus.BAD_REQUEST)
+            info = backend.make_info(req.kv.req_pool_idx, len(req.origin_input_ids))
+            info.config = CompressionConfig()
+            row = req.kv.req_pool_idx
+            backend.state.reset(row, int(pool.req_generation[row]), info)
+
+
+def _add_one_req(original, adder, req, *args, **kwargs):
+    backend = active_backend()
+    if backend is None or not backend.compresses or not req.sampling_params.ignore_eos:
+        return original(adder, req, *args, **kwargs)
+    # Without a radix cache SGLang plans EOS-ignoring requests to grow to max_new_tokens (its ignore-EOS
+    # admission); the general path reserves min(max_new_tokens, CLIP), and CLIP is B + W + 1 here.
+    req.sampling_params.ignore_eos = False
+    try:
+        return original(adder, req, *args, **kwargs)
+    finally:
+        req.sampling_params.ignore_eos = True
+
+
+def _max_prefix_len(original, req, input_len):
+    limit = original(req, input_len)
+    backend = active_backend()
+    if backend is None or backend.state.qwin is None:
+        return limit
+    # The scorers need the post-RoPE queries of the last alpha tokens; KV from the radix tree has none.
+    return max(min(limit, input_len - backend.config.compression.window), 0)
+
+
+def _release_kv_cache(original, req, tree_cache, *, checkpoint: bool):
+    backend = active_backend()
+    row = req.kv.req_pool_idx
+    if backend is not None and row is not None:
+        info = backend.state.info[row]
+        if req.finished() and info is not None:
+            fed = len(req.origin_input_ids) + len(req.output_ids) - 1   # the last sampled token is never fed
+            info.finalize_meta(int(backend.state.logical_len[row]), fed)
+        if checkpoint and backend.state.compressed[row]:
+            checkpoint = False  # its slots no longer hold one token per position: the tree keeps only the prompt
+    return original(req, tree_cache, checkpoint=checkpoint)
+
+
+def _free_kv_row(original, cache, kv, ranges):
+    backend = active_backend()
+    if not handles_row(backend, kv.req_pool_idx):
+        return original(cache, kv, ranges)
+    release_row(backend, kv, ranges, cache.token_to_kv_pool_allocator)
+
+
+def _kv_private_tokens(original, kv, page_size):
+    backend = active_backend()
+    if not handles_row(backend, kv.req_pool_idx):
+        return original(kv, page_size)
+    return owned_slots(backend, kv.req_pool_idx, kv)
+
+
+def _alloc_for_decode(original, batch, *args, **kwargs):
+    out = original(batch, *args, **kwargs)
+    backend = active_backend()
+    if backend is not None:
+        backend.tree_cache = batch.tree_cache
+        reserve_extras(backend, batch)
+    return out
+
+
+def _new_tokens_required(original, batch, selected_indices=None):
+    need = original(batch, selected_indices)
+    backend = active_backend()
+    if backend is None:
+        return need
+    reqs = batch.reqs if selected_indices is None else [batch.reqs[i] for i in selected_indices]
+    return need + sum(extras_needed(backend, r, int(r.kv.kv_committed_len) + 1) for r in reqs)
+
+
+def _release_req(original, *args, **kwargs):
+    backend = active_backend()
+    req = kwargs["req"]
+    row = req.kv.req_pool_idx
+    refuse = backend is not None and row is not None and backend.state.events[row] > 0 and not req.finished()
+    kept = original(*args, **kwargs)
+    if not refuse:
+        return kept
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    setattr(req, _REFUSED_ATTR, True)
+    req.to_finish = FINISH_ABORT(REFUSED_RETRACTION)  # no status code: returned as an output, not raised
+    return False
+
+
+def _retract_decode(original, batch, *args, **kwargs):
+    retracted, ratio, aborted = original(batch, *args, **kwargs)
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    for req in aborted:
+        if getattr(req, _REFUSED_ATTR, False):
+            req.to_finish = FINISH_ABORT(REFUSED_RETRACTION)
+    return retracted, ratio, aborted
+
+
+def _request_level_key(original, streamer, key):
+    return key == REQUEST_KEY or original(streamer, key)
+
+
+def _idle_pool_check(result, checker, pool_stats, *args, **kwargs):
+    backend = active_backend()
+    if backend is not None and backend.config.stats_path:
+        record_idle(backend, pool_stats, total=checker.max_total_num_tokens, leak=bool(result[0]))
+
+
+def register_hooks() -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    after, around = HookType.AFTER, HookType.AROUND
+    for target, hook, kind in [
+        ("sglang.srt.server_args.ServerArgs.check_server_args", _check_server_args, after),
+        ("sglang.srt.model_executor.model_runner.ModelRunner.forward", _after_model_forward, after),
+        ("sglang.srt.mem_cache.memory_pool.ReqToTokenPool.alloc", _bind_rows, after),
+        ("sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req", _add_one_req, around),
+        ("sglang.srt.managers.schedule_batch.Req._compute_max_prefix_len", _max_prefix_len, around),
+        ("sglang.srt.mem_cache.common.release_kv_cache", _release_kv_cache, around),
+        ("sglang.srt.mem_cache.base_prefix_cache.BasePrefixCache.free_kv_row", _free_kv_row, around),
+        ("sglang.srt.managers.scheduler_components.pool_stats_observer.kv_private_tokens", _kv_private_tokens,
+         around),
+        ("sglang.srt.mem_cache.allocation.alloc_for_decode", _alloc_for_decode, around),
+        ("sglang.srt.managers.schedule_batch.ScheduleBatch.new_tokens_required_next_decode", _new_tokens_required,
+         around),
+        ("sglang.srt.managers.schedule_batch.release_req", _release_req, around),
+        ("sglang.srt.managers.schedule_batch.ScheduleBatch.retract_decode", _retract_decode, around),
+        ("sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer."
+         "is_request_level_customized_info_key", _request_level_key, around),
+        ("sglang.srt.managers.scheduler_components.invariant_checker.SchedulerInvariantChecker._check_all_pools",
+         _idle_pool_check, after),
+    ]:
+        HookRegistry.register(target, hook, kind)

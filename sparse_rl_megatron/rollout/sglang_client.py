@@ -1,0 +1,195 @@
+"""How the SGLang rollout engine talks to SGLang: an in-process ``sglang.Engine``, or HTTP servers.
+
+Both clients offer the same calls, named after SGLang's endpoints (``generate``, ``begin_weight_update``,
+``update_weights_from_disk``, ...), take the fields of SGLang's request objects (one dict per server), and
+raise ``RuntimeError`` naming the call and SGLang's message when it fails. Only the in-process client can
+send tensors directly (``update_weights_from_tensor``); HTTP servers get weights over a process group or
+from disk.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+# The io_struct request class of every call the engine makes (in-process calls build these objects).
+_REQUEST_CLASSES = {
+    "begin_weight_update": "BeginWeightUpdateReqInput",
+    "end_weight_update": "EndWeightUpdateReqInput",
+    "update_weights_from_disk": "UpdateWeightFromDiskReqInput",
+    "update_weights_from_distributed": "UpdateWeightsFromDistributedReqInput",
+    "init_weights_update_group": "InitWeightsUpdateGroupReqInput",
+    "destroy_weights_update_group": "DestroyWeightsUpdateGroupReqInput",
+}
+
+
+def _check(call: str, result: Any) -> Any:
+    """SGLang answers (success, message, ...) tuples in-process and {"success", "message"} over HTTP."""
+    if isinstance(result, dict) and "success" in result:
+        ok, message = result["success"], result.get("message", "")
+    elif isinstance(result, (tuple, list)) and result and isinstance(result[0], bool):
+        ok, message = result[0], (result[1] if len(result) > 1 else "")
+    else:
+        ok, message = getattr(result, "success", True), getattr(result, "message", "")
+    if not ok:
+        raise RuntimeError(f"SGLang {call} failed: {message}")
+    return result
+
+
+class InProcessClient:
+    """An ``sglang.Engine`` in this process (its schedulers are child processes)."""
+
+    num_servers = 1
+
+    def __init__(self, engine_kwargs: dict[str, Any]):
+        import sglang
+
+        self.engine = sglang.Engine(**engine_kwargs)
+
+    def generate(self, input_ids: list[list[int]], sampling_params: list[dict], groups=None,
+                 logprob_start_len: list[int] | None = None) -> list[dict]:
+        return self.engine.generate(input_ids=input_ids, sampling_params=sampling_params, return_logprob=True,
+                                    logprob_start_len=logprob_start_len)
+
+    def _run(self, name: str, fields: dict) -> Any:
+        from sglang.srt.managers import io_struct
+
+        obj = getattr(io_struct, _REQUEST_CLASSES[name])(**fields)
+        method = getattr(self.engine.tokenizer_manager, name)
+        return _check(name, self.engine.loop.run_until_complete(method(obj, None)))
+
+    def call_each(self, name: str, per_server: list[dict]) -> list[Any]:
+        return [self._run(name, per_server[0])]
+
+    def submit_each(self, name: str, per_server: list[dict]) -> list[concurrent.futures.Future]:
+        """Run the call on a helper thread (a collective the caller joins from this thread)."""
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        future = pool.submit(self._run, name, per_server[0])
+        pool.shutdown(wait=False)
+        return [future]
+
+    def update_weights_from_tensor(self, named_tensors: list, weight_version: str) -> None:
+        from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput
+
+        obj = UpdateWeightsFromTensorReqInput(
+            serialized_named_tensors=self.engine._serialize_tensors_per_rank(named_tensors, None),
+            load_format=None, flush_cache=False, weight_version=weight_version)
+        coro = self.engine.tokenizer_manager.update_weights_from_tensor(obj, None)
+        _check("update_weights_from_tensor", self.engine.loop.run_until_complete(coro))
+
+    def flush_cache(self) -> None:
+        self.engine.flush_cache()
+
+    def release_memory(self) -> None:
+        self.engine.release_memory_occupation()
+
+    def resume_memory(self) -> None:
+        self.engine.resume_memory_occupation()
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+
+class HttpClient:
+    """Running SGLang servers (or one router): requests are spread over them, control calls go to all."""
+
+    def __init__(self, urls: list[str], *, timeout_s: float, startup_timeout_s: float):
+        self.urls = [u.rstrip("/") for u in urls]
+        self.timeout_s = timeout_s
+        self.num_servers = len(self.urls)
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(4, 2 * len(self.urls)))
+        deadline = time.monotonic() + startup_timeout_s
+        for url in self.urls:
+            self._wait_healthy(url, deadline)
+
+    def _request(self, url: str, path: str, body: dict | None, *, method: str = "POST") -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                text = resp.read().decode()
+        except urllib.error.HTTPError as err:
+            detail = err.read().decode(errors="replace")[:500]
+            kind = ValueError if err.code == 400 else RuntimeError  # 400: the request itself was refused
+            raise kind(f"SGLang server {url}{path} answered HTTP {err.code}: {detail}") from None
+        except urllib.error.URLError as err:
+            raise RuntimeError(f"SGLang server {url}{path} is unreachable: {err.reason}") from None
+        try:
+            return json.loads(text) if text.strip() else None
+        except json.JSONDecodeError:
+            return text  # e.g. /flush_cache answers plain text
+
+    def _wait_healthy(self, url: str, deadline: float) -> None:
+        while True:
+            try:
+                urllib.request.urlopen(url + "/health_generate", timeout=30).read()
+                return
+            except Exception as err:  # connection refused while starting, 503 while warming up
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"SGLang server {url} did not become healthy in time: {err}") from None
+                time.sleep(2.0)
+
+    def align_weight_version(self, version: str) -> None:
+        """Servers that never got a version (SGLang's ``default``) take ``version``; any other must match it."""
+        for url in self.urls:
+            current = str((self._request(url, "/model_info", None, method="GET") or {}).get("weight_version"))
+            if current == "default":
+                _check("update_weight_version", self._request(
+                    url, "/update_weight_version", {"new_version": version, "abort_all_requests": False}))
+            elif current != version:
+                raise ValueError(f"SGLang server {url} is at weight version {current}, not {version}; pass "
+                                 f"weight_version={current} to SGLangRolloutEngine (or update its weights)")
+
+    def generate(self, input_ids: list[list[int]], sampling_params: list[dict], groups=None,
+                 logprob_start_len: list[int] | None = None) -> list[dict]:
+        """Requests of one group (``groups[j]``, default: each its own) go to one server, so they share
+        the prompt's KV in its radix cache. ``logprob_start_len[j]``: also return the log-probs of request j's
+        input tokens from that position on (``meta_info['input_token_logprobs']``)."""
+        n = len(self.urls)
+        groups = list(range(len(input_ids))) if groups is None else groups
+        shards = [[j for j in range(len(input_ids)) if groups[j] % n == i] for i in range(n)]
+        def body(idx: list[int]) -> dict:
+            out = {"input_ids": [input_ids[j] for j in idx], "sampling_params": [sampling_params[j] for j in idx],
+                   "return_logprob": True}
+            if logprob_start_len is not None:
+                out["logprob_start_len"] = [logprob_start_len[j] for j in idx]
+            return out
+
+        futures = [self._pool.submit(self._request, url, "/generate", body(idx))
+                   for url, idx in zip(self.urls, shards) if idx]
+        out: list[dict] = [None] * len(input_ids)  # type: ignore[list-item]
+        for (url, idx), fut in zip([(u, i) for u, i in zip(self.urls, shards) if i], futures):
+            result = fut.result()
+            result = result if isinstance(result, list) else [result]
+            for j, r in zip(idx, result):
+                out[j] = r
+        return out
+
+    def call_each(self, name: str, per_server: list[dict]) -> list[Any]:
+        """POST ``/name`` to every server at once, each with its own body."""
+        futures = [self._pool.submit(self._request, url, f"/{name}", body) for url, body in zip(self.urls, per_server)]
+        return [_check(name, f.result()) for f in futures]
+
+    def submit_each(self, name: str, per_server: list[dict]) -> list[concurrent.futures.Future]:
+        """Like :meth:`call_each` without waiting (collective calls must run while this process joins in)."""
+        return [self._pool.submit(lambda u, b: _check(name, self._request(u, f"/{name}", b)), url, body)
+                for url, body in zip(self.urls, per_server)]
+
+    def flush_cache(self) -> None:
+        for url in self.urls:
+            self._request(url, "/flush_cache", {})
+
+    def release_memory(self) -> None:
+        for url in self.urls:
+            self._request(url, "/release_memory_occupation", {})
+
+    def resume_memory(self) -> None:
+        for url in self.urls:
+            self._request(url, "/resume_memory_occupation", {})
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False)

@@ -1,0 +1,105 @@
+"""Typed configuration of the SGLang rollout engine (in-process ``sglang.Engine`` or HTTP servers)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparse_rl_megatron.compression import CompressionConfig
+
+WEIGHT_SYNCS = ("tensor", "distributed", "disk")
+CPU_DEFAULT_POOL_TOKENS = 1 << 16
+"""KV pool of an in-process CPU engine when neither max_total_tokens nor mem_fraction_static is set."""
+DISTRIBUTED_BACKENDS = ("gloo", "nccl")
+
+
+@dataclass
+class SGLangEngineConfig:
+    """How ``SGLangRolloutEngine`` reaches SGLang and what it asks of it."""
+
+    model_path: str = ""
+    """HF model directory: the in-process engine loads it; with ``urls`` it gives the tokenizer (and the
+    config files for disk sync)."""
+    urls: list[str] = field(default_factory=list)
+    """Base URLs of running servers (started with ``python -m sglang_ext.launch_server``) or one router; empty =
+    start an in-process ``sglang.Engine``."""
+    tokenizer_path: str = ""
+    """Tokenizer directory ('' = ``model_path``)."""
+    compression: CompressionConfig = field(default_factory=CompressionConfig)
+    """KV compression of every request (the in-process server's default; sent per request to HTTP servers)."""
+    kept_digest: bool = True
+    """Record a hash of the kept positions of every compression event in each sample's provenance."""
+    dtype: str = "auto"
+    """Weights and KV dtype of the in-process engine (``auto``, ``float32``, ``bfloat16``, ...)."""
+    tp_size: int = 1
+    """Tensor parallel size of the in-process engine."""
+    max_total_tokens: int | None = None
+    """KV pool size in tokens of the in-process engine (None: SGLang sizes it from ``mem_fraction_static`` on
+    GPU; on CPU, where SGLang would claim a large share of RAM, ``CPU_DEFAULT_POOL_TOKENS``)."""
+    mem_fraction_static: float | None = None
+    """Fraction of device memory for weights + KV pool (None: SGLang's default)."""
+    max_running_requests: int | None = None
+    """Most requests decoding at once (None: SGLang's default)."""
+    memory_saver: bool = False
+    """CUDA, in-process: start SGLang with ``enable_memory_saver`` (torch_memory_saver, an SGLang dependency on GPU)
+    so ``release_memory`` really frees its KV cache and weights while a colocated learner trains; without it
+    release/resume are no-ops (always on CPU)."""
+    radix_cache: bool = True
+    """Share a GRPO group's prompt KV between its samples (prefilled once)."""
+    inner_backend: str = ""
+    """Attention kernels under the plugin: '' = torch_native on CPU, triton on CUDA."""
+    weight_sync: str = "tensor"
+    """How ``update_weights`` reaches the servers: ``tensor`` (in-process only), ``distributed`` (a process group
+    with the servers, any node), ``disk`` (safetensors written to ``weight_sync_dir``, then reloaded)."""
+    distributed_backend: str = "gloo"
+    """Process-group backend of ``distributed`` sync: ``gloo`` (CPU) or ``nccl`` (GPU)."""
+    master_address: str = "127.0.0.1"
+    """Address the servers use to reach this process for ``distributed`` sync (a routable literal IP)."""
+    master_port: int = 0
+    """Port of the ``distributed`` rendezvous (0 = pick a free one)."""
+    weight_sync_dir: str = ""
+    """Directory for ``disk`` sync, visible to every server."""
+    random_seed: int = 0
+    """Seed of the in-process engine."""
+    request_timeout_s: float = 3600.0
+    """Longest an HTTP call may take."""
+    startup_timeout_s: float = 900.0
+    """Longest to wait for HTTP servers to answer ``/health_generate``."""
+    max_resubmits: int = 3
+    """A request refused after a retraction (its compressed KV cannot be rebuilt) is resubmitted as a fresh
+    sample up to this many times before ``generate`` fails."""
+    stats_path: str = ""
+    """In-process engine: the plugin appends pool-usage lines here (tests, benchmarks)."""
+    log_level: str = "error"
+    """SGLang log level of the in-process engine."""
+    extra_args: dict[str, Any] = field(default_factory=dict)
+    """Further ``sglang.Engine`` keyword arguments (in-process only)."""
+
+    def __post_init__(self) -> None:
+        if not self.urls and not self.model_path:
+            raise ValueError("SGLangEngineConfig.model_path is required for an in-process engine (or give urls)")
+        if self.weight_sync not in WEIGHT_SYNCS:
+            raise ValueError(f"SGLangEngineConfig.weight_sync must be one of {', '.join(WEIGHT_SYNCS)}; "
+                             f"got '{self.weight_sync}'")
+        if self.urls and self.weight_sync == "tensor":
+            raise ValueError("SGLangEngineConfig.weight_sync 'tensor' needs the in-process engine; with urls use "
+                             "'distributed' or 'disk'")
+        if self.weight_sync == "disk" and not self.weight_sync_dir:
+            raise ValueError("SGLangEngineConfig.weight_sync_dir is required for weight_sync 'disk'")
+        if self.distributed_backend not in DISTRIBUTED_BACKENDS:
+            raise ValueError(f"SGLangEngineConfig.distributed_backend must be one of "
+                             f"{', '.join(DISTRIBUTED_BACKENDS)}; got '{self.distributed_backend}'")
+        for name in ("tp_size", "max_resubmits"):
+            if getattr(self, name) < (1 if name == "tp_size" else 0):
+                raise ValueError(f"SGLangEngineConfig.{name} is out of range: {getattr(self, name)}")
+        if self.max_total_tokens is not None and self.max_total_tokens < 1:
+            raise ValueError(f"SGLangEngineConfig.max_total_tokens must be >= 1; got {self.max_total_tokens}")
+        from sglang_ext.config import SparseKVConfig
+
+        SparseKVConfig(compression=self.compression)  # the plugin's own restrictions, early and in one line
+
+    def plugin_config(self):
+        """The ``sparse_kv`` backend settings of an in-process engine."""
+        from sglang_ext.config import SparseKVConfig
+
+        return SparseKVConfig(compression=self.compression, inner_backend=self.inner_backend,
+                              kept_digest=self.kept_digest, stats_path=self.stats_path)

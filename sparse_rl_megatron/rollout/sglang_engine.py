@@ -1,0 +1,296 @@
+"""The SGLang rollout engine: GRPO groups sampled by SGLang with the ``sparse_kv`` plugin (compressed KV).
+
+It implements :class:`~sparse_rl_megatron.rollout.engine.RolloutEngine` like the HF reference engine and
+returns the same :class:`Sample` fields, so the trainer and the evaluator take either:
+
+- **Log-prob convention.** ``Sample.sampler_logprobs`` are the *T=1, unfiltered* log-probs of the sampled
+  tokens, ``log_softmax(logits)[y_t]`` (as the HF engine's; Sparse-RL's ratio needs pi_sparse at T=1).
+  SGLang returns temperature-scaled ones unless ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``; the in-process engine
+  and ``python -m sglang_ext.launch_server`` set it, and every response carries the convention the server
+  used (``meta_info['sparse_kv']['logprobs']``): a server answering ``scaled`` is refused unless the request
+  was sampled at temperature 1 without top-k/top-p (where both agree). ``sampler_logprobs_scaled`` is None.
+- **Provenance.** ``Sample.compression`` comes from the plugin (method, B, alpha, W, scope, events, peak
+  retained tokens, kept digest). ``Sample.weight_version`` is checked against the version SGLang reports
+  for the request (``meta_info['weight_version']``, set by every weight update here): a sample never claims
+  weights it was not sampled with; a request whose weights changed mid-flight is an error.
+- **Refused retractions.** A request SGLang retracted after its first compression is refused by the plugin
+  (its compressed KV cannot be rebuilt); it is resubmitted as a fresh sample (``max_resubmits``).
+- **Seeds.** ``SamplingParams.seed`` seeds SGLang's sampler per sample (in-process CPU engine only: the
+  GPU flashinfer sampler takes no seed); SGLang and the HF engine draw different tokens for the same seed.
+
+Weights: ``update_weights`` takes HF-named full tensors (or the learner's buckets, lists of them) and sends
+them between ``begin/end_weight_update`` (``tensor``, in-process), over a process group (``distributed``,
+gloo on CPU / NCCL on GPU, any node) or through safetensors files (``disk``); SGLang flushes its prefix
+cache, so no KV computed with old weights survives. ``release_memory`` / ``resume_memory`` map to SGLang's
+``release/resume_memory_occupation`` (they free memory only on CUDA with ``memory_saver``; no-ops on CPU).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from sparse_rl_megatron.compression import CompressionConfig
+from sparse_rl_megatron.rollout.engine import SamplingParams, encode_prompt
+from sparse_rl_megatron.rollout.sample import CompressionInfo, Sample
+from sparse_rl_megatron.rollout.sampling import sample_seed
+from sparse_rl_megatron.rollout.sglang_config import CPU_DEFAULT_POOL_TOKENS, SGLangEngineConfig
+from sparse_rl_megatron.utils.config_io import to_dict
+
+_SEED_MOD = 2**31 - 1  # SGLang's sampling_seed is a 32-bit signed int
+
+
+class SGLangRolloutEngine:
+    """A :class:`~sparse_rl_megatron.rollout.engine.RolloutEngine` on SGLang (see the module docstring).
+
+    Use as a context manager, or call :meth:`shutdown`.
+    """
+
+    def __init__(self, config: SGLangEngineConfig, *, weight_version: int = 0):
+        self.config = config
+        self.weight_version = weight_version
+        self.tokenizer = self._load_tokenizer()
+        self._released = False
+        self._group_ready = False
+        self.resubmitted = 0
+        """Requests resubmitted after a refused retraction, over this engine's life."""
+        if config.urls:
+            from sparse_rl_megatron.rollout.sglang_client import HttpClient
+
+            self.client = HttpClient(config.urls, timeout_s=config.request_timeout_s,
+                                     startup_timeout_s=config.startup_timeout_s)
+            self.client.align_weight_version(str(weight_version))
+            self._per_request = to_dict(config.compression)
+        else:
+            self.client = self._start_in_process()
+            self._per_request = None  # the in-process server's default is config.compression
+
+    # ------------------------------------------------------------------------------------------ set-up
+    def _load_tokenizer(self):
+        path = self.config.tokenizer_path or self.config.model_path
+        if not path or not os.path.isfile(os.path.join(path, "tokenizer_config.json")):
+            return None
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+    def _start_in_process(self):
+        from sglang_ext import cpu_compat
+        from sglang_ext.config import BACKEND_NAME, CONFIG_ENV, scheduler_env
+
+        from sparse_rl_megatron.rollout.sglang_client import InProcessClient
+
+        c = self.config
+        on_cpu = cpu_compat.apply()
+        kwargs: dict[str, Any] = dict(cpu_compat.cpu_engine_kwargs()) if on_cpu else {
+            "disable_cuda_graph": True, "enable_memory_saver": c.memory_saver}
+        kwargs.update(model_path=c.model_path, dtype=c.dtype, tp_size=c.tp_size, random_seed=c.random_seed,
+                      log_level=c.log_level, attention_backend=BACKEND_NAME, page_size=1,
+                      disable_radix_cache=not c.radix_cache, weight_version=str(self.weight_version))
+        for name in ("max_total_tokens", "mem_fraction_static", "max_running_requests"):
+            if getattr(c, name) is not None:
+                kwargs[name] = getattr(c, name)
+        if on_cpu and c.max_total_tokens is None and c.mem_fraction_static is None:
+            kwargs["max_total_tokens"] = CPU_DEFAULT_POOL_TOKENS
+        kwargs.update(c.extra_args)
+        self._seeded = on_cpu
+        with scheduler_env(**{CONFIG_ENV: c.plugin_config().to_json(), "SGLANG_RETURN_ORIGINAL_LOGPROB": "1"}):
+            return InProcessClient(kwargs)
+
+    # ----------------------------------------------------------------------------------------- generate
+    def generate(self, prompts: Sequence[str | list[int]], n: int, sampling: SamplingParams, *,
+                 compression: CompressionConfig | None = None) -> list[Sample]:
+        """``n`` samples per prompt, group-major, ``group_id`` = prompt index. ``compression`` overrides the
+        engine's for these requests (within the server's window and B + W)."""
+        if self._released:
+            raise RuntimeError("SGLangRolloutEngine.generate called after release_memory(); call resume_memory() first")
+        if n < 1:
+            raise ValueError(f"generate: n must be >= 1; got {n}")
+        if sampling.stop and self.tokenizer is None:
+            raise ValueError("SamplingParams.stop needs a tokenizer (the engine has none); pass token ids only")
+        prompt_ids = [encode_prompt(p, i, self.tokenizer) for i, p in enumerate(prompts)]
+        overrides = to_dict(compression) if compression is not None else self._per_request
+        todo = [(g, i) for g in range(len(prompt_ids)) for i in range(n)]
+        done: dict[tuple[int, int], Sample] = {}
+        for attempt in range(self.config.max_resubmits + 1):
+            outs = self.client.generate([prompt_ids[g] for g, _ in todo],
+                                        [self._sampling(sampling, g, i, attempt, overrides) for g, i in todo],
+                                        groups=[g for g, _ in todo])
+            retry = []
+            for (g, i), out in zip(todo, outs):
+                if self._refused(out):
+                    retry.append((g, i))
+                else:
+                    done[(g, i)] = self._sample(out, prompt_ids[g], prompts[g], g, i, sampling)
+            if not retry:
+                break
+            self.resubmitted += len(retry)
+            todo = retry
+        else:
+            raise RuntimeError(f"{len(todo)} request(s) were refused after retractions {self.config.max_resubmits + 1} "
+                               "times; enlarge the KV pool or lower max_running_requests")
+        return [done[(g, i)] for g in range(len(prompt_ids)) for i in range(n)]
+
+    def dense_logprobs(self, prompts: Sequence[Sequence[int]],
+                       responses: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """``[len(response)]`` T=1 log-probs of each given response after its prompt, under full attention
+        (compression off for these requests; one prefill each, at temperature 1 so SGLang's input log-probs
+        are unscaled). The weight-sync probe's engine side."""
+        if self._released:
+            raise RuntimeError("SGLangRolloutEngine.dense_logprobs called after release_memory(); call resume_memory()")
+        ids = [list(map(int, p)) + list(map(int, r)) for p, r in zip(prompts, responses)]
+        if any(len(p) < 1 for p in prompts):
+            raise ValueError("dense_logprobs: every prompt needs at least one token")
+        params = self._sampling(SamplingParams(temperature=1.0, max_new_tokens=1), 0, 0, 0,
+                                to_dict(CompressionConfig()))
+        outs = self.client.generate(ids, [dict(params) for _ in ids], groups=list(range(len(ids))),
+                                    logprob_start_len=[len(p) - 1 for p in prompts])
+        result = []
+        for j, (out, response) in enumerate(zip(outs, responses)):
+            self._check_version(out["meta_info"], j, 0)
+            triples = out["meta_info"]["input_token_logprobs"][1:]  # the first is the last prompt token's: None
+            if [int(t) for _, t, _ in triples] != [int(t) for t in response]:
+                raise RuntimeError(f"dense_logprobs: SGLang scored other tokens than response {j}'s")
+            result.append(torch.tensor([float(lp) for lp, _, _ in triples], dtype=torch.float32))
+        return result
+
+    def with_compression(self, compression: CompressionConfig) -> "CompressionView":
+        """This engine (same servers, same live weights) sampling with another KV compression per request."""
+        return CompressionView(self, compression)
+
+    def _sampling(self, s: SamplingParams, group: int, index: int, attempt: int, overrides) -> dict:
+        params: dict[str, Any] = {"temperature": s.temperature, "top_p": s.top_p,
+                                  "top_k": s.top_k if s.top_k > 0 else -1, "max_new_tokens": s.max_new_tokens,
+                                  "ignore_eos": s.ignore_eos, "no_stop_trim": True}
+        if s.stop:
+            params["stop"] = list(s.stop)
+        if s.seed is not None and getattr(self, "_seeded", False):
+            params["sampling_seed"] = (sample_seed(s.seed, group, index) + attempt) % _SEED_MOD
+        if overrides is not None:
+            from sglang_ext.config import REQUEST_KEY
+
+            params["custom_params"] = {REQUEST_KEY: overrides}
+        return params
+
+    @staticmethod
+    def _refused(out: dict) -> bool:
+        from sglang_ext.hooks import REFUSED_RETRACTION
+
+        reason = out["meta_info"].get("finish_reason") or {}
+        return reason.get("type") == "abort" and reason.get("message") == REFUSED_RETRACTION
+
+    def _sample(self, out: dict, prompt_ids: list[int], prompt, group: int, index: int,
+                sampling: SamplingParams) -> Sample:
+        from sglang_ext.config import REQUEST_KEY
+
+        meta = out["meta_info"]
+        reason = meta.get("finish_reason") or {}
+        if reason.get("type") == "abort":
+            raise RuntimeError(f"SGLang aborted request {group}/{index}: {reason.get('message')}")
+        info = (meta.get(REQUEST_KEY) or [None])[0]
+        if info is None:
+            raise RuntimeError("the SGLang server does not run the sparse_kv plugin (no provenance in meta_info); "
+                               "start it with python -m sglang_ext.launch_server")
+        filtered = sampling.temperature not in (0.0, 1.0) or sampling.top_k > 0 or sampling.top_p < 1.0
+        if info.get("logprobs") != "t1" and filtered:
+            raise RuntimeError("the SGLang server returns temperature-scaled log-probs; start it with "
+                               "SGLANG_RETURN_ORIGINAL_LOGPROB=1 (sglang_ext.launch_server does)")
+        self._check_version(meta, group, index)
+        triples = meta["output_token_logprobs"]
+        tokens = [int(t) for _, t, _ in triples]
+        logprobs = torch.tensor([float(lp) for lp, _, _ in triples], dtype=torch.float32)
+        decode = self.tokenizer.decode if self.tokenizer is not None else None
+        return Sample(
+            prompt_ids=list(prompt_ids), response_ids=tokens, sampler_logprobs=logprobs,
+            response_text=decode(tokens, skip_special_tokens=True) if decode else "",
+            prompt_text=prompt if isinstance(prompt, str) else (decode(prompt_ids) if decode else ""),
+            finish_reason=self._finish_reason(reason), group_id=group, index_in_group=index,
+            weight_version=self.weight_version,
+            compression=CompressionInfo(
+                method=info["method"], budget=info["budget"], window=info["window"], buffer=info["buffer"],
+                scope=info["scope"], events=int(info["events"]), peak_kv_tokens=int(info["peak_kv_tokens"]),
+                kept_digest=info["kept_digest"]),
+            metadata={"engine": "sglang", "retractions": int(info.get("retractions", 0))})
+
+    def _check_version(self, meta: dict, group: int, index: int) -> None:
+        spans = meta.get("weight_versions") or []   # [{version, start, end}] over the output tokens
+        versions = {str(span["version"]) for span in spans}
+        if meta.get("weight_version") is not None:
+            versions.add(str(meta["weight_version"]))
+        if len(versions) > 1:
+            raise RuntimeError(f"request {group}/{index} was sampled across a weight update ({spans}); its "
+                               "sample would mix two policies")
+        if versions and versions != {str(self.weight_version)}:
+            raise RuntimeError(f"request {group}/{index} was sampled with weight version {versions.pop()}, but the "
+                               f"engine is at version {self.weight_version}; another client updated the server?")
+
+    @staticmethod
+    def _finish_reason(reason: dict) -> str:
+        kind = reason.get("type")
+        if kind == "length":
+            return "length"
+        if kind == "stop":
+            return "stop" if isinstance(reason.get("matched"), str) else "eos"
+        return str(kind)
+
+    # ------------------------------------------------------------------------------------------ weights
+    def update_weights(self, named_tensors: Iterable, version: int) -> None:
+        """Load HF-named full tensors (pairs or buckets of pairs, possibly lazy: streamed bucket by bucket) into
+        every server and set the version. ``disk`` sync needs every weight in one call."""
+        from sparse_rl_megatron.rollout.sglang_weights import push_weights
+        from sparse_rl_megatron.rollout.weights import iter_buckets
+
+        push_weights(self, iter_buckets(named_tensors), str(version))
+        self.client.flush_cache()
+        self.weight_version = version
+
+    def update_weights_from_disk(self, model_path: str, version: int) -> None:
+        """Reload every server from an HF directory visible to it."""
+        from sparse_rl_megatron.rollout.sglang_weights import reload_from_disk
+
+        reload_from_disk(self.client, model_path, str(version))
+        self.weight_version = version
+
+    # ------------------------------------------------------------------------------------------- memory
+    def release_memory(self) -> None:
+        """Free SGLang's KV cache and weights while the learner trains (CUDA; a no-op on CPU)."""
+        self.client.release_memory()
+        self._released = True
+
+    def resume_memory(self) -> None:
+        self.client.resume_memory()
+        self._released = False
+
+    def shutdown(self) -> None:
+        from sparse_rl_megatron.rollout.sglang_weights import close_process_group
+
+        try:
+            close_process_group(self)
+        finally:
+            self.client.shutdown()
+
+    def __enter__(self) -> "SGLangRolloutEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+
+class CompressionView:
+    """An :class:`SGLangRolloutEngine` whose ``generate`` uses another KV compression (e.g. dense evaluation of a
+    sparse-rollout server); weights, version and memory state are the engine's."""
+
+    def __init__(self, engine: SGLangRolloutEngine, compression: CompressionConfig):
+        self.engine, self.compression = engine, compression
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def weight_version(self) -> int:
+        return self.engine.weight_version
+
+    def generate(self, prompts: Sequence[str | list[int]], n: int, sampling: SamplingParams) -> list[Sample]:
+        return self.engine.generate(prompts, n, sampling, compression=self.compression)

@@ -1,0 +1,53 @@
+"""Helpers of the SGLang tier (imported by name: a ``conftest`` import would find another tier's conftest when
+the whole suite runs in one session): the tiny model's seed, the strict memory checks, the reference oracle."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+MODEL_SEED, INIT_STD = 3, 0.2
+"""The tiny Qwen2 (hidden 64, 2 layers, 4 query heads, 2 KV heads: GQA) every SGLang test loads."""
+
+STRICT_MEMORY_CHECKS = {
+    "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1",
+    "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1",
+}
+
+
+def scheduler_env(**extra: str):
+    """Environment seen by the SGLang processes started inside the block: the strict checks, plus ``extra``."""
+    from sglang_ext.config import scheduler_env as with_env
+
+    return with_env(**{**STRICT_MEMORY_CHECKS, **extra})
+
+
+def teacher_forced(model, compression, samples):
+    """The HF reference engine's replay of ``samples`` (same compressor and settings)."""
+    from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
+
+    ref = HFRolloutEngine(model, compression=compression, show_progress=False)
+    return ref.teacher_forced([s.prompt_ids for s in samples], [s.response_ids for s in samples])
+
+
+def assert_matches_reference(samples, reference, tol: float = 1e-4) -> None:
+    """Same log-probs within ``tol`` and the same compression record (events, peak, kept digest)."""
+    for s, r in zip(samples, reference):
+        diff = (s.sampler_logprobs - r.sampler_logprobs).abs().max().item()
+        assert diff < tol, f"sample {s.group_id}/{s.index_in_group}: log-prob gap {diff}"
+        got = (s.compression.events, s.compression.peak_kv_tokens, s.compression.kept_digest)
+        want = (r.compression.events, r.compression.peak_kv_tokens, r.compression.kept_digest)
+        assert got == want, f"sample {s.group_id}/{s.index_in_group}: {got} != {want}"
+
+
+def read_stats(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def full_forward_logprobs(model, prompt_ids, response_ids) -> torch.Tensor:
+    ids = torch.tensor([list(prompt_ids) + list(response_ids)])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(ids).logits[0].float(), dim=-1)
+    p = len(prompt_ids)
+    return logp[p - 1:-1].gather(-1, torch.tensor(response_ids)[:, None])[:, 0]

@@ -1,0 +1,108 @@
+"""The sparse_kv configuration alone (no engine): sources, per-request overrides, errors naming the field."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sglang_ext.config import SparseKVConfig, parse_config, request_compression
+from sglang_ext.launch_server import server_argv
+from sparse_rl_megatron.compression import CompressionConfig
+from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
+from sparse_rl_megatron.utils.config_io import ConfigError, from_dict
+
+
+def test_json_and_yaml_sources(tmp_path):
+    text = '{"compression": {"method": "snapkv", "budget": 64, "window": 4, "buffer": 16}, "kept_digest": true}'
+    config = parse_config(text)
+    assert config.compression.method == "snapkv" and config.kept_digest and config.free_evicted
+    path = tmp_path / "kv.yaml"
+    path.write_text("compression:\n  method: rkv\n  scope: response\n")
+    assert parse_config(str(path)).compression.scope == "response"
+    assert parse_config(config.to_json()) == config
+
+
+@pytest.mark.parametrize("text,message", [
+    ("{not json", "SPARSE_RL_KV_CONFIG: not valid JSON"),
+    ("/no/such/file.yaml", "is neither a JSON object nor an existing .json/.yaml file"),
+    ('{"compression": {"scope": "prompt"}}', "sparse_kv.compression: CompressionConfig.scope must be one of"),
+    ('{"inner_backend": "flashmla"}', "inner_backend must be one of torch_native, triton, flashinfer, fa3"),
+    ('{"compression": {"method": "rkv", "trigger_on_newline": true}}', "trigger_on_newline is not supported"),
+])
+def test_errors_name_the_field(text, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        parse_config(text)
+
+
+def test_request_overrides_stay_within_the_server():
+    base = CompressionConfig(method="rkv", budget=64, window=8, buffer=16)
+    assert request_compression(base, None) is base
+    small = request_compression(base, {"method": "streamingllm", "budget": 32, "sink_tokens": 2})
+    assert (small.method, small.budget, small.window, small.buffer) == ("streamingllm", 32, 8, 16)
+    with pytest.raises(ConfigError, match="window .16. exceeds the server's window .8."):
+        request_compression(base, {"window": 16})
+    with pytest.raises(ConfigError, match="budget \\+ buffer .96. exceeds the server's .80."):
+        request_compression(base, {"budget": 80})
+    with pytest.raises(ConfigError, match="custom_params.sparse_kv: unknown key.s. bugdet"):
+        request_compression(base, {"bugdet": 8})
+    with pytest.raises(ConfigError, match="'h2o' is not supported by the SGLang plugin"):
+        request_compression(base, {"method": "h2o"})
+    # a dense request (the trainer's weight probe, dense evaluation) needs no query ring: any window goes
+    assert request_compression(base, {"method": "none", "window": 32, "budget": 512}).is_dense
+
+
+def test_engine_config_is_checked_early():
+    with pytest.raises(ValueError, match="model_path is required"):
+        SGLangEngineConfig()
+    with pytest.raises(ValueError, match="'tensor' needs the in-process engine"):
+        SGLangEngineConfig(urls=["http://x"])
+    with pytest.raises(ValueError, match="weight_sync_dir is required"):
+        SGLangEngineConfig(model_path="m", weight_sync="disk")
+    with pytest.raises(ValueError, match="'h2o' is not supported"):
+        SGLangEngineConfig(model_path="m", compression=CompressionConfig(method="h2o"))
+    plugin = SGLangEngineConfig(model_path="m", compression=CompressionConfig(method="rkv")).plugin_config()
+    assert isinstance(plugin, SparseKVConfig) and json.loads(plugin.to_json())["kept_digest"] is True
+    # the trainer builds it from YAML with the project's config loader; errors name the dotted field
+    built = from_dict(SGLangEngineConfig, {"urls": ["http://a:1"], "weight_sync": "distributed",
+                                           "compression": {"method": "snapkv", "budget": 256}})
+    assert built.compression.budget == 256 and built.urls == ["http://a:1"]
+    with pytest.raises(ConfigError, match="rollout.compression.budget: expected int"):
+        from_dict(SGLangEngineConfig, {"model_path": "m", "compression": {"budget": "big"}}, path="rollout")
+
+
+def test_launcher_adds_what_the_plugin_needs_unless_given():
+    argv = server_argv(["--model-path", "m", "--page-size=1"], on_cpu=True)
+    assert argv.count("--page-size=1") == 1 and "--page-size" not in argv
+    for flag, value in [("--attention-backend", "sparse_kv"), ("--cuda-graph-backend-decode", "disabled"),
+                        ("--device", "cpu"), ("--max-total-tokens", "65536")]:
+        assert argv[argv.index(flag) + 1] == value
+    assert "--device" not in server_argv(["--model-path", "m"], on_cpu=False)
+
+
+def test_trainer_section_and_recipes():
+    """``rollout.sglang`` in ``sparse-rl train``: SGLangEngineConfig's fields minus what the run gives (model,
+    compression, dtype); every shipped recipe names the sglang engine and builds its config."""
+    from pathlib import Path
+
+    from sparse_rl_megatron.trainer.config import TrainConfig
+    from sparse_rl_megatron.utils.config_io import load_config
+
+    recipes = sorted((Path(__file__).resolve().parents[2] / "configs" / "recipes").glob("qwen2.5-*/*.yaml"))
+    assert len(recipes) == 12
+    for recipe in recipes:
+        rollout = load_config(TrainConfig, recipe).rollout
+        engine = rollout.sglang_config("/models/m")
+        assert rollout.engine == "sglang" and engine.model_path == "/models/m" and engine.dtype == "bfloat16"
+        assert engine.compression == rollout.compression and engine.memory_saver
+    cfg = load_config(TrainConfig, None, ["rollout.engine=sglang", "rollout.sglang.urls=[http://h:1]",
+                                          "rollout.sglang.weight_sync=distributed"])
+    assert cfg.rollout.sglang_config("/m").urls == ["http://h:1"]
+    for overrides, message in [
+        (["rollout.engine=sglang", "rollout.sglang.weight_sync=nccl"],
+         "rollout.sglang: SGLangEngineConfig.weight_sync must be one of tensor, distributed, disk"),
+        (["rollout.engine=sglang", "rollout.sglang.model_path=/x"], "rollout.sglang: unknown key.s. model_path"),
+        (["rollout.engine=sglang", "rollout.compression.method=h2o"], "rollout: .*'h2o' is not supported"),
+        (["rollout.sglang.max_total_tokens=1024"], "rollout: sglang options are set, but engine is 'hf'"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            load_config(TrainConfig, None, overrides)

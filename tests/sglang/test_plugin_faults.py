@@ -1,0 +1,125 @@
+"""What the sparse_kv plugin refuses, and what happens when things go wrong.
+
+- Bad settings are refused when the server starts (``ServerArgs.check_server_args``), before any model
+  loads, with one line naming the field.
+- A deliberately broken free (evicted slots dropped but never freed) is caught by SGLang's strict idle
+  memory checker: the oracle of every other engine test really can fail.
+- A forced retraction (SGLang's test switch, small pool, no radix cache) ends either compressed and correct
+  (retracted before its first compression, re-prefilled and compressed the same way) or refused and
+  resubmitted (retracted after it), never resumed dense.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from sglang_helpers import assert_matches_reference, scheduler_env, teacher_forced
+
+from sparse_rl_megatron.compression import CompressionConfig
+from sparse_rl_megatron.rollout.engine import SamplingParams
+from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
+from sparse_rl_megatron.utils.config_io import ConfigError, to_dict
+
+RKV = {"method": "rkv", "budget": 8, "window": 2, "buffer": 4}
+
+
+def _start_args(model_dir, config: dict | None, **overrides):
+    """Resolve and check server arguments exactly as ``sglang.Engine`` does before launching anything."""
+    from sglang_ext import cpu_compat
+    from sglang_ext.config import CONFIG_ENV
+
+    cpu_compat.apply()
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import ServerArgs
+
+    load_plugins()  # as sglang.Engine does first
+    kwargs = {**cpu_compat.cpu_engine_kwargs(), "model_path": str(model_dir), "attention_backend": "sparse_kv",
+              **overrides}
+    with scheduler_env(**({CONFIG_ENV: json.dumps(config)} if config is not None else {})):
+        args = ServerArgs(**kwargs)
+        args.resolve_once()
+        args.check_server_args()
+
+
+@pytest.mark.parametrize("config,overrides,message", [
+    ({"compression": {"method": "foo"}}, {}, "unknown KV compression method 'foo'; valid names: h2o, none, rkv"),
+    ({"compression": {"bugdet": 4}}, {}, "unknown key(s) bugdet; valid keys:"),
+    ({"compression": {"method": "rkv", "budget": 4, "window": 8}}, {}, "budget must be > window"),
+    ({"compression": {"method": "h2o"}}, {}, "'h2o' is not supported by the SGLang plugin"),
+    ({"compression": {**RKV, "compress_prefill": True}}, {}, "compress_prefill is not supported"),
+    ({"compression": RKV}, {"page_size": 2}, "page_size=2: sparse_kv needs page_size 1"),
+    ({"compression": RKV}, {"disable_cuda_graph": False}, "does not support CUDA graphs"),
+])
+def test_bad_settings_are_refused_at_start_in_one_line(tiny_model_dir, config, overrides, message):
+    with pytest.raises(ConfigError) as err:
+        _start_args(tiny_model_dir, config, **overrides)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_good_settings_pass(tiny_model_dir):
+    _start_args(tiny_model_dir, {"compression": RKV, "kept_digest": True})
+
+
+_PROBE = textwrap.dedent("""
+    import sys
+    from sparse_rl_megatron.compression import CompressionConfig
+    from sparse_rl_megatron.rollout.engine import SamplingParams
+    from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
+    from sparse_rl_megatron.rollout.sglang_engine import SGLangRolloutEngine
+
+    if __name__ == "__main__":
+        config = SGLangEngineConfig(model_path=sys.argv[1], dtype="float32", max_total_tokens=1024,
+                                    compression=CompressionConfig(method="rkv", budget=8, window=2, buffer=4))
+        with SGLangRolloutEngine(config) as engine:
+            engine.generate([[5, 17, 42]], 2, SamplingParams(max_new_tokens=20, ignore_eos=True))
+            engine.client.flush_cache()  # the idle check after this must find every slot free
+        print("PROBE FINISHED")
+""")
+
+
+def test_strict_checker_catches_a_deliberately_broken_free(tiny_model_dir, tmp_path):
+    from sglang_ext.config import FAULT_ENV
+
+    script = tmp_path / "probe.py"
+    script.write_text(_PROBE)
+    # the idle checker alone (the busy one, on in the other tests, would stop it one step earlier)
+    with scheduler_env(**{FAULT_ENV: "skip_free", "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "0"}):
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+        proc = subprocess.run([sys.executable, str(script), str(tiny_model_dir)], env=env, capture_output=True,
+                              text=True, timeout=900)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "PROBE FINISHED" not in log
+    assert "memory leak detected" in log, log[-3000:]
+
+
+def test_forced_retraction_ends_compressed_and_correct_or_refused(tiny_model_dir, hf_model):
+    """SGLang retracts the running request with the shortest output (ties: the longest prompt) every few
+    steps. Phase 1: requests retracted after their first compression are refused and resubmitted. Phase 2: a
+    request retracted before it (its companion keeps the batch at two) is re-prefilled, then compressed."""
+    from sparse_rl_megatron.rollout.sglang_engine import SGLangRolloutEngine
+
+    compression = CompressionConfig(**RKV)
+    late = CompressionConfig(method="rkv", budget=12, window=2, buffer=4)
+    config = SGLangEngineConfig(model_path=str(tiny_model_dir), compression=late, dtype="float32",
+                                max_total_tokens=512, radix_cache=False, max_resubmits=30)
+    with scheduler_env(SGLANG_TEST_RETRACT="1", SGLANG_TEST_RETRACT_INTERVAL="4"):
+        engine = SGLangRolloutEngine(config)
+    try:
+        sampling = SamplingParams(temperature=1.0, max_new_tokens=24, ignore_eos=True)
+        samples = engine.generate([[5, 17, 42], [300, 12, 8, 77]], 3, sampling, compression=compression)
+        assert engine.resubmitted >= 1                       # refused after a compression, then resubmitted
+        assert_matches_reference(samples, teacher_forced(hf_model, compression, samples))
+        # Phase 2: A (longer prompt) is the retraction victim while B runs; A compresses only after B is done.
+        prompts = [list(range(100, 108)), [5, 17, 42]]
+        params = [engine._sampling(sampling, g, 0, 0, to_dict(late)) for g in range(2)]
+        params[1]["max_new_tokens"] = 6
+        outs = engine.client.generate(prompts, params)
+        a = engine._sample(outs[0], prompts[0], prompts[0], 0, 0, sampling)
+    finally:
+        engine.shutdown()
+    assert a.metadata["retractions"] >= 1 and a.compression.events >= 1    # retracted, re-prefilled, compressed
+    assert_matches_reference([a], teacher_forced(hf_model, late, [a]))

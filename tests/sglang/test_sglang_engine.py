@@ -1,0 +1,143 @@
+"""SGLangRolloutEngine on SGLang's CPU engine with the sparse_kv plugin, against the HF reference engine.
+
+One in-process engine for the module (radix cache on, strict idle and busy memory checks on), server
+compression rkv with B = 12, alpha = 3, W = 4; other methods and scopes are per-request overrides.
+Oracle: ``HFRolloutEngine.teacher_forced`` replays the tokens SGLang sampled with the same compressor.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from sglang_helpers import (assert_matches_reference, full_forward_logprobs, read_stats, scheduler_env,
+                            teacher_forced)
+
+from sparse_rl_megatron.compression import CompressionConfig
+from sparse_rl_megatron.rollout.engine import RolloutEngine, SamplingParams
+from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
+
+SERVER = CompressionConfig(method="rkv", budget=12, window=3, buffer=4)
+# Mixed lengths; the last is longer than B + W, so with scope all its first compression copies kept
+# prompt tokens out of the radix tree into the request's own slots.
+PROMPTS = [[5, 17, 42], [300, 12, 8, 77, 41, 9, 250, 33, 6], list(range(100, 121))]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir, tmp_path_factory):
+    from sparse_rl_megatron.rollout.sglang_engine import SGLangRolloutEngine
+
+    stats = tmp_path_factory.mktemp("stats") / "pool.jsonl"
+    config = SGLangEngineConfig(model_path=str(tiny_model_dir), compression=SERVER, dtype="float32",
+                                max_total_tokens=2048, stats_path=str(stats))
+    with scheduler_env():
+        eng = SGLangRolloutEngine(config)
+    yield eng
+    eng.shutdown()
+
+
+def test_is_a_rollout_engine(engine):
+    assert isinstance(engine, RolloutEngine) and engine.tokenizer is not None
+
+
+def test_budget_at_least_length_matches_full_forward(engine, hf_model):
+    # prompt + response stay below B + W = 16: no event, so the plugin must be exactly dense
+    samples = engine.generate(PROMPTS[:2], 2, SamplingParams(temperature=1.0, max_new_tokens=6, ignore_eos=True))
+    for s in samples:
+        assert s.compression.events == 0 and s.compression.kept_digest is None
+        assert (s.compression.method, s.compression.budget) == ("rkv", 12)
+        ref = full_forward_logprobs(hf_model, s.prompt_ids, s.response_ids)
+        assert (s.sampler_logprobs - ref).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("method", ["rkv", "snapkv", "streamingllm"])
+@pytest.mark.parametrize("scope", ["all", "response"])
+def test_small_budget_matches_teacher_forced_reference(engine, hf_model, method, scope):
+    config = CompressionConfig(method=method, budget=12, window=3, buffer=4, scope=scope, sink_tokens=2)
+    samples = engine.generate(PROMPTS, 4, SamplingParams(temperature=1.0, max_new_tokens=28, seed=1),
+                              compression=config)
+    assert [(s.group_id, s.index_in_group) for s in samples] == [(g, i) for g in range(3) for i in range(4)]
+    assert max(s.compression.events for s in samples) >= 3
+    assert all(s.compression.scope == scope and s.compression.method == method for s in samples)
+    assert_matches_reference(samples, teacher_forced(hf_model, config, samples))
+
+
+def test_retained_kv_read_from_the_pool_stays_within_budget(engine):
+    """Every forward logged the pool from SGLang's allocator and rows: what requests own adds up with the
+    radix tree to what the allocator handed out, and past its (shared) prompt no request ever owns more
+    than B + W slots."""
+    lines = [x for x in read_stats(Path(engine.config.stats_path)) if x.get("decode")]
+    assert len(lines) > 100
+    limit = SERVER.max_candidates
+    for x in lines:
+        assert x["used"] == x["tree"] + sum(x["owned"]), x
+        assert max(x["owned_response"]) <= limit, x
+    assert max(max(x["owned_response"]) for x in lines) == limit and any(x["compressing"] for x in lines)
+    # the GRPO groups' prompts were shared: at some step the tree held them while their samples decoded
+    assert any(x["tree"] >= len(PROMPTS[2]) and max(x["owned"]) <= limit for x in lines)
+
+
+def _wait_idle_line(path, since: int, timeout: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        idle = [x for x in read_stats(path)[since:] if x.get("idle")]
+        if idle and idle[-1]["available"] == idle[-1]["total"]:
+            return idle[-1]
+        time.sleep(0.2)
+    raise AssertionError(f"the pool did not return to fully free: {read_stats(path)[-3:]}")
+
+
+def test_fifty_rounds_leave_the_allocator_where_it_started(engine):
+    path = Path(engine.config.stats_path)
+    config = CompressionConfig(method="snapkv", budget=12, window=3, buffer=4, scope="all")
+    for round_ in range(50):
+        mark = len(read_stats(path))
+        samples = engine.generate(PROMPTS[round_ % 3:round_ % 3 + 1], 3,
+                                  SamplingParams(temperature=1.0, max_new_tokens=20, seed=round_),
+                                  compression=config)
+        assert len(samples) == 3
+        engine.client.flush_cache()  # drop the radix tree's prompts: every slot must be free again
+        idle = _wait_idle_line(path, mark)
+        assert not idle["leak"] and idle["evictable"] == 0 and idle["protected"] == 0
+
+
+def test_weight_updates_tensor_distributed_disk(engine, hf_model, tmp_path):
+    from sparse_rl_megatron.utils.tiny_models import build_tiny_model
+
+    other = build_tiny_model(seed=11, init_std=0.2)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=24, seed=2)
+    for version, (sync, model) in enumerate([("tensor", other), ("distributed", hf_model), ("disk", other)], 1):
+        engine.config.weight_sync, engine.config.weight_sync_dir = sync, str(tmp_path)
+        named = list(model.state_dict().items())
+        engine.update_weights([named[:5], named[5:]], version=version)   # two buckets, like the learner's export
+        # same prompts as before: a radix cache still holding old-weight KV would fail the comparison
+        samples = engine.generate(PROMPTS, 2, sampling)
+        assert all(s.weight_version == version for s in samples)
+        assert_matches_reference(samples, teacher_forced(model, SERVER, samples))
+    engine.config.weight_sync = "tensor"
+    engine.update_weights(hf_model.state_dict().items(), version=4)
+
+
+def test_a_sample_never_claims_weights_it_was_not_sampled_with(engine, tiny_model_dir):
+    engine.client.call_each("update_weights_from_disk", [{"model_path": str(tiny_model_dir), "weight_version": "99"}])
+    with pytest.raises(RuntimeError, match="sampled with weight version 99"):
+        engine.generate(PROMPTS[:1], 1, SamplingParams(max_new_tokens=4))
+    engine.update_weights_from_disk(str(tiny_model_dir), version=5)
+    assert engine.generate(PROMPTS[:1], 1, SamplingParams(max_new_tokens=4))[0].weight_version == 5
+
+
+def test_release_and_resume_memory(engine):
+    engine.release_memory()
+    with pytest.raises(RuntimeError, match="after release_memory"):
+        engine.generate(PROMPTS[:1], 1, SamplingParams(max_new_tokens=4))
+    engine.resume_memory()
+    assert len(engine.generate(PROMPTS[:1], 2, SamplingParams(max_new_tokens=4))) == 2
+
+
+def test_bad_request_settings_are_refused_with_the_field(engine):
+    with pytest.raises(ValueError, match="window .4. exceeds the server's window .3."):
+        engine.generate(PROMPTS[:1], 1, SamplingParams(max_new_tokens=4),
+                        compression=CompressionConfig(method="rkv", budget=12, window=4, buffer=4))
+    # the engine keeps serving
+    assert len(engine.generate(PROMPTS[:1], 1, SamplingParams(max_new_tokens=4))) == 1

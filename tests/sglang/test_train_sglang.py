@@ -1,0 +1,67 @@
+"""``sparse-rl train`` with ``rollout.engine: sglang``: SGLang's CPU engine (in-process on rank 0, strict idle and
+busy memory checks on) samples compressed rollouts for the Megatron learner, takes its weights after every step
+and serves them exactly (the post-sync probe: SGLang's dense log-probs of a fixed sequence vs the learner's within
+1e-4), and evaluates the live policy dense and sparse. One engine start for the whole run (~2 min CPU)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from sglang_helpers import STRICT_MEMORY_CHECKS
+
+ROOT = Path(__file__).resolve().parents[2]
+PROBE_TOLERANCE = 1e-4
+STEPS = 2
+# A tiny random Qwen2 (built by the run), GSM8K prompts, 2 prompts x 2 samples, R-KV at B=12, alpha=2, W=4: every
+# rollout compresses (the chat prompt alone is longer than B + W); eval before the first and after the last step.
+TRAIN = ["model_path=tiny", f"steps={STEPS}", "data.dataset=gsm8k_train", "data.limit=8", "global_batch_size=2",
+         "rollout.engine=sglang", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2",
+         "rollout.sampling.max_new_tokens=16", "rollout.compression.method=rkv", "rollout.compression.budget=12",
+         "rollout.compression.window=2", "rollout.compression.buffer=4", "rollout.sglang.max_total_tokens=4096",
+         f"sync.probe_tolerance={PROBE_TOLERANCE}", "eval.datasets=[gsm8k]", "eval.limit=2", "eval.max_new_tokens=8",
+         "log.progress=false", "log.tensorboard=false", "log.plot=false"]
+
+
+def _env(shared_data: Path) -> dict:
+    return {**os.environ, **STRICT_MEMORY_CHECKS, "SPARSE_RL_DATA": str(shared_data), "OMP_NUM_THREADS": "1",
+            "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"}
+
+
+def _train(shared_data: Path, *args: str, timeout: int) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sparse_rl_megatron.cli", "train", *args], env=_env(shared_data),
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def test_train_with_the_sglang_engine(tmp_path, shared_data):
+    run_dir = tmp_path / "run"
+    proc = _train(shared_data, f"run_dir={run_dir}", *TRAIN, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert "engine 'sglang' serves the learner's weights (version 0)" in proc.stdout
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r["step"] >= 1 and "sync/buckets" in r]
+    assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
+    for r in steps:  # synced every step, and SGLang then served exactly the learner's weights
+        assert r["sync/buckets"] >= 1 and r["sync/mib"] > 0
+        assert r["sync/probe_max_abs_diff"] < PROBE_TOLERANCE, r
+    for r in steps:  # compressed rollouts, sampled with the weights of the previous step's sync
+        assert r["rollout/compression_events_mean"] > 0 and r["rollout/kv_retained_frac"] < 1, r
+        assert r["rollout/weight_version"] == r["step"] - 1
+    # before/after evaluation of the live policy on SGLang, dense and sparse
+    for step in (0, STEPS):
+        row = next(r for r in records if r["step"] == step and "eval/dense/accuracy" in r)
+        assert 0.0 <= row["eval/dense/accuracy"] <= 1.0 and 0.0 <= row["eval/sparse/accuracy"] <= 1.0
+        for mode, compressed in (("dense", False), ("sparse", True)):
+            record = json.loads((run_dir / "eval" / f"step_{step}.{mode}.json").read_text())
+            assert (record["benchmarks"]["gsm8k"]["metrics"]["mean_compression_events"] > 0) == compressed
+    assert (run_dir / "checkpoints" / f"step_{STEPS}").is_dir()
+
+
+def test_bad_sglang_option_is_one_line_at_start(tmp_path, shared_data):
+    proc = _train(shared_data, f"run_dir={tmp_path / 'run'}", *TRAIN, "rollout.sglang.weight_sync=nccl", timeout=300)
+    assert proc.returncode != 0
+    lines = [x for x in proc.stderr.strip().splitlines() if x.strip()]
+    assert len(lines) == 1 and "rollout.sglang" in lines[0] and "tensor, distributed, disk" in lines[0], proc.stderr
+    assert not (tmp_path / "run" / "model").exists()  # refused before any model was built
