@@ -39,6 +39,44 @@ def _check(call: str, result: Any) -> Any:
     return result
 
 
+class EngineProcessFailed(RuntimeError):
+    """A child process of the in-process SGLang engine (scheduler, detokenizer) failed while it started."""
+
+
+class ChildFailedHandler:
+    """SIGQUIT handler for an in-process engine's launch phase.
+
+    SGLang's children send SIGQUIT to their parent when they fail, and SGLang's own handler then kills the whole
+    process tree, the parent included: the trainer (or pytest) would vanish without a word. This one kills only
+    the processes started since it was made (the engine's), then raises in the main thread, so the caller gets
+    an error naming the engine (the child's own log is printed above it) and can save, report or retry.
+    Once the engine serves, SGLang's tokenizer manager installs its running-phase handler instead.
+    """
+
+    def __init__(self):
+        import psutil
+
+        self.before = {p.pid for p in psutil.Process().children(recursive=True)}
+
+    def new_children(self) -> list:
+        import psutil
+
+        return [p for p in psutil.Process().children(recursive=True) if p.pid not in self.before]
+
+    def __call__(self, signum, frame):
+        import psutil
+
+        children = self.new_children()
+        for child in children:
+            try:
+                child.kill()
+            except psutil.NoSuchProcess:
+                pass
+        raise EngineProcessFailed(
+            f"the in-process SGLang engine failed while starting: a child process signalled a failure (its log is "
+            f"above); {len(children)} engine process(es) stopped")
+
+
 class InProcessClient:
     """An ``sglang.Engine`` in this process (its schedulers are child processes)."""
 
@@ -47,7 +85,8 @@ class InProcessClient:
     def __init__(self, engine_kwargs: dict[str, Any]):
         import sglang
 
-        self.engine = sglang.Engine(**engine_kwargs)
+        handler = ChildFailedHandler() if "custom_sigquit_handler" not in engine_kwargs else None
+        self.engine = sglang.Engine(**engine_kwargs, **({"custom_sigquit_handler": handler} if handler else {}))
 
     def generate(self, input_ids: list[list[int]], sampling_params: list[dict], groups=None,
                  logprob_start_len: list[int] | None = None) -> list[dict]:

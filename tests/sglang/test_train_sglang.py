@@ -20,7 +20,8 @@ STEPS = 2
 TRAIN = ["model_path=tiny", f"steps={STEPS}", "data.dataset=gsm8k_train", "data.limit=8", "global_batch_size=2",
          "rollout.engine=sglang", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2",
          "rollout.sampling.max_new_tokens=16", "rollout.compression.method=rkv", "rollout.compression.budget=12",
-         "rollout.compression.window=2", "rollout.compression.buffer=4", "rollout.sglang.max_total_tokens=4096",
+         "rollout.compression.window=2", "rollout.compression.buffer=4", "rollout.compression.scope=all",
+         "rollout.sglang.max_total_tokens=4096",
          f"sync.probe_tolerance={PROBE_TOLERANCE}", "eval.datasets=[gsm8k]", "eval.limit=2", "eval.max_new_tokens=8",
          "log.progress=false", "log.tensorboard=false", "log.plot=false"]
 
