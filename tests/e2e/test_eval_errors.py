@@ -37,7 +37,7 @@ def test_option_errors_are_usage_errors(tiny_model, shared_data, tmp_path, capsy
     assert eval_error(capsys, "--model", tiny_model, "--compression", "rkvv", *common).startswith(
         "--compression: unknown KV compression method 'rkvv'; valid names: h2o, none, rkv")
     assert eval_error(capsys, "--model", tiny_model, "--engine", "vllm", *common) == (
-        "--engine: unknown rollout engine 'vllm'; valid names: hf")
+        "--engine: unknown rollout engine 'vllm'; valid names: hf, sglang")
     assert eval_error(capsys, "--model", tiny_model, "--pass-k", "1,x", *common).startswith("--pass-k '1,x'")
     assert eval_error(capsys, "--model", tiny_model, "--bench", "aime24:k=4", *common).startswith("--bench 'aime24:k=4'")
     assert eval_error(capsys, "--model", tiny_model, "--benchmarks", "math500", "--bench", "gsm8k:n=2", *common) == (
