@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 FIGURE_FILE = "figure.png"
+SWEEP_FIGURE_FILE = "figure_sweep.png"
 PANELS = {
     "train reward": "rollout/reward_mean",
     "held-out accuracy, dense inference": "eval/dense/accuracy",
@@ -29,7 +30,7 @@ def _curve(by_seed: dict[int, list[dict]], key: str) -> tuple[list[int], list[fl
     return steps, mean, [min(p[s] for p in per_seed) for s in steps], [max(p[s] for p in per_seed) for s in steps]
 
 
-def draw_figure(records: dict[str, dict[int, list[dict]]], out: str | Path) -> Path | None:
+def draw_figure(records: dict[str, dict[int, list[dict]]], out: str | Path, what: str = "arms") -> Path | None:
     """Draw ``records`` (``{arm: {seed: metrics records}}``) to ``out``; None when there is nothing to draw."""
     if not records:
         return None
@@ -64,7 +65,8 @@ def draw_figure(records: dict[str, dict[int, list[dict]]], out: str | Path) -> P
     handles, labels = axes.flat[1].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower right", fontsize=9, ncol=1)
     seeds = sorted({s for by_seed in records.values() for s in by_seed})
-    fig.suptitle(f"Sparse-RL claims at CPU scale (seeds {', '.join(map(str, seeds))}; lines: mean over seeds)")
+    fig.suptitle(f"Sparse-RL claims at CPU scale, {what} (seeds {', '.join(map(str, seeds))}; lines: mean over seeds, "
+                 "band: min-max)")
     fig.tight_layout()
     out = Path(out)
     fig.savefig(out, dpi=90)

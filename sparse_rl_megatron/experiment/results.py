@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Callable
 
-from sparse_rl_megatron.experiment.arms import arm_runs
+from sparse_rl_megatron.experiment.arms import ARMS, arm_runs
 from sparse_rl_megatron.experiment.config import ExperimentConfig
 
 RESULTS_JSON = "results.json"
@@ -128,13 +128,40 @@ def markdown_table(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def sweep_table(cfg: ExperimentConfig, summary: dict) -> str:
+    """Final accuracy (%) and rejected sequences of the sweepable arms per KV budget (the recipe's budget is the
+    main arms')."""
+    sweepable = [a for a in cfg.experiment.arms if ARMS.get(a).sweeps]
+    budgets = sorted({cfg.train.rollout.compression.budget, *cfg.experiment.budgets})
+    head = "| budget | " + " | ".join(f"{a} dense | {a} sparse | {a} rejected seqs" for a in sweepable) + " |"
+    lines = [head, "|" + " --- |" * (head.count("|") - 1)]
+    for b in budgets:
+        cells = []
+        for a in sweepable:
+            arm = summary["arms"].get(a if b == cfg.train.rollout.compression.budget else f"{a}_B{b}")
+            m, s = (arm["mean"], arm["std"]) if arm else ({}, {})
+            cells += [_fmt(m.get("dense_acc"), s.get("dense_acc"), 100), _fmt(m.get("sparse_acc"), s.get("sparse_acc"), 100),
+                      _fmt(m.get("rejected_seq_frac"), None, 1, 3)]
+        lines.append(f"| {b} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def write_report(cfg: ExperimentConfig, log: Callable[[str], None] = print) -> tuple[Path, Path | None]:
-    """``results.json``, ``results.md`` and ``figure.png`` of what is complete so far."""
-    from sparse_rl_megatron.experiment.figure import FIGURE_FILE, draw_figure
+    """``results.json``, ``results.md`` and ``figure.png`` (the main arms; ``figure_sweep.png``: the budget sweep)
+    of what is complete so far."""
+    from sparse_rl_megatron.experiment.figure import FIGURE_FILE, SWEEP_FIGURE_FILE, draw_figure
 
     out = Path(cfg.experiment.out)
     summary = summarise(cfg)
     (out / RESULTS_JSON).write_text(json.dumps(summary, indent=1) + "\n")
-    (out / RESULTS_MD).write_text(markdown_table(summary))
-    figure = draw_figure(arm_records(cfg), out / FIGURE_FILE)
+    text = markdown_table(summary)
+    records = arm_records(cfg)
+    runs = [r for r in arm_runs(cfg.experiment.arms, cfg.experiment.budgets) if r.name in records]
+    if cfg.experiment.budgets:
+        text += "\nBudget sweep (final greedy held-out accuracy, %; sparse inference at the recipe's eval budget):\n\n"
+        text += sweep_table(cfg, summary)
+        sweep = {r.name: records[r.name] for r in runs if r.spec.sweeps}
+        draw_figure(sweep, out / SWEEP_FIGURE_FILE, "budget sweep")
+    (out / RESULTS_MD).write_text(text)
+    figure = draw_figure({r.name: records[r.name] for r in runs if r.budget is None}, out / FIGURE_FILE, "arms")
     return out / RESULTS_MD, figure

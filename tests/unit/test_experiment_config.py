@@ -81,3 +81,16 @@ def test_summary_statistics_are_exact():
     assert (row["dense_acc_start"], row["dense_acc"], row["sparse_acc_start"], row["sparse_acc"]) == (0.5, 0.6, 0.4, 0.55)
     assert (row["kv_ratio"], row["rho_min"], row["grad_norm_max"], row["cpu_seconds"]) == (pytest.approx(0.3), 0.0, 3.0, 9.0)
     assert row["clip_frac"] is None
+
+
+def test_the_sweep_table_puts_the_main_arms_at_the_recipes_budget(tmp_path):
+    from sparse_rl_megatron.experiment.results import sweep_table
+
+    cfg = load_config(ExperimentConfig, RECIPE, ["experiment.budgets=[4]"])
+    row = {"dense_acc": 0.5, "sparse_acc": 0.25, "rejected_seq_frac": 0.07}
+    summary = {"arms": {"naive": {"mean": row, "std": {}}, "sparse_rl_B4": {"mean": row, "std": {"dense_acc": 0.1}}}}
+    lines = sweep_table(cfg, summary).splitlines()
+    assert lines[0] == ("| budget | naive dense | naive sparse | naive rejected seqs | sparse_rl dense | sparse_rl sparse | "
+                        "sparse_rl rejected seqs |")
+    assert lines[2] == "| 4 | - | - | - | 50.0 ± 10.0 | 25.0 | 0.070 |"
+    assert lines[3] == "| 8 | 50.0 | 25.0 | 0.070 | - | - | - |"
