@@ -94,3 +94,17 @@ def test_the_sweep_table_puts_the_main_arms_at_the_recipes_budget(tmp_path):
                         "sparse_rl rejected seqs |")
     assert lines[2] == "| 4 | - | - | - | 50.0 ± 10.0 | 25.0 | 0.070 |"
     assert lines[3] == "| 8 | 50.0 | 25.0 | 0.070 | - | - | - |"
+
+
+def test_overrides_after_a_list_option_are_split_off_and_integers_are_checked():
+    import argparse
+
+    from sparse_rl_megatron.experiment.cli import add_arguments, split_lists
+    from sparse_rl_megatron.utils.errors import UsageError
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--config", "x.yaml", "--seeds", "0", "1", "--arms", "dense", "sft", "train.steps=3"])
+    assert split_lists(args) == ({"seeds": [0, 1], "arms": ["dense", "sft"]}, ["train.steps=3"])
+    with pytest.raises(UsageError, match="--budgets takes integers, got four"):
+        split_lists(parser.parse_args(["--config", "x.yaml", "--budgets", "four"]))
