@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Callable
 
 from sparse_rl_megatron.experiment.arms import ARMS, arm_runs
 from sparse_rl_megatron.experiment.config import ExperimentConfig
@@ -146,7 +145,7 @@ def sweep_table(cfg: ExperimentConfig, summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(cfg: ExperimentConfig, log: Callable[[str], None] = print) -> tuple[Path, Path | None]:
+def write_report(cfg: ExperimentConfig) -> tuple[Path, Path | None]:
     """``results.json``, ``results.md`` and ``figure.png`` (the main arms; ``figure_sweep.png``: the budget sweep)
     of what is complete so far."""
     from sparse_rl_megatron.experiment.figure import FIGURE_FILE, SWEEP_FIGURE_FILE, draw_figure

@@ -95,7 +95,7 @@ def _add_usage(run_dir: Path, cpu: float, wall: float) -> dict[str, float]:
     return usage
 
 
-def run_rl_arm(train_cfg: TrainConfig, log: Callable[[str], None]) -> dict[str, float]:
+def run_rl_arm(train_cfg: TrainConfig) -> dict[str, float]:
     """Run (or resume) one RL arm with ``sparse-rl train`` in a child process; returns its usage when it reached
     its last step, else raises ``ArmStopped``. Ctrl-C reaches the child, which saves and exits at the end of
     its step; this process waits for it."""
@@ -157,10 +157,10 @@ def run_experiment(cfg: ExperimentConfig, log: Callable[[str], None] = print) ->
                 if run.spec.supervised:
                     done = run_control(cfg, train_cfg, seed, warm, log)
                 else:
-                    done = run_rl_arm(train_cfg, log)
+                    done = run_rl_arm(train_cfg)
                 done.update(arm=run.arm, seed=seed, rollout_kv=train_cfg.rollout.compression.describe())
                 (run_dir / ARM_DONE).write_text(json.dumps(done, indent=1) + "\n")
                 log(f"seed {seed}: arm {run.name} done in {done['cpu_seconds']:.0f} CPU s")
-        table, figure = write_report(cfg, log)
+        table, figure = write_report(cfg)
     log(f"results: {table}  figure: {figure}")
     return out
