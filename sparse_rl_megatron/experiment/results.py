@@ -122,7 +122,8 @@ def markdown_table(summary: dict) -> str:
             f"{start_s} → {_fmt(m['sparse_acc'], s['sparse_acc'], 100)} | {_fmt(m['kv_ratio'], None, 1, 3)} | "
             f"{_fmt(m['rejected_seq_frac'], s['rejected_seq_frac'], 1, 3)} | "
             f"{_fmt(m['rejected_token_frac'], None, 1, 3)} | {_sci(m['clip_frac'])} | {_sci(m['rho_p1'])} | "
-            f"{_sci(m['rho_min'])} | {_fmt(m['repetition_rate'], None, 1, 3)} | {_fmt(m['grad_norm_max'], None, 1, 2)} | "
+            f"{_sci(m['rho_min'])} | {_fmt(m['repetition_rate'], None, 1, 3)} | "
+            f"{_fmt(m['grad_norm_max'], None, 1, 2)} | "
             f"{_fmt(m['cpu_seconds'], None, 1, 0)} |")
     return "\n".join(lines) + "\n"
 
@@ -139,8 +140,8 @@ def sweep_table(cfg: ExperimentConfig, summary: dict) -> str:
         for a in sweepable:
             arm = summary["arms"].get(a if b == cfg.train.rollout.compression.budget else f"{a}_B{b}")
             m, s = (arm["mean"], arm["std"]) if arm else ({}, {})
-            cells += [_fmt(m.get("dense_acc"), s.get("dense_acc"), 100), _fmt(m.get("sparse_acc"), s.get("sparse_acc"), 100),
-                      _fmt(m.get("rejected_seq_frac"), None, 1, 3)]
+            cells += [_fmt(m.get("dense_acc"), s.get("dense_acc"), 100),
+                      _fmt(m.get("sparse_acc"), s.get("sparse_acc"), 100), _fmt(m.get("rejected_seq_frac"), None, 1, 3)]
         lines.append(f"| {b} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

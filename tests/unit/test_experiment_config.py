@@ -78,8 +78,10 @@ def test_summary_statistics_are_exact():
                {"step": 2, "rollout/kv_retained_frac": 0.4, "sparse/rho_min": 0.0, "train/grad_norm_max": 3.0,
                 "eval/dense/accuracy": 0.6, "eval/sparse/accuracy": 0.55}]
     row = seed_summary(records, {"cpu_seconds": 9.0})
-    assert (row["dense_acc_start"], row["dense_acc"], row["sparse_acc_start"], row["sparse_acc"]) == (0.5, 0.6, 0.4, 0.55)
-    assert (row["kv_ratio"], row["rho_min"], row["grad_norm_max"], row["cpu_seconds"]) == (pytest.approx(0.3), 0.0, 3.0, 9.0)
+    accs = (row["dense_acc_start"], row["dense_acc"], row["sparse_acc_start"], row["sparse_acc"])
+    assert accs == (0.5, 0.6, 0.4, 0.55)
+    rest = (row["kv_ratio"], row["rho_min"], row["grad_norm_max"], row["cpu_seconds"])
+    assert rest == (pytest.approx(0.3), 0.0, 3.0, 9.0)
     assert row["clip_frac"] is None
 
 
@@ -90,8 +92,8 @@ def test_the_sweep_table_puts_the_main_arms_at_the_recipes_budget(tmp_path):
     row = {"dense_acc": 0.5, "sparse_acc": 0.25, "rejected_seq_frac": 0.07}
     summary = {"arms": {"naive": {"mean": row, "std": {}}, "sparse_rl_B4": {"mean": row, "std": {"dense_acc": 0.1}}}}
     lines = sweep_table(cfg, summary).splitlines()
-    assert lines[0] == ("| budget | naive dense | naive sparse | naive rejected seqs | sparse_rl dense | sparse_rl sparse | "
-                        "sparse_rl rejected seqs |")
+    assert lines[0] == ("| budget | naive dense | naive sparse | naive rejected seqs | sparse_rl dense | "
+                        "sparse_rl sparse | sparse_rl rejected seqs |")
     assert lines[2] == "| 4 | - | - | - | 50.0 ± 10.0 | 25.0 | 0.070 |"
     assert lines[3] == "| 8 | 50.0 | 25.0 | 0.070 | - | - | - |"
 
