@@ -216,7 +216,9 @@ class TrainEvalConfig:
     top_p: float = 1.0
     """Nucleus mass."""
     modes: list[str] = field(default_factory=lambda: list(EVAL_MODES))
-    """``dense`` (full KV cache) and/or ``sparse`` (the rollout's compression; skipped when that is dense)."""
+    """``dense`` (full KV cache) and/or ``sparse`` (``compression``; skipped when that is dense)."""
+    compression: CompressionConfig | None = None
+    """KV compression of the ``sparse`` mode (None: the rollout's); a fixed one compares runs whose rollouts differ."""
 
     def __post_init__(self) -> None:
         if self.every < 0:

@@ -1,9 +1,9 @@
 """Periodic held-out evaluation of the live policy, under dense AND sparse inference (rank 0).
 
 Runs the ``eval`` package's ``evaluate_benchmark`` on views of the rollout engine (same live weights, KV
-compression off for ``dense``, the rollout's compression for ``sparse``). Metrics ``eval/<mode>/accuracy``
-(mean avg@n over the data sets) and ``eval/<mode>/<dataset>/accuracy`` go next to the training curves; the
-per-sample results go to ``run_dir/eval/step_<k>.<mode>.json``.
+compression off for ``dense``; ``eval.compression``, else the rollout's compression, for ``sparse``). Metrics
+``eval/<mode>/accuracy`` (mean avg@n over the data sets) and ``eval/<mode>/<dataset>/accuracy`` go next to the
+training curves; the per-sample results go to ``run_dir/eval/step_<k>.<mode>.json``.
 """
 from __future__ import annotations
 
@@ -25,9 +25,14 @@ def metric_name(dataset: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", dataset.split(":")[-1].rsplit("/", 1)[-1])
 
 
+def sparse_compression(cfg: "TrainConfig"):
+    """The KV compression of the ``sparse`` mode: ``eval.compression``, else the rollout's."""
+    return cfg.eval.compression or cfg.rollout.compression
+
+
 def modes(cfg: "TrainConfig") -> list[str]:
-    """The evaluation modes that apply (``sparse`` is dropped when the rollout itself is dense)."""
-    return [m for m in cfg.eval.modes if not (m == "sparse" and cfg.rollout.compression.is_dense)]
+    """The evaluation modes that apply (``sparse`` is dropped when its compression is dense)."""
+    return [m for m in cfg.eval.modes if not (m == "sparse" and sparse_compression(cfg).is_dense)]
 
 
 def evaluate(engine, spec, reward, datasets: dict[str, "Dataset"], cfg: "TrainConfig", template: str, step: int,
@@ -44,7 +49,7 @@ def evaluate(engine, spec, reward, datasets: dict[str, "Dataset"], cfg: "TrainCo
     metrics: dict[str, float] = {}
     t0 = time.perf_counter()
     for mode in modes(cfg):
-        compression = CompressionConfig() if mode == "dense" else cfg.rollout.compression
+        compression = CompressionConfig() if mode == "dense" else sparse_compression(cfg)
         econf = EvalConfig(model=f"live policy at step {step}", benchmarks=list(datasets), template=template,
                            compression=compression, temperature=cfg.eval.temperature, top_p=cfg.eval.top_p,
                            default=settings, seed=cfg.seed, show_progress=cfg.log.progress)

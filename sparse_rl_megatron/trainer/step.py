@@ -57,6 +57,7 @@ def collect_samples(engine, reward, records: Sequence["MathRecord"], template: s
                     sampling: "SamplingParams", engine_name: str, step: int) -> tuple[list["Sample"], dict[str, float]]:
     """Rank 0: ``n`` samples per record from ``engine``, scored by ``reward``; returns them and their metrics."""
     from sparse_rl_megatron.data.templates import render_prompt
+    from sparse_rl_megatron.rollout.repetition import repetition_metrics
 
     t0 = time.perf_counter()
     prompts = [render_prompt(template, r.prompt, getattr(engine, "tokenizer", None)) for r in records]
@@ -74,6 +75,7 @@ def collect_samples(engine, reward, records: Sequence["MathRecord"], template: s
     reward.score_samples(samples)
     t2 = time.perf_counter()
     metrics = rollout_metrics(samples)
+    metrics.update(repetition_metrics(samples))
     metrics.update({"time/rollout_s": t1 - t0, "time/reward_s": t2 - t1,
                     "throughput/rollout_tokens_per_s": sum(s.response_length for s in samples) / max(t1 - t0, 1e-9)})
     return samples, metrics

@@ -1,0 +1,58 @@
+"""The arms of an experiment by name (``ARMS``): each is a set of overrides of the base training recipe.
+
+The claims they test (Sparse-RL, Luo et al. 2026): naive compressed-KV rollouts degrade GRPO (``naive`` vs
+``dense``); rejection + reweighting restores it (``sparse_rl``, ``sparse_rl_snapkv``); RL beats the obvious
+alternative, more supervised training for the same CPU time (``sft``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparse_rl_megatron.utils.registry import Registry
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm: overrides of the base ``TrainConfig`` (nested mapping), or the supervised control."""
+
+    description: str
+    """One line for tables and logs."""
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """Deep-merged over the base recipe."""
+    sweeps: bool = False
+    """Runs again at each budget of ``experiment.budgets``."""
+    supervised: bool = False
+    """The supervised control (no RL run)."""
+
+
+ARMS: Registry[Arm] = Registry("experiment arm")
+ARMS.add("dense", Arm("GRPO, dense rollouts", {"rollout": {"compression": {"method": "none"}},
+                                               "correction": {"mode": "none"}}))
+ARMS.add("naive", Arm("GRPO, R-KV rollouts, no correction", {"rollout": {"compression": {"method": "rkv"}},
+                                                             "correction": {"mode": "none"}}, sweeps=True))
+ARMS.add("sparse_rl", Arm("Sparse-RL, R-KV rollouts", {"rollout": {"compression": {"method": "rkv"}},
+                                                       "correction": {"mode": "sparse_rl"}}, sweeps=True))
+ARMS.add("sparse_rl_snapkv", Arm("Sparse-RL, SnapKV rollouts", {"rollout": {"compression": {"method": "snapkv"}},
+                                                                "correction": {"mode": "sparse_rl"}}))
+ARMS.add("sft", Arm("supervised, equal CPU time", supervised=True))
+
+
+@dataclass(frozen=True)
+class ArmRun:
+    """One run of an arm: its directory name under ``seed_<s>/`` and its KV budget (None: the recipe's)."""
+
+    name: str
+    arm: str
+    budget: int | None = None
+
+    @property
+    def spec(self) -> Arm:
+        return ARMS.get(self.arm)
+
+
+def arm_runs(arms: list[str], budgets: list[int]) -> list[ArmRun]:
+    """The runs of one seed in order: every arm, then the sweepable ones at each sweep budget."""
+    runs = [ArmRun(a, a) for a in arms]
+    runs += [ArmRun(f"{a}_B{b}", a, b) for b in budgets for a in arms if ARMS.get(a).sweeps]
+    return runs

@@ -1,0 +1,167 @@
+"""The experiment's results: per arm the final held-out accuracy (dense and sparse inference, mean and spread
+over seeds) and what the rollouts cost and how far off-policy they were. Written as ``results.json`` and
+``results.md`` in the experiment directory (with ``figure.png``, ``figure.py``)."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from sparse_rl_megatron.experiment.arms import ARMS, arm_runs
+from sparse_rl_megatron.experiment.config import ExperimentConfig
+
+RESULTS_JSON = "results.json"
+RESULTS_MD = "results.md"
+STEP_MEANS = {
+    "kv_ratio": "rollout/kv_retained_frac",
+    "kv_tokens_held": "rollout/kv_tokens_peak_mean",
+    "rejected_seq_frac": "sparse/rejected_seq_frac",
+    "vetoed_seq_frac": "sparse/vetoed_seq_frac",
+    "rejected_token_frac": "sparse/rejected_token_frac",
+    "clip_frac": "loss/clip_frac",
+    "rho_p1": "sparse/rho_p1",
+    "rho_p5": "sparse/rho_p5",
+    "repetition_rate": "rollout/repetition_rate",
+    "reward": "rollout/reward_mean",
+}
+"""Per-arm summaries that are the mean over the run's rollout steps."""
+STEP_MAX = {"grad_norm_max": "train/grad_norm_max"}
+STEP_MIN = {"rho_min": "sparse/rho_min"}
+
+
+def arm_records(cfg: ExperimentConfig) -> dict[str, dict[int, list[dict]]]:
+    """``{arm run name: {seed: metrics records}}`` of the complete arms (incomplete ones are left out)."""
+    from sparse_rl_megatron.experiment.runner import ARM_DONE, seed_dir
+    from sparse_rl_megatron.observability.metrics_writer import METRICS_FILE, read_metrics
+
+    out: dict[str, dict[int, list[dict]]] = {}
+    for run in arm_runs(cfg.experiment.arms, cfg.experiment.budgets):
+        for seed in cfg.experiment.seeds:
+            run_dir = seed_dir(cfg, seed) / run.name
+            if (run_dir / ARM_DONE).is_file():
+                out.setdefault(run.name, {})[seed] = read_metrics(run_dir / METRICS_FILE)
+    return out
+
+
+def _values(records: list[dict], key: str) -> list[float]:
+    return [r[key] for r in records if r.get(key) is not None and r["step"] > 0]
+
+
+def _eval_at(records: list[dict], mode: str, last: bool) -> float | None:
+    evals = [r[f"eval/{mode}/accuracy"] for r in records if r.get(f"eval/{mode}/accuracy") is not None]
+    return (evals[-1] if last else evals[0]) if evals else None
+
+
+def seed_summary(records: list[dict], done: dict) -> dict[str, float | None]:
+    """One arm, one seed: accuracies before/after, step means, CPU seconds."""
+    row: dict[str, float | None] = {
+        "dense_acc": _eval_at(records, "dense", True), "sparse_acc": _eval_at(records, "sparse", True),
+        "dense_acc_start": _eval_at(records, "dense", False), "sparse_acc_start": _eval_at(records, "sparse", False),
+    }
+    if len([r for r in records if r.get("eval/dense/accuracy") is not None]) < 2:  # the control: final only
+        row["dense_acc_start"] = row["sparse_acc_start"] = None
+    for name, key in STEP_MEANS.items():
+        vals = _values(records, key)
+        row[name] = sum(vals) / len(vals) if vals else None
+    for table, fn in ((STEP_MAX, max), (STEP_MIN, min)):
+        for name, key in table.items():
+            vals = _values(records, key)
+            row[name] = fn(vals) if vals else None
+    row["cpu_seconds"] = done.get("cpu_seconds")
+    row["sft_steps"] = done.get("sft_steps")
+    return row
+
+
+def mean_spread(values: list[float | None]) -> tuple[float | None, float | None]:
+    """Mean and sample standard deviation (None with fewer than 2 values) of the non-missing values."""
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None, None
+    mean = sum(vals) / len(vals)
+    if len(vals) < 2:
+        return mean, None
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
+
+
+def summarise(cfg: ExperimentConfig) -> dict:
+    """``{"arms": {name: {"seeds": {seed: row}, "mean": row, "std": row}}}`` over the complete arms."""
+    from sparse_rl_megatron.experiment.runner import ARM_DONE, read_json, seed_dir
+
+    arms = {}
+    for name, by_seed in arm_records(cfg).items():
+        rows = {seed: seed_summary(recs, read_json(seed_dir(cfg, seed) / name / ARM_DONE, {}))
+                for seed, recs in by_seed.items()}
+        keys = next(iter(rows.values())).keys()
+        stats = {k: mean_spread([r[k] for r in rows.values()]) for k in keys}
+        arms[name] = {"seeds": rows, "mean": {k: m for k, (m, _) in stats.items()},
+                      "std": {k: s for k, (_, s) in stats.items()}}
+    return {"arms": arms, "seeds": cfg.experiment.seeds, "steps": cfg.train.steps}
+
+
+def _fmt(mean: float | None, std: float | None, scale: float = 1.0, digits: int = 1) -> str:
+    if mean is None:
+        return "-"
+    text = f"{mean * scale:.{digits}f}"
+    return text + (f" ± {std * scale:.{digits}f}" if std is not None else "")
+
+
+def _sci(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2g}"
+
+
+def markdown_table(summary: dict) -> str:
+    """The results table (accuracies in %, mean ± sample std over seeds; step means of the rollout metrics)."""
+    head = ("| arm | seeds | dense acc start → final (%) | sparse acc start → final (%) | KV held / dense | "
+            "rejected seqs | rejected tokens | clip ratio | rho p1 | rho min | repetition | max grad norm | CPU s |")
+    lines = [head, "|" + " --- |" * (head.count("|") - 1)]
+    for name, arm in summary["arms"].items():
+        m, s = arm["mean"], arm["std"]
+        start_d, start_s = _fmt(m["dense_acc_start"], None, 100), _fmt(m["sparse_acc_start"], None, 100)
+        lines.append(
+            f"| {name} | {len(arm['seeds'])} | {start_d} → {_fmt(m['dense_acc'], s['dense_acc'], 100)} | "
+            f"{start_s} → {_fmt(m['sparse_acc'], s['sparse_acc'], 100)} | {_fmt(m['kv_ratio'], None, 1, 3)} | "
+            f"{_fmt(m['rejected_seq_frac'], s['rejected_seq_frac'], 1, 3)} | "
+            f"{_fmt(m['rejected_token_frac'], None, 1, 3)} | {_sci(m['clip_frac'])} | {_sci(m['rho_p1'])} | "
+            f"{_sci(m['rho_min'])} | {_fmt(m['repetition_rate'], None, 1, 3)} | "
+            f"{_fmt(m['grad_norm_max'], None, 1, 2)} | "
+            f"{_fmt(m['cpu_seconds'], None, 1, 0)} |")
+    return "\n".join(lines) + "\n"
+
+
+def sweep_table(cfg: ExperimentConfig, summary: dict) -> str:
+    """Final accuracy (%) and rejected sequences of the sweepable arms per KV budget (the recipe's budget is the
+    main arms')."""
+    sweepable = [a for a in cfg.experiment.arms if ARMS.get(a).sweeps]
+    budgets = sorted({cfg.train.rollout.compression.budget, *cfg.experiment.budgets})
+    head = "| budget | " + " | ".join(f"{a} dense | {a} sparse | {a} rejected seqs" for a in sweepable) + " |"
+    lines = [head, "|" + " --- |" * (head.count("|") - 1)]
+    for b in budgets:
+        cells = []
+        for a in sweepable:
+            arm = summary["arms"].get(a if b == cfg.train.rollout.compression.budget else f"{a}_B{b}")
+            m, s = (arm["mean"], arm["std"]) if arm else ({}, {})
+            cells += [_fmt(m.get("dense_acc"), s.get("dense_acc"), 100),
+                      _fmt(m.get("sparse_acc"), s.get("sparse_acc"), 100), _fmt(m.get("rejected_seq_frac"), None, 1, 3)]
+        lines.append(f"| {b} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(cfg: ExperimentConfig) -> tuple[Path, Path | None]:
+    """``results.json``, ``results.md`` and ``figure.png`` (the main arms; ``figure_sweep.png``: the budget sweep)
+    of what is complete so far."""
+    from sparse_rl_megatron.experiment.figure import FIGURE_FILE, SWEEP_FIGURE_FILE, draw_figure
+
+    out = Path(cfg.experiment.out)
+    summary = summarise(cfg)
+    (out / RESULTS_JSON).write_text(json.dumps(summary, indent=1) + "\n")
+    text = markdown_table(summary)
+    records = arm_records(cfg)
+    runs = [r for r in arm_runs(cfg.experiment.arms, cfg.experiment.budgets) if r.name in records]
+    if cfg.experiment.budgets:
+        text += "\nBudget sweep (final greedy held-out accuracy, %; sparse inference at the recipe's eval budget):\n\n"
+        text += sweep_table(cfg, summary)
+        sweep = {r.name: records[r.name] for r in runs if r.spec.sweeps}
+        draw_figure(sweep, out / SWEEP_FIGURE_FILE, "budget sweep")
+    (out / RESULTS_MD).write_text(text)
+    figure = draw_figure({r.name: records[r.name] for r in runs if r.budget is None}, out / FIGURE_FILE, "arms")
+    return out / RESULTS_MD, figure

@@ -1,0 +1,166 @@
+"""Run an experiment: per seed one shared warm start, then each arm as its own ``sparse-rl train`` run.
+
+Layout of ``experiment.out``::
+
+    experiment.yaml              the resolved experiment config
+    seed_<s>/model/{init,warm}   the seed's task model and its warm start (built once, shared by every arm)
+    seed_<s>/<arm>/              the arm's run directory (config.yaml, metrics.jsonl, checkpoints/, eval/, ...)
+    seed_<s>/<arm>/arm.yaml      the arm's training recipe (``sparse-rl train --config`` reruns it alone)
+    seed_<s>/<arm>/arm_done.json written when the arm is complete: a re-run skips it
+
+An RL arm is the trainer itself (``sparse-rl train`` in a child process, so every arm starts from a clean
+process: its own process group, Megatron state and signal handlers). A stopped arm (Ctrl-C, SIGTERM) saves
+its checkpoint and the experiment stops; a re-run resumes that arm from it. The experiment directory is
+locked: a second experiment into it is refused.
+"""
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from sparse_rl_megatron.experiment.arms import ArmRun, arm_runs
+from sparse_rl_megatron.experiment.config import ExperimentConfig
+from sparse_rl_megatron.trainer.config import TrainConfig
+from sparse_rl_megatron.utils.config_io import deep_merge, from_dict, to_dict
+from sparse_rl_megatron.utils.errors import UserError
+
+ARM_RECIPE = "arm.yaml"
+ARM_DONE = "arm_done.json"
+ARM_USAGE = "arm_usage.json"
+"""CPU and wall seconds of an arm's processes so far (summed over a stopped and a resumed run)."""
+EXPERIMENT_FILE = "experiment.yaml"
+
+
+class ArmStopped(UserError):
+    """An arm ended before its last step (stopped or failed); a re-run resumes it."""
+
+    exit_code = 130
+
+
+def seed_dir(cfg: ExperimentConfig, seed: int) -> Path:
+    return Path(cfg.experiment.out) / f"seed_{seed}"
+
+
+def arm_train_config(cfg: ExperimentConfig, run: ArmRun, seed: int, model_dir: str | Path | None = None
+                     ) -> TrainConfig:
+    """The ``TrainConfig`` of ``run`` for ``seed``: the base recipe + the arm's overrides, its budget, its run
+    directory, and the seed's warm start as the model (``model_dir``; None keeps the task reference). The
+    ``sparse`` evaluation of every arm uses the base recipe's rollout compression unless ``eval.compression``
+    is set, so all arms are evaluated under the same compressed cache."""
+    data = to_dict(cfg.train)
+    if data["eval"]["compression"] is None:
+        data["eval"]["compression"] = data["rollout"]["compression"]
+    data = deep_merge(data, run.spec.overrides)
+    if run.budget is not None:
+        data["rollout"]["compression"]["budget"] = run.budget
+    data.update(seed=seed, run_dir=str(seed_dir(cfg, seed) / run.name))
+    if model_dir is not None:
+        data.update(model_path=str(model_dir), warm_start={})
+    return from_dict(TrainConfig, data, f"experiment arm {run.name}")
+
+
+def build_warm_start(cfg: ExperimentConfig, seed: int, log: Callable[[str], None]) -> Path:
+    """The seed's task model and warm start in ``seed_<s>/model`` (built once, as ``sparse-rl train`` does)."""
+    from dataclasses import replace
+
+    from sparse_rl_megatron.tasks import get_task
+    from sparse_rl_megatron.trainer.models import prepare_model
+
+    dirs = prepare_model(replace(cfg.train, seed=seed), get_task(cfg.train.model_path), seed_dir(cfg, seed))
+    for note in dirs.notes:
+        log(f"seed {seed}: {note}")
+    return Path(dirs.learner)
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def read_json(path: Path, default=None):
+    return json.loads(path.read_text()) if path.is_file() else default
+
+
+def _add_usage(run_dir: Path, cpu: float, wall: float) -> dict[str, float]:
+    usage = read_json(run_dir / ARM_USAGE, {"cpu_seconds": 0.0, "wall_seconds": 0.0})
+    usage = {"cpu_seconds": usage["cpu_seconds"] + cpu, "wall_seconds": usage["wall_seconds"] + wall}
+    (run_dir / ARM_USAGE).write_text(json.dumps(usage) + "\n")
+    return usage
+
+
+def run_rl_arm(train_cfg: TrainConfig) -> dict[str, float]:
+    """Run (or resume) one RL arm with ``sparse-rl train`` in a child process; returns its usage when it reached
+    its last step, else raises ``ArmStopped``. Ctrl-C reaches the child, which saves and exits at the end of
+    its step; this process waits for it."""
+    from sparse_rl_megatron.observability.metrics_writer import METRICS_FILE, read_metrics
+    from sparse_rl_megatron.trainer.checkpoints import latest_checkpoint, read_state
+
+    run_dir = Path(train_cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    recipe = run_dir / ARM_RECIPE
+    recipe.write_text(yaml.safe_dump(to_dict(train_cfg), sort_keys=False))
+    cmd = [sys.executable, "-m", "sparse_rl_megatron.cli", "train", "--config", str(recipe)]
+    cpu0, wall0 = _children_cpu(), time.perf_counter()
+    proc = subprocess.Popen(cmd)
+    interrupted = False
+    while True:
+        try:
+            rc = proc.wait()
+            break
+        except KeyboardInterrupt:  # the child got it too: it saves at the end of its step
+            interrupted = True
+    usage = _add_usage(run_dir, _children_cpu() - cpu0, time.perf_counter() - wall0)
+    latest = latest_checkpoint(run_dir)
+    step = read_state(latest)["step"] if latest else 0
+    if rc != 0 or step < train_cfg.steps:
+        raise ArmStopped(f"arm {run_dir} ended at step {step} of {train_cfg.steps} (exit {rc}"
+                         f"{', interrupted' if interrupted else ''}); rerun the same command to resume it")
+    records = read_metrics(run_dir / METRICS_FILE)
+    eval_wall = sum(r.get("time/eval_s") or 0.0 for r in records)
+    # CPU time outside evaluation: the process CPU time scaled by the wall-clock share of the other phases
+    share = max(0.0, 1.0 - eval_wall / usage["wall_seconds"]) if usage["wall_seconds"] > 0 else 1.0
+    return {**usage, "eval_wall_seconds": eval_wall, "train_cpu_seconds": usage["cpu_seconds"] * share,
+            "steps": float(step)}
+
+
+def run_experiment(cfg: ExperimentConfig, log: Callable[[str], None] = print) -> Path:
+    """Run every (seed, arm) not yet complete, in order; then write the results and the figure. Returns the
+    experiment directory."""
+    from sparse_rl_megatron.experiment.control import run_control
+    from sparse_rl_megatron.experiment.results import write_report
+    from sparse_rl_megatron.utils.run_dir import RunDirLock
+
+    out = Path(cfg.experiment.out)
+    runs = arm_runs(cfg.experiment.arms, cfg.experiment.budgets)
+    for seed in cfg.experiment.seeds:  # every arm's recipe is valid before anything runs
+        for run in runs:
+            arm_train_config(cfg, run, seed)
+    with RunDirLock(out):
+        (out / EXPERIMENT_FILE).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        for seed in cfg.experiment.seeds:
+            warm = build_warm_start(cfg, seed, log)
+            for run in runs:
+                train_cfg = arm_train_config(cfg, run, seed, warm)
+                run_dir = Path(train_cfg.run_dir)
+                if (run_dir / ARM_DONE).is_file():
+                    log(f"seed {seed}: arm {run.name} already complete, skipped")
+                    continue
+                log(f"seed {seed}: arm {run.name} ({run.spec.description}"
+                    f"{f', budget {run.budget}' if run.budget else ''}) in {run_dir}")
+                if run.spec.supervised:
+                    done = run_control(cfg, train_cfg, seed, warm, log)
+                else:
+                    done = run_rl_arm(train_cfg)
+                done.update(arm=run.arm, seed=seed, rollout_kv=train_cfg.rollout.compression.describe())
+                (run_dir / ARM_DONE).write_text(json.dumps(done, indent=1) + "\n")
+                log(f"seed {seed}: arm {run.name} done in {done['cpu_seconds']:.0f} CPU s")
+        table, figure = write_report(cfg)
+    log(f"results: {table}  figure: {figure}")
+    return out
