@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -43,6 +44,27 @@ class EngineProcessFailed(RuntimeError):
     """A child process of the in-process SGLang engine (scheduler, detokenizer) failed while it started."""
 
 
+FAILED_CHILD_WAIT_S = 3.0
+"""How long a SIGQUIT handler waits for the failing child to exit after it signalled (it signals, then exits)."""
+
+
+def _one_exits(children: list, wait_s: float) -> bool:
+    """Whether one of ``children`` (psutil processes) exits or is a zombie within ``wait_s`` seconds."""
+    import psutil
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        for child in children:
+            try:
+                if child.status() == psutil.STATUS_ZOMBIE:
+                    return True
+            except psutil.NoSuchProcess:
+                return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
 class ChildFailedHandler:
     """SIGQUIT handler for an in-process engine's launch phase.
 
@@ -67,6 +89,13 @@ class ChildFailedHandler:
         import psutil
 
         children = self.new_children()
+        if not _one_exits(children, FAILED_CHILD_WAIT_S):
+            # the sender was not this engine: a SubprocessWatchdog thread an earlier engine of this process left
+            # running reports the scheduler its own shutdown killed. SGLang's start-up still notices a scheduler
+            # of this engine that dies (it polls them), so ignoring the signal hides nothing.
+            print(f"sparse-rl: ignored a SIGQUIT while the SGLang engine starts: none of its {len(children)} "
+                  f"processes has exited (a stale report from an earlier engine in this process)", file=sys.stderr)
+            return
         for child in children:
             try:
                 child.kill()
