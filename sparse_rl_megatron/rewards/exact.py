@@ -27,18 +27,6 @@ def exact_verdict(response: str, gold: str, style: str = "boxed") -> Verdict:
 class ExactReward(SampleReward):
     """Exact string match of the final answer; in-process (entering and leaving the context do nothing)."""
 
-    def start(self) -> "ExactReward":
-        return self
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self) -> "ExactReward":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
     def score(self, responses: Sequence[str], golds: Sequence[str], styles: Sequence[str] | str = "boxed"
               ) -> list[Verdict]:
         """One verdict per response. ``styles``: one answer style for all, or one per response."""

@@ -17,7 +17,20 @@ if TYPE_CHECKING:  # no torch import in the worker-side package
 
 
 class SampleReward:
-    """What every reward shares: ``score(responses, golds, styles)`` (subclasses) and ``score_samples``."""
+    """What every reward shares: ``score(responses, golds, styles)`` (subclasses), ``score_samples``, and the
+    context-manager form over ``start``/``close`` (nothing to start or close unless a subclass says so)."""
+
+    def start(self) -> "SampleReward":
+        return self
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "SampleReward":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def score(self, responses: Sequence[str], golds: Sequence[str], styles: Sequence[str] | str = "boxed"
               ) -> list[Verdict]:
@@ -63,12 +76,6 @@ class MathReward(SampleReward):
 
     def close(self) -> None:
         self.pool.close()
-
-    def __enter__(self) -> "MathReward":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def score(self, responses: Sequence[str], golds: Sequence[str], styles: Sequence[str] | str = "boxed"
               ) -> list[Verdict]:
