@@ -53,8 +53,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         train(cfg)
     except UserError as err:
-        if getattr(err, "relayed_from_main", False) or D.env_local_rank() != 0:
-            return err.exit_code  # rank 0 (or this node's first rank) prints the line
+        # a mistake in the command is every rank's: this node's first rank prints it; a failure (RunFailed) is
+        # printed by the rank it happened on; one relayed from rank 0 is printed there
+        if getattr(err, "relayed_from_main", False) or (D.env_local_rank() != 0 and not isinstance(err, RunFailed)):
+            return err.exit_code
         raise
     except KeyboardInterrupt:
         from sparse_rl_megatron.trainer.checkpoints import latest_checkpoint

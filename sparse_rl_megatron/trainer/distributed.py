@@ -77,20 +77,22 @@ def on_main(fn: Callable[[], T]) -> T:
     a ``UserError`` stays a ``UserError`` everywhere."""
     from sparse_rl_megatron.utils.errors import UserError
 
-    outcome: tuple[str, Any] | None = None
+    outcome: tuple[str, Any, int] | None = None
     error: BaseException | None = None
     if is_main():
         try:
-            outcome = ("ok", fn())
+            outcome = ("ok", fn(), 0)
         except Exception as err:  # handed to the other ranks, then re-raised here
             error = err
-            outcome = ("user_error" if isinstance(err, UserError) else "error", f"{type(err).__name__}: {err}")
-    kind, value = broadcast_from_main(outcome)
+            outcome = ("user_error" if isinstance(err, UserError) else "error", f"{type(err).__name__}: {err}",
+                       getattr(err, "exit_code", 1))
+    kind, value, code = broadcast_from_main(outcome)
     if error is not None:
         raise error
     if kind == "user_error":
         relayed = UserError(value.split(": ", 1)[1])
         relayed.relayed_from_main = True  # rank 0 prints it; the CLI of the others stays quiet
+        relayed.exit_code = code  # a failure (RunFailed: 1) is not a mistake in the command (2)
         raise relayed
     if kind == "error":
         raise MainRankFailed(f"rank 0 failed: {value}")

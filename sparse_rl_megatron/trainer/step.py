@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from sparse_rl_megatron.trainer import distributed as D
+from sparse_rl_megatron.utils.errors import UserError
 
 if TYPE_CHECKING:
     from sparse_rl_megatron.algo import CorrectionConfig, PreparedBatch
@@ -63,6 +64,8 @@ def collect_samples(engine, reward, records: Sequence["MathRecord"], template: s
     prompts = [render_prompt(template, r.prompt, getattr(engine, "tokenizer", None)) for r in records]
     try:
         samples = engine.generate(prompts, n, sampling)
+    except UserError:
+        raise  # already one line naming what failed (e.g. an engine process that died: RunFailed)
     except Exception as err:
         raise EngineError(f"rollout engine '{engine_name}' failed while generating step {step}: "
                           f"{type(err).__name__}: {err}") from err
