@@ -102,7 +102,11 @@ class ProcessWatch:
     async def guard(self, awaitable):
         """Await ``awaitable`` in the running loop; if a watched process exits first, cancel it and raise
         ``ProcessDied``. (The loop watches the processes' sentinels while it waits.)"""
-        self.check()
+        failure = self.dead()
+        if failure is not None:
+            if asyncio.iscoroutine(awaitable):
+                awaitable.close()  # never started: nothing to unwind
+            raise failure
         loop = asyncio.get_running_loop()
         task = asyncio.ensure_future(awaitable)
         gone = loop.create_future()
