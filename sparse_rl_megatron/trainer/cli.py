@@ -49,6 +49,9 @@ def run(args: argparse.Namespace) -> int:
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
         return 0
     from sparse_rl_megatron.trainer.loop import train
+    from sparse_rl_megatron.trainer.signals import note_early_stops
+
+    note_early_stops()
 
     try:
         train(cfg)

@@ -55,13 +55,11 @@ def _loop(cfg: TrainConfig, run: Run) -> dict[str, float]:
         # 2. optimizer steps on global-batch slices (the engine lends its memory meanwhile)
         hb.phase(step, "train")
         t0 = time.perf_counter()
-        if main:
-            run.engine.release_memory()
+        D.on_main(lambda: run.engine.release_memory())  # a failure there (a dead engine) fails every rank
         train = optimizer_steps(run.learner, batch, cfg.optimizer_steps_per_rollout, cfg.log.progress and main)
         if not batch.trainable:
             run.say(f"[yellow]step {step}: correction rejected every sample; no optimizer step[/]")
-        if main:
-            run.engine.resume_memory()
+        D.on_main(lambda: run.engine.resume_memory())
         train["time/train_s"] = time.perf_counter() - t0
         # 3. weight sync learner -> engine (version = step), checked by the probe
         hb.phase(step, "sync")

@@ -14,6 +14,17 @@ from types import FrameType
 
 STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
 STOP_FILE = "STOP"
+_EARLY: dict[str, str] = {}
+
+
+def note_early_stops() -> None:
+    """From the start of the command until the run installs its ``StopRequest``: a stop signal is noted (and
+    honoured once the run is set up: "stopped by SIGTERM before step 1") instead of killing the process."""
+    def note(signum: int, frame: FrameType | None) -> None:
+        _EARLY.setdefault("signal", signal.Signals(signum).name)
+
+    for name in STOP_SIGNALS:
+        signal.signal(getattr(signal, name), note)
 
 
 class StopRequest:
@@ -53,6 +64,9 @@ class StopRequest:
         for name in STOP_SIGNALS:
             sig = getattr(signal, name)
             self._previous[sig] = signal.signal(sig, self._handle)
+        early = _EARLY.pop("signal", None)
+        if early is not None:  # arrived while the command started (note_early_stops)
+            self._handle(getattr(signal, early), None)
         return self
 
     def __exit__(self, *exc) -> None:

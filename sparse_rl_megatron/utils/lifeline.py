@@ -7,6 +7,10 @@ GPUs. ``end_with_parent()`` asks Linux to send this process SIGKILL when its par
 set the same for themselves, the verifier workers and multiprocessing's helpers exit when their pipe to the
 rank closes, megatron's file writers die with the saver: ``learner/save_children.py``).
 
+``unignore_stop_signals()``: ``launch/torchrun.sh`` starts torchrun with SIGTERM and SIGINT ignored (it passes a stop
+to the ranks itself, and torchrun's own handling would turn a clean stop into exit status 1); a rank inherits
+that, so it puts the default actions back before anything else (``sparse-rl train`` then installs its own).
+
 SIGKILL, not SIGTERM: a rank whose launcher is gone cannot finish a step cleanly anyway (the launcher hosts
 the rendezvous store, and its other ranks are ending too), and the newest complete checkpoint stays intact
 whatever the moment of death (saves are atomic). Linux only; elsewhere it does nothing and says so.
@@ -42,3 +46,10 @@ def end_with_parent(sig: int = signal.SIGKILL) -> bool:
         print(f"sparse-rl: the launcher of process {os.getpid()} is gone; exiting", file=sys.stderr, flush=True)
         os._exit(1)
     return True
+
+
+def unignore_stop_signals() -> None:
+    """SIGTERM and SIGINT back to their default actions where the launcher left them ignored."""
+    for sig, default in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGINT, signal.default_int_handler)):
+        if signal.getsignal(sig) == signal.SIG_IGN:
+            signal.signal(sig, default)
