@@ -171,5 +171,6 @@ def test_a_killed_engine_scheduler_fails_every_rank_in_one_line_naming_it_and_th
         f"sparse-rl train: error: the SGLang engine's process scheduler_0 (pid {scheduler.pid}) was killed by signal "
         f"SIGKILL; in the rollout of step 2 on rank 0; last complete checkpoint: {step1}; rerun the same command to "
         "resume (checkpoint.resume: auto)"), text[-4000:]
-    assert not [x for x in text.splitlines() if x.startswith(("[rank0]: Traceback", "[rank1]: Traceback"))], text[-6000:]
+    rank_tracebacks = [x for x in text.splitlines() if x.startswith(("[rank0]: Traceback", "[rank1]: Traceback"))]
+    assert not rank_tracebacks, text[-6000:]
     assert (step1 / "trainer_state.json").is_file()

@@ -38,7 +38,7 @@ FAKE_SCONTROL = """#!/usr/bin/env bash
 case "$1" in show) echo localhost ;; requeue) echo "requeue $2" >> "$FAKE_LOG" ;; esac
 """
 FAKE_TORCHRUN = """#!/usr/bin/env bash
-trap 'echo "TERM" >> "$FAKE_LOG"' TERM   # as launch/torchrun.sh: passed to the ranks, which stop at the step's end
+trap 'echo "TERM" >> "$FAKE_LOG"' TERM   # as launch/torchrun.sh: the ranks stop at their step's end
 echo "NNODES=$NNODES NPROC_PER_NODE=$NPROC_PER_NODE RDZV_ENDPOINT=$RDZV_ENDPOINT RDZV_ID=$RDZV_ID ARGS=$*" >> "$FAKE_LOG"
 until [ -f "$FAKE_RUN_DIR/STOP" ]; do sleep 0.1; done   # a run that stops at its next step boundary
 echo "stopped" >> "$FAKE_LOG"
