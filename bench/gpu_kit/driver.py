@@ -36,7 +36,9 @@ def part_env(site: Path, cpu: bool) -> dict:
                PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT), str(ROOT / "bench"), env.get("PYTHONPATH", "")])
     if cpu:
-        env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+        # every allocation above 128 KiB its own mapping, returned when freed: the peak RSS (the CPU memory
+        # meter) then follows the live tensors instead of glibc's dynamically raised mmap threshold
+        env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", MALLOC_MMAP_THRESHOLD_="131072")
     return env
 
 

@@ -16,6 +16,7 @@ K/V/positions/query-window tensors as allocated), the peak memory above the weig
 from __future__ import annotations
 
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -49,17 +50,20 @@ def sdpa_probe(rows: int, q_heads: int, kv_heads: int, head_dim: int, length: in
     out = {}
     for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION,
                     SDPBackend.MATH):
-        try:
-            with sdpa_kernel([backend]):
-                F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-                sync()
-                start = time.perf_counter()
-                for _ in range(3):
+        with warnings.catch_warnings(record=True) as why:  # torch says why a backend declines, as warnings
+            warnings.simplefilter("always")
+            try:
+                with sdpa_kernel([backend]):
                     F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-                sync()
-            out[backend.name.lower()] = f"ok, {1000 * (time.perf_counter() - start) / 3:.3f} ms"
-        except RuntimeError as exc:
-            out[backend.name.lower()] = "refused: " + str(exc).splitlines()[0][:120]
+                    sync()
+                    start = time.perf_counter()
+                    for _ in range(3):
+                        F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+                    sync()
+                out[backend.name.lower()] = f"ok, {1000 * (time.perf_counter() - start) / 3:.3f} ms"
+            except RuntimeError as exc:
+                reasons = [str(w.message).split("(Triggered")[0].strip() for w in why] or [str(exc).splitlines()[0]]
+                out[backend.name.lower()] = "refused: " + "; ".join(dict.fromkeys(reasons))[:300]
     return dict(shape=f"q [{rows}, {q_heads}, 1, {head_dim}], kv [{rows}, {kv_heads}, {length}, {head_dim}]", **out)
 
 
