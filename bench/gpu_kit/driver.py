@@ -19,7 +19,7 @@ from pathlib import Path
 
 from gpu_kit import report, wheels
 from gpu_kit.records import RECORDS_FILE, Recorder, read_records
-from gpu_kit.sizes import PARTS, Sizes
+from gpu_kit.sizes import Sizes
 
 ROOT = Path(__file__).resolve().parents[2]
 ENTRY = ROOT / "bench" / "gpu_check.py"
@@ -137,7 +137,10 @@ def run(sizes: Sizes, cpu: bool, out: Path, work: Path, parts: list[str], deadli
         report.write(out, dict(header, elapsed_s=round(time.monotonic() - t0, 1), jit_fusions=jit_fusions))
     header.update(elapsed_s=round(time.monotonic() - t0, 1), jit_fusions=jit_fusions)
     js, md = report.write(out, header)
-    print(md.read_text(), flush=True)
+    text = md.read_text()
+    glance = text.find("## At a glance")
+    cut = text.find("\n## ", glance + 1 if glance >= 0 else 0)
+    print(text if cut < 0 else text[:cut], flush=True)  # the statuses and headline; the rest is in the file
     print(f"results: {js} and {md}", flush=True)
     statuses = [r["status"] for r in read_records(out) if r["item"] == report.STATUS_ITEM]
     return 0 if statuses and all(s == "ok" for s in statuses) else 1

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import time
 
-import torch
-
 from gpu_kit.sizes import FULL, Sizes
 
 ASSUMED = dict(

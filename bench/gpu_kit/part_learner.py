@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from gpu_kit.part_model import MODEL_DIR
-from gpu_kit.records import PeakMeter, Recorder, gib, sync
+from gpu_kit.records import Deadline, PeakMeter, Recorder, gib, sync
 from gpu_kit.sizes import H200_BF16_DENSE_PEAK_FLOPS, Sizes
 
 KIT_LR = 1e-3
@@ -168,6 +168,8 @@ def run_train(rec: Recorder, sizes: Sizes, work: Path, device: torch.device, jit
                 metrics = learner.train_step(batch)
                 sync()
                 times.append(time.perf_counter() - start)
+        if not times:
+            raise Deadline("no time left for a timed step after the warm-up")
         m.update(_throughput(sum(fed), min(times), train_step_flops(learner.arch, fed, scored), peak),
                  timed_steps=len(times), peak_rise_gib=gib(meter.rise), total_allocated_gib=gib(meter.peak),
                  grad_norm=metrics.get("train/grad_norm"), skipped=metrics.get("train/skipped"))
