@@ -7,6 +7,7 @@ cannot signal the training processes themselves (an sbatch script traps USR1 and
 """
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 from pathlib import Path
@@ -17,14 +18,20 @@ STOP_FILE = "STOP"
 _EARLY: dict[str, str] = {}
 
 
-def note_early_stops() -> None:
-    """From the start of the command until the run installs its ``StopRequest``: a stop signal is noted (and
-    honoured once the run is set up: "stopped by SIGTERM before step 1") instead of killing the process."""
+@contextlib.contextmanager
+def early_stops_noted():
+    """Around a command: until the run installs its ``StopRequest``, a stop signal is noted (and honoured once
+    the run is set up: "stopped by SIGTERM before step 1") instead of killing the process."""
     def note(signum: int, frame: FrameType | None) -> None:
         _EARLY.setdefault("signal", signal.Signals(signum).name)
 
-    for name in STOP_SIGNALS:
-        signal.signal(getattr(signal, name), note)
+    previous = {getattr(signal, name): signal.signal(getattr(signal, name), note) for name in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        _EARLY.clear()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 class StopRequest:

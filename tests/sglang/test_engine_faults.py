@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import psutil
@@ -110,9 +110,9 @@ def test_http_server_that_stops_answering_mid_generate_fails_the_call_naming_its
     from sparse_rl_megatron.rollout.server_liveness import EngineUnreachable
     from sparse_rl_megatron.rollout.sglang_engine import SGLangRolloutEngine
 
-    with __import__("socket").socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
     url, stats, log = f"http://127.0.0.1:{port}", tmp_path / "pool.jsonl", tmp_path / "server.log"
     server = _start_server(tiny_model_dir, port, stats, log)
     try:
