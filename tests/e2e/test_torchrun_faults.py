@@ -109,8 +109,9 @@ def test_sigterm_to_every_process_stops_clean_then_a_killed_launcher_takes_its_r
         assert (run_dir / "checkpoints" / f"step_{k}" / "trainer_state.json").is_file()
         _all_gone(procs[1:], log)
 
-        # the re-run resumes; then its torchrun is killed (kill -9): the ranks end with it
-        launcher = _launch(run_dir, log, shared_data, *TASK, "steps=4")
+        # the re-run resumes; then its torchrun is killed (kill -9): the ranks end with it (orphans would train on
+        # through all these steps, far past the bound)
+        launcher = _launch(run_dir, log, shared_data, *TASK, "steps=1000")
         _wait_for_phase(run_dir, launcher, log, k + 1, "rollout")
         assert f"resuming from {run_dir / 'checkpoints' / f'step_{k}'}" in log.read_text()
         tree = _tree(launcher)
