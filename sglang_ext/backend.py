@@ -45,14 +45,40 @@ class _PoolView:
 
 
 class _RunnerView:
-    """The model runner as the inner backend sees it (everything but the token table is the real one)."""
+    """The model runner as the inner backend sees it: the token table, and the index translator every GPU
+    backend builds its kernel index lists through (triton's ``pack_read_stream``, flashinfer's
+    ``call_begin_forward``), are the plugin's; everything else is the real runner's."""
 
-    def __init__(self, runner, pool_view: _PoolView):
+    def __init__(self, runner, pool_view: _PoolView, translator):
         self._runner = runner
         self.req_to_token_pool = pool_view
+        self.kv_index_translator = translator
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._runner, name)
+
+
+def physical_translator(model_runner, table: torch.Tensor):
+    """A ``KVIndexTranslator`` over the plugin's physical table (SGLang's own one reads ``req_to_token``, the
+    logical rows, which after a compression hold evicted zeros and miss the newest tokens).
+
+    Only a pass-through translator can be rebuilt over another table: a pool whose ids are virtual (unified
+    memory, a fused draft pool) or decode context parallelism translates the ids it reads, which the
+    plugin's slots would bypass; those are refused here (and at start, by flag, in ``config``)."""
+    from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
+
+    real = getattr(model_runner, "kv_index_translator", None)
+    if real is not None and (real.is_translating or real.needs_read_translate):
+        pool = type(model_runner.token_to_kv_pool).__name__
+        raise ConfigError(f"{BACKEND_NAME}: the KV pool translates its ids ({pool}: unified memory or decode context "
+                          f"parallelism); {BACKEND_NAME} needs a plain pool")
+    translator = KVIndexTranslator(
+        req_to_token=table, token_to_kv_pool_allocator=model_runner.token_to_kv_pool_allocator,
+        token_to_kv_pool=model_runner.token_to_kv_pool, page_size=getattr(model_runner, "page_size", 1) or 1,
+        device=model_runner.device, is_draft_worker=bool(getattr(model_runner, "is_draft_worker", False)))
+    if translator.is_translating:
+        raise ConfigError(f"{BACKEND_NAME}: the KV index translator over the plugin's table is not a pass-through")
+    return translator
 
 
 class SparseKVBackend(AttentionBackend):
@@ -87,8 +113,10 @@ class SparseKVBackend(AttentionBackend):
             ring_dtype=model_runner.dtype, device=rtt.device, keep_queries=not c.is_dense,
             keep_positions=config.kept_digest and not c.is_dense)
         inner_name = config.resolved_inner_backend(str(self.device))
-        self.inner = ATTENTION_BACKENDS[inner_name](_RunnerView(model_runner, _PoolView(self.req_to_token_pool,
-                                                                                      self.state.table)))
+        self.runner_view = _RunnerView(model_runner, _PoolView(self.req_to_token_pool, self.state.table),
+                                       physical_translator(model_runner, self.state.table))
+        """What the inner backend was built on (its tables, its index translator)."""
+        self.inner = ATTENTION_BACKENDS[inner_name](self.runner_view)
         self.scaling: dict[int, float] = {}
         self.plan: ForwardPlan | None = None
         self._last_idle = None
