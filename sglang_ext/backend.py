@@ -27,6 +27,17 @@ logger = logging.getLogger(__name__)
 
 _ACTIVE: "SparseKVBackend | None" = None
 """The backend of this process (SGLang runs one scheduler, hence one target model runner, per process)."""
+UNSUPPORTED_BASE_METHODS = {
+    "init_cuda_graph_state": "CUDA graphs",
+    "init_forward_metadata_for_breakable_cuda_graph_capture": "breakable CUDA graphs",
+    "prepare_forward_metadata_for_breakable_cuda_graph_replay": "breakable CUDA graphs",
+    "update_verify_buffers_to_fill_after_draft": "speculative decoding",
+    "forward_mixed": "mixed prefill/decode chunks",
+}
+"""Methods ``AttentionBackend`` leaves raising that this backend does not implement: their feature is refused at
+start (``refusals``). Every other raising method is implemented here."""
+PADDED_SEQ_LEN = 1
+"""Sequence length of a padded batch lane when the inner backend names none (triton, flashinfer, fa3 use 1)."""
 
 
 def active_backend() -> "SparseKVBackend | None":
@@ -88,6 +99,8 @@ class SparseKVBackend(AttentionBackend):
         super().__init__()
         from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
 
+        _claim_process(None)
+        self.closed = False
         if getattr(model_runner, "use_mla_backend", False):
             raise ConfigError(f"{BACKEND_NAME}: MLA models are not supported (per-head K/V slots are needed)")
         pool = model_runner.token_to_kv_pool
@@ -124,8 +137,7 @@ class SparseKVBackend(AttentionBackend):
         self.compact_cpu = 0.0
         """With ``stats_path``: forwards seen and this process's CPU seconds spent compressing (cumulative)."""
         self._clip_admission()
-        global _ACTIVE
-        _ACTIVE = self
+        _claim_process(self)
         logger.info("sparse_kv backend: %s, inner %s", c.describe(), inner_name)
 
     # ------------------------------------------------------------------------------------------- binding
@@ -162,6 +174,9 @@ class SparseKVBackend(AttentionBackend):
 
     # ------------------------------------------------------------------------------------------ forward
     def init_forward_metadata(self, forward_batch):
+        if getattr(forward_batch, "global_num_tokens_cpu", None) is not None:
+            raise ConfigError(f"{BACKEND_NAME}: this server pads batches for MLP sync (attention DP, gathered "
+                              "buffers); padded lanes would read request row 0; not supported")
         if forward_batch.forward_mode.is_idle():
             self.plan = None
             self.inner.init_forward_metadata(forward_batch)
@@ -199,6 +214,26 @@ class SparseKVBackend(AttentionBackend):
     def support_triton(self):
         return self.inner.support_triton()
 
+    # Methods the base class leaves raising that SGLang calls outside CUDA graphs too: the fill value of padded
+    # sequence lengths (batch padding, the decode-buffer allocation of FlashInfer's autotune warm-up). The inner
+    # backend's answer (1 for triton, flashinfer, fa3); torch_native defines none, and 1 is what the others use.
+    def get_cuda_graph_seq_len_fill_value(self):
+        fill = getattr(type(self.inner), "get_cuda_graph_seq_len_fill_value", None)
+        if fill is None or fill is AttentionBackend.get_cuda_graph_seq_len_fill_value:
+            return PADDED_SEQ_LEN
+        return self.inner.get_cuda_graph_seq_len_fill_value()
+
+    def get_cpu_graph_seq_len_fill_value(self):
+        fill = getattr(self.inner, "get_cpu_graph_seq_len_fill_value", None)
+        return PADDED_SEQ_LEN if fill is None else fill()
+
+    def close(self) -> None:
+        """Drop this backend's claim on the process (in-process drivers; a server's ends with its process)."""
+        global _ACTIVE
+        self.closed = True
+        if _ACTIVE is self:
+            _ACTIVE = None
+
     def after_forward(self) -> None:
         """Compress the rows that reached B + W (called after the model forward, outside any graph)."""
         from sglang_ext.compaction import compress_due_rows
@@ -222,6 +257,17 @@ class SparseKVBackend(AttentionBackend):
         from sglang.srt.managers import schedule_policy
 
         schedule_policy.CLIP_MAX_NEW_TOKENS = min(schedule_policy.CLIP_MAX_NEW_TOKENS, c.max_candidates + 1)
+
+
+def _claim_process(backend: "SparseKVBackend | None") -> None:
+    """Make ``backend`` this process's backend; None: only check that no live one exists."""
+    global _ACTIVE
+    if _ACTIVE is not None and not _ACTIVE.closed:
+        raise ConfigError(f"{BACKEND_NAME}: a second {BACKEND_NAME} attention backend was built in this process "
+                          "(two-batch overlap, PD multiplexing, a draft model or another runner); the plugin keeps "
+                          "one table per request row and supports one backend per process")
+    if backend is not None:
+        _ACTIVE = backend
 
 
 def _logprob_convention() -> str:

@@ -5,10 +5,11 @@ installing the plugin changes nothing for servers that do not select it.
 
 | target | kind | why |
 |---|---|---|
-| ``ServerArgs.check_server_args`` | after | validate the config and refuse unsupported settings at start |
+| ``ServerArgs.resolve_once`` | before | refuse unsupported flags as given (SGLang rewrites or rejects some first) |
+| ``ServerArgs.check_server_args`` | after | validate the config and refuse unsupported resolved settings at start |
 | ``ModelRunner.forward`` | after | compress due rows after the layers ran (outside any graph) |
 | ``ReqToTokenPool.alloc`` | after | bind a request (its config, prompt length, provenance) to its row |
-| ``PrefillAdder.add_one_req`` | around | compressed EOS-ignoring requests are admitted by B + W, not by max_new_tokens |
+| ``PrefillAdder.add_one_req`` | around | compressed EOS-ignoring requests are admitted by B + W, not max_new_tokens |
 | ``Req._compute_max_prefix_len`` | around | a radix hit leaves the last alpha tokens to prefill (ring queries) |
 | ``common.release_kv_cache`` | around | a compressed request is not inserted into the radix tree when it ends |
 | ``BasePrefixCache.free_kv_row`` | around | release a compressed row's real slots, skipping evicted ones |
@@ -27,7 +28,8 @@ from http import HTTPStatus
 from sglang_ext.accounting import extras_needed, handles_row, owned_slots, release_row, reserve_extras
 from sglang_ext.backend import active_backend
 from sglang_ext.compaction import record_idle
-from sglang_ext.config import REQUEST_KEY, ConfigError, uses_sparse_kv, validate_server_args
+from sglang_ext.config import REQUEST_KEY, ConfigError
+from sglang_ext.refusals import refuse_before_resolution, uses_sparse_kv, validate_server_args
 
 REFUSED_RETRACTION = (
     "sparse_kv: this request was retracted (KV pool full) after its KV cache had been compressed; re-prefilling "
@@ -172,6 +174,7 @@ def register_hooks() -> None:
 
     after, around = HookType.AFTER, HookType.AROUND
     for target, hook, kind in [
+        ("sglang.srt.server_args.ServerArgs.resolve_once", refuse_before_resolution, HookType.BEFORE),
         ("sglang.srt.server_args.ServerArgs.check_server_args", _check_server_args, after),
         ("sglang.srt.model_executor.model_runner.ModelRunner.forward", _after_model_forward, after),
         ("sglang.srt.mem_cache.memory_pool.ReqToTokenPool.alloc", _bind_rows, after),

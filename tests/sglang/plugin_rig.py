@@ -124,6 +124,9 @@ class PluginRig:
         self.backend.after_forward()
         return fb
 
+    def close(self) -> None:
+        self.backend.close()
+
     def physical_rows(self, rows: list[int]) -> list[torch.Tensor]:
         """The plugin's table row of each request, cut at its physical length."""
         state = self.backend.state

@@ -38,7 +38,8 @@ def rig():
         rig.forward(rows, 1, decode=True)
     assert (rig.backend.state.events[rows] >= 1).all() and rig.backend.state.events[rows].max() >= 2
     rig.rows = rows
-    return rig
+    yield rig
+    rig.close()
 
 
 def _expected(rig, phys, rows):
