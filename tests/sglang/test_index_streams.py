@@ -106,7 +106,7 @@ def _flashinfer_backend(view):
     from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
 
     fi = FlashInferAttnBackend.__new__(FlashInferAttnBackend)
-    fi.kv_index_translator = view.kv_index_translator   # FlashInferAttnBackend.__init__: model_runner.kv_index_translator
+    fi.kv_index_translator = view.kv_index_translator   # __init__: model_runner.kv_index_translator
     fi.dq_paged_kernel_lens = None
     return fi
 
