@@ -19,8 +19,11 @@ import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 from sglang_ext.config import BACKEND_NAME, REQUEST_KEY, ConfigError, SparseKVConfig, request_compression
-from sglang_ext.forward_plan import ForwardPlan, plan_forward
+from sglang_ext.forward_plan import ForwardPlan, plan_forward, sglang_host
+from sglang_ext import host_syncs
+from sglang_ext.host_syncs import counted, not_counted
 from sglang_ext.row_state import RowInfo, RowState
+from sglang_ext.tp_heads import QueryGroups
 from sparse_rl_megatron.compression import KeptDigest
 
 logger = logging.getLogger(__name__)
@@ -119,6 +122,7 @@ class SparseKVBackend(AttentionBackend):
         self.layer_ids = list(range(pool.start_layer, pool.start_layer + pool.layer_num))
         tp = int(getattr(model_runner.server_args, "tp_size", 1) or 1)
         num_q_heads = mc.get_num_attention_heads(tp)
+        self.query_groups = _query_groups(mc, tp)
         c = config.compression
         self.state = RowState(
             rows=rtt.shape[0], width=rtt.shape[1], num_layers=len(self.layer_ids), num_kv_heads=pool.head_num,
@@ -134,9 +138,14 @@ class SparseKVBackend(AttentionBackend):
         self.plan: ForwardPlan | None = None
         self._last_idle = None
         self.forwards = 0
+        self.syncs_logged = 0
         self.compact_cpu = 0.0
         """With ``stats_path``: forwards seen and this process's CPU seconds spent compressing (cumulative)."""
         self._clip_admission()
+        self.sync_counter = None
+        if config.count_host_syncs and config.stats_path:
+            self.sync_counter = host_syncs.HostSyncCounter()
+            host_syncs.install_for_process(self.sync_counter)
         _claim_process(self)
         logger.info("sparse_kv backend: %s, inner %s", c.describe(), inner_name)
 
@@ -160,7 +169,7 @@ class SparseKVBackend(AttentionBackend):
 
     def bind(self, row: int, req) -> None:
         """Scheduler side: ``req`` now owns ``row`` (called right after SGLang allocated the row)."""
-        generation = int(self.req_to_token_pool.req_generation[row])
+        generation = int(sglang_host(self.req_to_token_pool.req_generation)[row])
         info = self.state.info[row]
         if self.state.generation[row] == generation and info is not None and info.req is req:
             return  # a chunked prefill continuing in its row
@@ -173,24 +182,28 @@ class SparseKVBackend(AttentionBackend):
         req.customized_info = {**old, REQUEST_KEY: [info.meta]}
 
     # ------------------------------------------------------------------------------------------ forward
+    @counted
     def init_forward_metadata(self, forward_batch):
         if getattr(forward_batch, "global_num_tokens_cpu", None) is not None:
             raise ConfigError(f"{BACKEND_NAME}: this server pads batches for MLP sync (attention DP, gathered "
                               "buffers); padded lanes would read request row 0; not supported")
         if forward_batch.forward_mode.is_idle():
             self.plan = None
-            self.inner.init_forward_metadata(forward_batch)
+            with not_counted():
+                self.inner.init_forward_metadata(forward_batch)
             return
         self.plan = plan_forward(
             self.state, forward_batch, req_to_token=self.req_to_token_pool.req_to_token,
             req_generation=self.req_to_token_pool.req_generation,
             default_info=lambda row, seq: self.make_info(row, seq))
-        self.inner.init_forward_metadata(self.plan.phys_batch)
+        with not_counted():   # the inner backend's own metadata (what it costs without the plugin too)
+            self.inner.init_forward_metadata(self.plan.phys_batch)
 
+    @counted
     def _record_queries(self, q: torch.Tensor, layer) -> None:
         plan = self.plan
         self.scaling.setdefault(layer.layer_id, float(layer.scaling))
-        if plan is None or self.state.qwin is None or plan.ring_tokens.numel() == 0:
+        if plan is None or self.state.qwin is None or plan.ring_count == 0:
             return
         q = q.reshape(q.shape[0], layer.tp_q_head_num, layer.qk_head_dim)
         ring = self.state.qwin[layer.layer_id - self.layer_ids[0]]
@@ -234,6 +247,7 @@ class SparseKVBackend(AttentionBackend):
         if _ACTIVE is self:
             _ACTIVE = None
 
+    @counted
     def after_forward(self) -> None:
         """Compress the rows that reached B + W (called after the model forward, outside any graph)."""
         from sglang_ext.compaction import compress_due_rows
@@ -257,6 +271,17 @@ class SparseKVBackend(AttentionBackend):
         from sglang.srt.managers import schedule_policy
 
         schedule_policy.CLIP_MAX_NEW_TOKENS = min(schedule_policy.CLIP_MAX_NEW_TOKENS, c.max_candidates + 1)
+
+
+def _query_groups(model_config, tp: int) -> QueryGroups:
+    """Who holds the rest of this rank's KV-head query group when TP exceeds the KV heads (``tp_heads``)."""
+    total_kv = int(model_config.get_total_num_kv_heads())
+    rank = 0
+    if tp > total_kv:
+        from sglang.srt.runtime_context import get_parallel
+
+        rank = int(get_parallel().attn_tp_rank)
+    return QueryGroups(tp_rank=rank, tp_size=tp, total_kv_heads=total_kv)
 
 
 def _claim_process(backend: "SparseKVBackend | None") -> None:

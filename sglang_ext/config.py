@@ -56,6 +56,9 @@ class SparseKVConfig:
     """If set, forwards append JSON lines of pool usage read from the allocator (tests, benchmarks)."""
     stats_every: int = 1
     """With ``stats_path``: log every k-th forward (compression time is accumulated over all of them)."""
+    count_host_syncs: bool = False
+    """With ``stats_path``: count what would make the host wait for a GPU in the plugin's hooks
+    (``host_syncs``) and log it per forward (tests; it slows the hooks down)."""
 
     def __post_init__(self) -> None:
         c = self.compression

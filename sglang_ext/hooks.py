@@ -8,6 +8,7 @@ installing the plugin changes nothing for servers that do not select it.
 | ``ServerArgs.resolve_once`` | before | refuse unsupported flags as given (SGLang rewrites or rejects some first) |
 | ``ServerArgs.check_server_args`` | after | validate the config and refuse unsupported resolved settings at start |
 | ``ModelRunner.forward`` | after | compress due rows after the layers ran (outside any graph) |
+| ``ForwardBatch.init_new`` | after | decode batches get ``req_pool_indices_cpu`` too (host rows: no sync) |
 | ``ReqToTokenPool.alloc`` | after | bind a request (its config, prompt length, provenance) to its row |
 | ``PrefillAdder.add_one_req`` | around | compressed EOS-ignoring requests are admitted by B + W, not max_new_tokens |
 | ``Req._compute_max_prefix_len`` | around | a radix hit leaves the last alpha tokens to prefill (ring queries) |
@@ -24,6 +25,8 @@ installing the plugin changes nothing for servers that do not select it.
 from __future__ import annotations
 
 from http import HTTPStatus
+
+import torch
 
 from sglang_ext.accounting import extras_needed, handles_row, owned_slots, release_row, reserve_extras
 from sglang_ext.backend import active_backend
@@ -47,6 +50,22 @@ def _after_model_forward(result, runner, *args, **kwargs):
     backend = active_backend()
     if backend is not None and runner is backend.runner:
         backend.after_forward()
+
+
+def _record_host_rows(result, *args, **kwargs):
+    # SGLang hands a ForwardBatch its rows on the host for extends only; the ScheduleBatch keeps them for every
+    # batch. A dataclass field, so the eager runner's copy of the batch keeps it.
+    batch = kwargs.get("batch", args[1] if len(args) > 1 else None)
+    runner = kwargs.get("model_runner", args[2] if len(args) > 2 else None)
+    backend = active_backend()
+    if backend is None or runner is not backend.runner or batch is None or result is None:
+        return result
+    if result.req_pool_indices_cpu is None:
+        rows = getattr(batch, "req_pool_indices_cpu", None)
+        if rows is None:
+            rows = torch.tensor([req.kv.req_pool_idx for req in batch.reqs], dtype=torch.int64)
+        result.req_pool_indices_cpu = rows
+    return result
 
 
 def _bind_rows(result, pool, reqs, *args, **kwargs):
@@ -177,6 +196,7 @@ def register_hooks() -> None:
         ("sglang.srt.server_args.ServerArgs.resolve_once", refuse_before_resolution, HookType.BEFORE),
         ("sglang.srt.server_args.ServerArgs.check_server_args", _check_server_args, after),
         ("sglang.srt.model_executor.model_runner.ModelRunner.forward", _after_model_forward, after),
+        ("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new", _record_host_rows, after),
         ("sglang.srt.mem_cache.memory_pool.ReqToTokenPool.alloc", _bind_rows, after),
         ("sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req", _add_one_req, around),
         ("sglang.srt.managers.schedule_batch.Req._compute_max_prefix_len", _max_prefix_len, around),

@@ -9,6 +9,12 @@ It keeps a second, *physical* table next to it:
   ``[prompt slots (scope response only) | B kept slots | slots appended since]``: slot ``table[row, i]``
   holds, in layer l and KV head h, the token whose logical position is ``pos[l, row, h, i - cand_start]``.
 - ``cand_start[row]``: leading table entries that are never candidates (the prompt for scope response).
+- ``zero_lo[row], zero_hi[row]``: the positions of SGLang's row whose entries the plugin zeroed (evicted slots,
+  freed): one contiguous range. The first compression frees the owned candidates past the B kept ones, SGLang
+  positions ``[min(start + B, T1), T1)``; every later one frees the tokens appended since the previous, positions
+  ``[T_prev, T)``; so what a row still owns is known on the host (``accounting``).
+- ``extras[row]``: slots taken for the first compression of a scope-all request whose prompt the radix tree
+  shares (they hold kept prompt tokens, in table positions every later compression keeps, until release).
 
 Dynamic per-row numbers live on the CPU (decisions never wait for the device); tensors the kernels or the
 scorers read (table, query ring, kept positions) live on the device.
@@ -66,11 +72,14 @@ class RowState:
         zeros = lambda dtype=np.int64: np.zeros(rows, dtype=dtype)  # noqa: E731
         self.phys_len, self.cand_start, self.ring_ptr = zeros(), zeros(), zeros()
         self.logical_len, self.events, self.peak = zeros(), zeros(), zeros()
+        self.zero_lo, self.zero_hi = zeros(), zeros()
         self.compressed = zeros(bool)
         self.extras_released = zeros(bool)
         self.info: list[RowInfo | None] = [None] * rows
         self.pending_extras: dict[int, torch.Tensor] = {}
         """Slots reserved by the scheduler for a row's first compression (scope all, shared prompt)."""
+        self.extras: dict[int, torch.Tensor] = {}
+        """Reserved slots a first compression used (see the module docstring), until the row is released."""
 
     @property
     def rows(self) -> int:
@@ -81,10 +90,13 @@ class RowState:
         self.generation[row] = generation
         self.phys_len[row] = self.cand_start[row] = self.ring_ptr[row] = 0
         self.logical_len[row] = self.events[row] = self.peak[row] = 0
+        self.zero_lo[row] = self.zero_hi[row] = 0
         self.compressed[row] = False
         self.extras_released[row] = False
         self.info[row] = info
         stale = self.pending_extras.pop(row, None)
+        if stale is None:
+            stale = self.extras.pop(row, None)
         if stale is not None:
             raise RuntimeError(f"sparse_kv: row {row} was reused with {stale.numel()} reserved slots never freed")
         if self.qwin is not None:

@@ -69,6 +69,8 @@ class SGLangEngineConfig:
     sample up to this many times before ``generate`` fails."""
     stats_path: str = ""
     """In-process engine: the plugin appends pool-usage lines here (tests, benchmarks)."""
+    count_host_syncs: bool = False
+    """With ``stats_path``: the lines also count the plugin's host syncs per forward (tests)."""
     log_level: str = "error"
     """SGLang log level of the in-process engine."""
     extra_args: dict[str, Any] = field(default_factory=dict)
@@ -102,4 +104,5 @@ class SGLangEngineConfig:
         from sglang_ext.config import SparseKVConfig
 
         return SparseKVConfig(compression=self.compression, inner_backend=self.inner_backend,
-                              kept_digest=self.kept_digest, stats_path=self.stats_path)
+                              kept_digest=self.kept_digest, stats_path=self.stats_path,
+                              count_host_syncs=self.count_host_syncs)

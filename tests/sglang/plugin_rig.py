@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 from types import SimpleNamespace
 
-import numpy as np
 import torch
 
 LAYERS, Q_HEADS, KV_HEADS, HEAD_DIM = 2, 4, 2, 16
@@ -43,7 +42,8 @@ class RunnerAttributes:
             token_to_kv_pool_allocator=self.token_to_kv_pool_allocator, token_to_kv_pool=self.token_to_kv_pool,
             page_size=1, device="cpu")
         self.model_config = SimpleNamespace(get_num_attention_heads=lambda tp: Q_HEADS // tp, context_len=context,
-                                            num_attention_heads=Q_HEADS, is_encoder_decoder=False)
+                                            get_total_num_kv_heads=lambda: KV_HEADS, num_attention_heads=Q_HEADS,
+                                            is_encoder_decoder=False)
         self.server_args = SimpleNamespace(tp_size=tp_size, disable_radix_cache=not radix)
         self.max_running_requests = max_running_requests or rows
 
@@ -81,7 +81,8 @@ class PluginRig:
             self.seq[row] = 0
         return list(rows)
 
-    def forward(self, rows: list[int], new_tokens: list[int] | int, *, decode: bool, inspect=None):
+    def forward(self, rows: list[int], new_tokens: list[int] | int, *, decode: bool, inspect=None,
+                host_rows: bool = True):
         """One forward of ``rows``, each caching ``new_tokens`` tokens (1 for decode). ``inspect(phys_batch)``
         is called after ``init_forward_metadata`` with the batch the inner backend received. Returns the
         ForwardBatch the plugin received."""
@@ -106,7 +107,8 @@ class PluginRig:
             fb.extend_seq_lens, fb.extend_prefix_lens = ext, seq - ext
             fb.extend_seq_lens_cpu, fb.extend_prefix_lens_cpu = list(new), (seq - ext).tolist()
             fb.extend_num_tokens = sum(new)
-        fb.plugin_rows = np.asarray(rows, dtype=np.int64)   # what the ForwardBatch.init_new hook records
+        if host_rows:   # what SGLang (extend) and the plugin's ForwardBatch.init_new hook (decode) fill in
+            fb.req_pool_indices_cpu = torch.tensor(rows, dtype=torch.int64)
         translator = self.runner.kv_index_translator
         translator.own_plan(fb).bind(fb, translator)
         self.backend.init_forward_metadata(fb)
@@ -123,6 +125,21 @@ class PluginRig:
                 self.backend.forward_extend(q, k, v, layer, fb)
         self.backend.after_forward()
         return fb
+
+    def release(self, row: int) -> None:
+        """SGLang's release of a finished request: ``free_kv_row`` of its row (no radix tree), then the row."""
+        from types import SimpleNamespace as KV
+
+        from sglang_ext.accounting import handles_row, release_row
+
+        kv = KV(req_pool_idx=row, cache_protected_len=0, kv_allocated_len=self.seq[row])
+        rtt = self.runner.req_to_token_pool.req_to_token
+        if handles_row(self.backend, row):
+            release_row(self.backend, kv, [(0, self.seq[row])], self.runner.token_to_kv_pool_allocator)
+        else:
+            self.runner.token_to_kv_pool_allocator.free(rtt[row, :self.seq[row]].long())
+        self.runner.req_to_token_pool.free_rows([row])
+        del self.seq[row]
 
     def close(self) -> None:
         self.backend.close()
