@@ -13,6 +13,7 @@ compressed and their evicted slots freed (``compaction``).
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 import torch
@@ -20,7 +21,7 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 from sglang_ext.config import BACKEND_NAME, REQUEST_KEY, ConfigError, SparseKVConfig, request_compression
 from sglang_ext.forward_plan import ForwardPlan, plan_forward, sglang_host
-from sglang_ext import host_syncs
+from sglang_ext import host_syncs, memory
 from sglang_ext.host_syncs import counted, not_counted
 from sglang_ext.row_state import RowInfo, RowState
 from sglang_ext.tp_heads import QueryGroups
@@ -124,11 +125,14 @@ class SparseKVBackend(AttentionBackend):
         num_q_heads = mc.get_num_attention_heads(tp)
         self.query_groups = _query_groups(mc, tp)
         c = config.compression
+        self.memory = memory.for_config(config, rows=rtt.shape[0], width=rtt.shape[1], layers=len(self.layer_ids),
+                                        q_heads=num_q_heads, kv_heads=pool.head_num, head_dim=pool.head_dim,
+                                        ring_itemsize=torch.empty(0, dtype=model_runner.dtype).element_size())
         self.state = RowState(
             rows=rtt.shape[0], width=rtt.shape[1], num_layers=len(self.layer_ids), num_kv_heads=pool.head_num,
             num_q_heads=num_q_heads, head_dim=pool.head_dim, window=c.window, max_candidates=c.max_candidates,
             ring_dtype=model_runner.dtype, device=rtt.device, keep_queries=not c.is_dense,
-            keep_positions=config.kept_digest and not c.is_dense)
+            keep_positions=config.kept_digest and not c.is_dense, region=_kv_cache_region(model_runner))
         inner_name = config.resolved_inner_backend(str(self.device))
         self.runner_view = _RunnerView(model_runner, _PoolView(self.req_to_token_pool, self.state.table),
                                        physical_translator(model_runner, self.state.table))
@@ -147,6 +151,7 @@ class SparseKVBackend(AttentionBackend):
             self.sync_counter = host_syncs.HostSyncCounter()
             host_syncs.install_for_process(self.sync_counter)
         _claim_process(self)
+        self._report_memory()
         logger.info("sparse_kv backend: %s, inner %s", c.describe(), inner_name)
 
     # ------------------------------------------------------------------------------------------- binding
@@ -257,6 +262,20 @@ class SparseKVBackend(AttentionBackend):
             compress_due_rows(self, plan)
 
     # ------------------------------------------------------------------------------------------- helpers
+    def _report_memory(self) -> None:
+        """One line at start: the plugin's memory, and whether SGLang's KV budget was reduced by it first."""
+        held = memory.reserved()
+        where = (f"inside mem_fraction_static (reserved {held.total / 2 ** 30:.2f} GiB for {held.rows} rows before "
+                 "the KV pool was sized)" if held is not None else "not reserved before the KV pool was sized")
+        if _tp_rank(self.runner) == 0:
+            print(f"{self.memory.describe()}, {where}", file=sys.stderr, flush=True)
+        if self.config.stats_path:
+            from sglang_ext.compaction import _append
+
+            _append(self, {"memory": {"allocated": self.state.nbytes, "formula": self.memory.total,
+                                      "rows": self.memory.rows, "reserved": None if held is None else held.total,
+                                      "reserved_rows": None if held is None else held.rows}})
+
     @property
     def compresses(self) -> bool:
         """Requests are compressed and their evicted slots freed (admission may count on it)."""
@@ -271,6 +290,24 @@ class SparseKVBackend(AttentionBackend):
         from sglang.srt.managers import schedule_policy
 
         schedule_policy.CLIP_MAX_NEW_TOKENS = min(schedule_policy.CLIP_MAX_NEW_TOKENS, c.max_candidates + 1)
+
+
+def _kv_cache_region(model_runner):
+    """SGLang's KV-cache memory-saver region (released and restored with the KV cache; a no-op without it)."""
+    from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
+    from sglang.srt.utils.torch_memory_saver_adapter import TorchMemorySaverAdapter
+
+    enabled = bool(getattr(model_runner.server_args, "enable_memory_saver", False))
+    return TorchMemorySaverAdapter.create(enable=enabled).region(GPU_MEMORY_TYPE_KV_CACHE)
+
+
+def _tp_rank(model_runner) -> int:
+    tp = int(getattr(model_runner.server_args, "tp_size", 1) or 1)
+    if tp == 1:
+        return 0
+    from sglang.srt.runtime_context import get_parallel
+
+    return int(get_parallel().attn_tp_rank)
 
 
 def _query_groups(model_config, tp: int) -> QueryGroups:

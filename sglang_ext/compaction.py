@@ -32,6 +32,7 @@ from sglang_ext.accounting import owned_slots, take_extras
 from sglang_ext.config import FAULT_ENV
 from sglang_ext.forward_plan import _send
 from sglang_ext.host_syncs import not_counted, to_host
+from sglang_ext import score_chunks as chunking
 from sglang_ext.score_chunks import score_chunks
 from sparse_rl_megatron.compression import ScoreInputs, choose_kept, gather_kept, get_scorer
 
@@ -100,10 +101,11 @@ def compress_rows(backend, rows: list[int], n: int):
     kept_positions = []
     for li, layer_id in enumerate(backend.layer_ids):
         kbuf, vbuf = pool.get_key_buffer(layer_id), pool.get_value_buffer(layer_id)
-        kept_pos = torch.empty(len(rows), pool.head_num, budget, dtype=torch.int64, device=device) \
+        kept_pos = torch.empty(len(rows), pool.head_num, budget, dtype=state.pos.dtype, device=device) \
             if positions is not None else None
         for rs, head_slices in score_chunks(len(rows), pool.head_num, pair_bytes=_pair_bytes(cfg, n, head_dim),
-                                            row_bytes=_row_bytes(n, pool.head_num, head_dim, kbuf.element_size())):
+                                            row_bytes=_row_bytes(n, pool.head_num, head_dim, kbuf.element_size()),
+                                            budget=chunking.SCORE_CHUNK_BYTES):
             keys = kbuf[cand[rs]].permute(0, 2, 1, 3)                                    # [mc, Hkv, n, D]
             values = vbuf[cand[rs]].permute(0, 2, 1, 3)
             queries = None

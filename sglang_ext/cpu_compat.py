@@ -18,6 +18,9 @@ from pathlib import Path
 
 STUB_DIR = Path(__file__).resolve().parent / "cpu_stubs"
 TRITON_INTERPRET_ENV = "TRITON_INTERPRET"
+CPU_DEFAULT_POOL_TOKENS = 1 << 16
+"""KV pool of a CPU engine or server when neither max_total_tokens nor mem_fraction_static is given (SGLang would
+size it from a large share of the machine's RAM)."""
 
 
 def cuda_available() -> bool:

@@ -9,6 +9,7 @@ installing the plugin changes nothing for servers that do not select it.
 | ``ServerArgs.check_server_args`` | after | validate the config and refuse unsupported resolved settings at start |
 | ``ModelRunner.forward`` | after | compress due rows after the layers ran (outside any graph) |
 | ``ForwardBatch.init_new`` | after | decode batches get ``req_pool_indices_cpu`` too (host rows: no sync) |
+| ``KVCacheConfigurator._profile_available_bytes`` | around | the plugin's memory comes out of the KV budget first |
 | ``ReqToTokenPool.alloc`` | after | bind a request (its config, prompt length, provenance) to its row |
 | ``PrefillAdder.add_one_req`` | around | compressed EOS-ignoring requests are admitted by B + W, not max_new_tokens |
 | ``Req._compute_max_prefix_len`` | around | a radix hit leaves the last alpha tokens to prefill (ring queries) |
@@ -32,6 +33,7 @@ from sglang_ext.accounting import extras_needed, handles_row, owned_slots, relea
 from sglang_ext.backend import active_backend
 from sglang_ext.compaction import record_idle
 from sglang_ext.config import REQUEST_KEY, ConfigError
+from sglang_ext.memory import reserve_before_kv_pool
 from sglang_ext.refusals import refuse_before_resolution, uses_sparse_kv, validate_server_args
 
 REFUSED_RETRACTION = (
@@ -197,6 +199,8 @@ def register_hooks() -> None:
         ("sglang.srt.server_args.ServerArgs.check_server_args", _check_server_args, after),
         ("sglang.srt.model_executor.model_runner.ModelRunner.forward", _after_model_forward, after),
         ("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new", _record_host_rows, after),
+        ("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes",
+         reserve_before_kv_pool, around),
         ("sglang.srt.mem_cache.memory_pool.ReqToTokenPool.alloc", _bind_rows, after),
         ("sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req", _add_one_req, around),
         ("sglang.srt.managers.schedule_batch.Req._compute_max_prefix_len", _max_prefix_len, around),

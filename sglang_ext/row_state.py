@@ -17,10 +17,12 @@ It keeps a second, *physical* table next to it:
   shares (they hold kept prompt tokens, in table positions every later compression keeps, until release).
 
 Dynamic per-row numbers live on the CPU (decisions never wait for the device); tensors the kernels or the
-scorers read (table, query ring, kept positions) live on the device.
+scorers read (table, query ring, kept positions) live on the device, sized by ``memory.plugin_memory`` and
+allocated inside ``region`` (SGLang's KV-cache memory-saver region on a server).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,15 +60,16 @@ class RowState:
 
     def __init__(self, *, rows: int, width: int, num_layers: int, num_kv_heads: int, num_q_heads: int,
                  head_dim: int, window: int, max_candidates: int, ring_dtype: torch.dtype,
-                 device: torch.device | str, keep_queries: bool, keep_positions: bool):
+                 device: torch.device | str, keep_queries: bool, keep_positions: bool, region=None):
         self.device = torch.device(device)
-        self.table = torch.zeros(rows, width, dtype=torch.int32, device=device)
-        self.qwin = (torch.zeros(num_layers, rows, num_q_heads, window, head_dim, dtype=ring_dtype, device=device)
-                     if keep_queries else None)
-        """[L, rows, Hq, alpha, D] the post-RoPE queries of each row's last alpha tokens (a ring per row)."""
-        self.pos = (torch.zeros(num_layers, rows, num_kv_heads, max_candidates, dtype=torch.int64, device=device)
-                    if keep_positions else None)
-        """[L, rows, Hkv, B + W] logical position of every candidate slot of a compressed row (kept digests)."""
+        with region if region is not None else contextlib.nullcontext():
+            self.table = torch.zeros(rows, width, dtype=torch.int32, device=device)
+            self.qwin = (torch.zeros(num_layers, rows, num_q_heads, window, head_dim, dtype=ring_dtype,
+                                     device=device) if keep_queries else None)
+            """[L, rows, Hq, alpha, D] the post-RoPE queries of each row's last alpha tokens (a ring per row)."""
+            self.pos = (torch.zeros(num_layers, rows, num_kv_heads, max_candidates, dtype=torch.int32,
+                                    device=device) if keep_positions else None)
+            """[L, rows, Hkv, B + W] logical position of every candidate slot of a compressed row (digests)."""
         self.generation = np.full(rows, -1, dtype=np.int64)
         """``req_to_token_pool.req_generation`` when the row was last (re)initialised: a change = new request."""
         zeros = lambda dtype=np.int64: np.zeros(rows, dtype=dtype)  # noqa: E731
@@ -84,6 +87,11 @@ class RowState:
     @property
     def rows(self) -> int:
         return self.table.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes of the per-row tensors."""
+        return sum(t.numel() * t.element_size() for t in (self.table, self.qwin, self.pos) if t is not None)
 
     def reset(self, row: int, generation: int, info: RowInfo | None) -> None:
         """Start a new request in ``row``."""

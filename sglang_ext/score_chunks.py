@@ -18,7 +18,7 @@ def score_chunks(rows: int, heads: int, *, pair_bytes: int, row_bytes: int,
                  budget: int = SCORE_CHUNK_BYTES) -> list[tuple[slice, list[slice]]]:
     """[(row slice, [KV-head slices])] covering ``rows x heads``. ``pair_bytes``: scorer bytes per (row, head);
     ``row_bytes``: the rest per row (its gathered K/V over all heads)."""
-    per_head = max(1, min(heads, budget // max(pair_bytes, 1)))
+    per_head = max(1, min(heads, (budget - row_bytes) // max(pair_bytes, 1)))
     per_row = max(1, budget // max(row_bytes + per_head * pair_bytes, 1))
     head_slices = [slice(h, min(h + per_head, heads)) for h in range(0, heads, per_head)]
     return [(slice(r, min(r + per_row, rows)), head_slices) for r in range(0, rows, per_row)]

@@ -4,11 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sglang_ext.cpu_compat import CPU_DEFAULT_POOL_TOKENS  # noqa: F401  (the plugin's CPU default; re-exported)
 from sparse_rl_megatron.compression import CompressionConfig
 
 WEIGHT_SYNCS = ("tensor", "distributed", "disk")
-CPU_DEFAULT_POOL_TOKENS = 1 << 16
-"""KV pool of an in-process CPU engine when neither max_total_tokens nor mem_fraction_static is set."""
 DISTRIBUTED_BACKENDS = ("gloo", "nccl")
 
 

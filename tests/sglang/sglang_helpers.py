@@ -66,3 +66,22 @@ def generate_mixed(engine, jobs: dict):
     for (name, g, i), out in zip(order, outs):
         result[name].append(engine._sample(out, jobs[name][0], jobs[name][0], g, i, jobs[name][3]))
     return result
+
+
+def resolved_server_args(model_dir, config: dict | None, **overrides):
+    """Server arguments resolved and checked exactly as ``sglang.Engine`` does before launching anything."""
+    from sglang_ext import cpu_compat
+    from sglang_ext.config import CONFIG_ENV
+
+    cpu_compat.apply()
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import ServerArgs
+
+    load_plugins()  # as sglang.Engine does first
+    kwargs = {**cpu_compat.cpu_engine_kwargs(), "model_path": str(model_dir), "attention_backend": "sparse_kv",
+              **overrides}
+    with scheduler_env(**({CONFIG_ENV: json.dumps(config)} if config is not None else {})):
+        args = ServerArgs(**kwargs)
+        args.resolve_once()
+        args.check_server_args()
+    return args

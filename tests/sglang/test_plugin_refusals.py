@@ -3,34 +3,13 @@ the AttentionBackend base class leaves raising is implemented by the plugin or b
 from __future__ import annotations
 
 import inspect
-import json
 
 import pytest
+from sglang_helpers import resolved_server_args
 
 from sparse_rl_megatron.utils.config_io import ConfigError
 
 RKV = {"method": "rkv", "budget": 8, "window": 2, "buffer": 4}
-
-
-def _server_args(model_dir, config: dict | None, **overrides):
-    """Server arguments resolved and checked exactly as ``sglang.Engine`` does before launching anything."""
-    from sglang_helpers import scheduler_env
-
-    from sglang_ext import cpu_compat
-    from sglang_ext.config import CONFIG_ENV
-
-    cpu_compat.apply()
-    from sglang.srt.plugins import load_plugins
-    from sglang.srt.server_args import ServerArgs
-
-    load_plugins()  # as sglang.Engine does first
-    kwargs = {**cpu_compat.cpu_engine_kwargs(), "model_path": str(model_dir), "attention_backend": "sparse_kv",
-              **overrides}
-    with scheduler_env(**({CONFIG_ENV: json.dumps(config)} if config is not None else {})):
-        args = ServerArgs(**kwargs)
-        args.resolve_once()
-        args.check_server_args()
-    return args
 
 
 FEATURES = {   # a setting that turns the feature on -> the flag the refusal names
@@ -57,7 +36,7 @@ FEATURES = {   # a setting that turns the feature on -> the flag the refusal nam
 def test_refused_at_start_in_one_line_naming_the_flag(tiny_model_dir, feature):
     overrides, message = FEATURES[feature]
     with pytest.raises(ConfigError) as err:
-        _server_args(tiny_model_dir, {"compression": RKV}, **overrides)
+        resolved_server_args(tiny_model_dir, {"compression": RKV}, **overrides)
     assert message in str(err.value) and "\n" not in str(err.value), str(err.value)
 
 
@@ -67,7 +46,7 @@ def test_resolved_values_are_checked_too(tiny_model_dir):
     from sglang_ext.config import SparseKVConfig
     from sglang_ext.refusals import validate_server_args
 
-    args = _server_args(tiny_model_dir, None, attention_backend="torch_native", dp_size=2, enable_dp_attention=True,
+    args = resolved_server_args(tiny_model_dir, None, attention_backend="torch_native", dp_size=2, enable_dp_attention=True,
                         tp_size=2)
     from sglang.srt.arg_groups.overrides import resolved_view
 
@@ -77,8 +56,8 @@ def test_resolved_values_are_checked_too(tiny_model_dir):
 
 
 def test_good_settings_pass(tiny_model_dir):
-    _server_args(tiny_model_dir, {"compression": RKV, "kept_digest": True})
-    _server_args(tiny_model_dir, {"compression": RKV}, dp_size=2)   # plain DP: a scheduler (and backend) per replica
+    resolved_server_args(tiny_model_dir, {"compression": RKV, "kept_digest": True})
+    resolved_server_args(tiny_model_dir, {"compression": RKV}, dp_size=2)   # plain DP: a scheduler (and backend) per replica
 
 
 def _raising_methods(cls) -> list[str]:
@@ -104,7 +83,7 @@ def test_every_raising_base_method_is_implemented_or_its_feature_refused(tiny_mo
             assert name not in vars(SparseKVBackend), name
             overrides, message = FEATURES[UNSUPPORTED_BASE_METHODS[name]]
             with pytest.raises(ConfigError, match=message.split(":")[0].replace("(", r"\(")):
-                _server_args(tiny_model_dir, {"compression": RKV}, **overrides)
+                resolved_server_args(tiny_model_dir, {"compression": RKV}, **overrides)
         else:
             assert getattr(SparseKVBackend, name) is not getattr(AttentionBackend, name), f"{name} not implemented"
 

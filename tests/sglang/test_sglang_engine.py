@@ -78,6 +78,15 @@ def test_retained_kv_read_from_the_pool_stays_within_budget(engine):
     assert any(x["tree"] >= len(PROMPTS[2]) and max(x["owned"]) <= limit for x in lines)
 
 
+def test_plugin_memory_was_reserved_before_the_kv_pool(engine):
+    """SGLang's scheduler sized its KV pool after the plugin took its bytes out of the budget (for the most rows
+    the pool may get), then the backend allocated exactly the formula for the rows it got."""
+    (line,) = [x["memory"] for x in read_stats(Path(engine.config.stats_path)) if "memory" in x]
+    assert line["allocated"] == line["formula"] > 0
+    assert line["reserved"] is not None and line["reserved_rows"] >= line["rows"]
+    assert line["reserved"] >= line["allocated"]
+
+
 def test_host_syncs_per_forward(engine):
     """The plugin's hooks cost what ``test_host_syncs`` counts in-process, here in SGLang's scheduler (rows from
     the batch build, overlap scheduler, radix tree, scheduler-side hooks between forwards)."""
