@@ -46,8 +46,8 @@ def test_resolved_values_are_checked_too(tiny_model_dir):
     from sglang_ext.config import SparseKVConfig
     from sglang_ext.refusals import validate_server_args
 
-    args = resolved_server_args(tiny_model_dir, None, attention_backend="torch_native", dp_size=2, enable_dp_attention=True,
-                        tp_size=2)
+    args = resolved_server_args(tiny_model_dir, None, attention_backend="torch_native", dp_size=2,
+                                enable_dp_attention=True, tp_size=2)
     from sglang.srt.arg_groups.overrides import resolved_view
 
     assert not resolved_view(args).enable_dp_attention and resolved_view(args).attn_dp_size == 2
@@ -57,7 +57,8 @@ def test_resolved_values_are_checked_too(tiny_model_dir):
 
 def test_good_settings_pass(tiny_model_dir):
     resolved_server_args(tiny_model_dir, {"compression": RKV, "kept_digest": True})
-    resolved_server_args(tiny_model_dir, {"compression": RKV}, dp_size=2)   # plain DP: a scheduler (and backend) per replica
+    # plain DP: a scheduler (and a backend) per replica
+    resolved_server_args(tiny_model_dir, {"compression": RKV}, dp_size=2)
 
 
 def _raising_methods(cls) -> list[str]:
