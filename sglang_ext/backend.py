@@ -1,9 +1,9 @@
 """``sparse_kv``: an SGLang attention backend that wraps a real one and bounds every request's KV.
 
 The inner backend (``torch_native`` on CPU; ``triton``, ``flashinfer``, ``fa3`` on GPU) runs the kernels
-unchanged: it is built on a view of the model runner whose ``req_to_token_pool.req_to_token`` is the
-plugin's physical table (``row_state``), and every forward hands it a ``ForwardBatch`` copy with physical
-lengths (``forward_plan``). The model, RoPE positions and SGLang's scheduler keep the logical lengths.
+unchanged: it is built on a view of the model runner (``runner_view``) whose ``req_to_token_pool.req_to_token``
+is the plugin's physical table (``row_state``) and whose ``kv_index_translator`` reads that table, and every
+forward hands it a ``ForwardBatch`` copy with physical lengths (``forward_plan``). The model, RoPE positions and SGLang's scheduler keep the logical lengths.
 
 Around that, per forward: ``init_forward_metadata`` updates the tables; each layer's ``forward_*`` stores
 the post-RoPE queries the scorers need (a ring of the last alpha per row and layer); after the forward
@@ -14,17 +14,17 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
 
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
+from sglang_ext import host_syncs, memory
 from sglang_ext.config import BACKEND_NAME, REQUEST_KEY, ConfigError, SparseKVConfig, request_compression
 from sglang_ext.forward_plan import ForwardPlan, plan_forward, sglang_host
-from sglang_ext import host_syncs, memory
 from sglang_ext.host_syncs import counted, not_counted
 from sglang_ext.row_state import RowInfo, RowState
-from sglang_ext.tp_heads import QueryGroups
+from sglang_ext.runner_view import (RunnerView, kv_cache_region, physical_translator, query_groups,
+                                    tp_rank)
 from sparse_rl_megatron.compression import KeptDigest
 
 logger = logging.getLogger(__name__)
@@ -46,54 +46,6 @@ PADDED_SEQ_LEN = 1
 
 def active_backend() -> "SparseKVBackend | None":
     return _ACTIVE
-
-
-class _PoolView:
-    """``req_to_token_pool`` as the inner backend sees it: the physical table instead of the logical one."""
-
-    def __init__(self, pool, table: torch.Tensor):
-        self._pool = pool
-        self.req_to_token = table
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._pool, name)
-
-
-class _RunnerView:
-    """The model runner as the inner backend sees it: the token table, and the index translator every GPU
-    backend builds its kernel index lists through (triton's ``pack_read_stream``, flashinfer's
-    ``call_begin_forward``), are the plugin's; everything else is the real runner's."""
-
-    def __init__(self, runner, pool_view: _PoolView, translator):
-        self._runner = runner
-        self.req_to_token_pool = pool_view
-        self.kv_index_translator = translator
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._runner, name)
-
-
-def physical_translator(model_runner, table: torch.Tensor):
-    """A ``KVIndexTranslator`` over the plugin's physical table (SGLang's own one reads ``req_to_token``, the
-    logical rows, which after a compression hold evicted zeros and miss the newest tokens).
-
-    Only a pass-through translator can be rebuilt over another table: a pool whose ids are virtual (unified
-    memory, a fused draft pool) or decode context parallelism translates the ids it reads, which the
-    plugin's slots would bypass; those are refused here (and at start, by flag, in ``config``)."""
-    from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
-
-    real = getattr(model_runner, "kv_index_translator", None)
-    if real is not None and (real.is_translating or real.needs_read_translate):
-        pool = type(model_runner.token_to_kv_pool).__name__
-        raise ConfigError(f"{BACKEND_NAME}: the KV pool translates its ids ({pool}: unified memory or decode context "
-                          f"parallelism); {BACKEND_NAME} needs a plain pool")
-    translator = KVIndexTranslator(
-        req_to_token=table, token_to_kv_pool_allocator=model_runner.token_to_kv_pool_allocator,
-        token_to_kv_pool=model_runner.token_to_kv_pool, page_size=getattr(model_runner, "page_size", 1) or 1,
-        device=model_runner.device, is_draft_worker=bool(getattr(model_runner, "is_draft_worker", False)))
-    if translator.is_translating:
-        raise ConfigError(f"{BACKEND_NAME}: the KV index translator over the plugin's table is not a pass-through")
-    return translator
 
 
 class SparseKVBackend(AttentionBackend):
@@ -123,7 +75,7 @@ class SparseKVBackend(AttentionBackend):
         self.layer_ids = list(range(pool.start_layer, pool.start_layer + pool.layer_num))
         tp = int(getattr(model_runner.server_args, "tp_size", 1) or 1)
         num_q_heads = mc.get_num_attention_heads(tp)
-        self.query_groups = _query_groups(mc, tp)
+        self.query_groups = query_groups(mc, tp)
         c = config.compression
         self.memory = memory.for_config(config, rows=rtt.shape[0], width=rtt.shape[1], layers=len(self.layer_ids),
                                         q_heads=num_q_heads, kv_heads=pool.head_num, head_dim=pool.head_dim,
@@ -132,10 +84,10 @@ class SparseKVBackend(AttentionBackend):
             rows=rtt.shape[0], width=rtt.shape[1], num_layers=len(self.layer_ids), num_kv_heads=pool.head_num,
             num_q_heads=num_q_heads, head_dim=pool.head_dim, window=c.window, max_candidates=c.max_candidates,
             ring_dtype=model_runner.dtype, device=rtt.device, keep_queries=not c.is_dense,
-            keep_positions=config.kept_digest and not c.is_dense, region=_kv_cache_region(model_runner))
+            keep_positions=config.kept_digest and not c.is_dense, region=kv_cache_region(model_runner))
         inner_name = config.resolved_inner_backend(str(self.device))
-        self.runner_view = _RunnerView(model_runner, _PoolView(self.req_to_token_pool, self.state.table),
-                                       physical_translator(model_runner, self.state.table))
+        self.runner_view = RunnerView(model_runner, self.state.table, physical_translator(model_runner,
+                                                                                           self.state.table))
         """What the inner backend was built on (its tables, its index translator)."""
         self.inner = ATTENTION_BACKENDS[inner_name](self.runner_view)
         self.scaling: dict[int, float] = {}
@@ -163,8 +115,8 @@ class SparseKVBackend(AttentionBackend):
         base = self.config.compression
         config = request_compression(base, overrides)
         if not config.is_dense and base.is_dense:
-            raise ConfigError(f"custom_params.sparse_kv: this server was started dense (compression.method none); "
-                              f"start it with a compression method to compress requests")
+            raise ConfigError("custom_params.sparse_kv: this server was started dense (compression.method none); "
+                              "start it with a compression method to compress requests")
         meta = {"method": config.method, "budget": None if config.is_dense else config.budget,
                 "window": 0 if config.is_dense else config.window, "buffer": 0 if config.is_dense else config.buffer,
                 "scope": config.scope, "events": 0, "peak_kv_tokens": 0, "kept_digest": None,
@@ -267,7 +219,7 @@ class SparseKVBackend(AttentionBackend):
         held = memory.reserved()
         where = (f"inside mem_fraction_static (reserved {held.total / 2 ** 30:.2f} GiB for {held.rows} rows before "
                  "the KV pool was sized)" if held is not None else "not reserved before the KV pool was sized")
-        if _tp_rank(self.runner) == 0:
+        if tp_rank(self.runner) == 0:
             print(f"{self.memory.describe()}, {where}", file=sys.stderr, flush=True)
         if self.config.stats_path:
             from sglang_ext.compaction import _append
@@ -290,35 +242,6 @@ class SparseKVBackend(AttentionBackend):
         from sglang.srt.managers import schedule_policy
 
         schedule_policy.CLIP_MAX_NEW_TOKENS = min(schedule_policy.CLIP_MAX_NEW_TOKENS, c.max_candidates + 1)
-
-
-def _kv_cache_region(model_runner):
-    """SGLang's KV-cache memory-saver region (released and restored with the KV cache; a no-op without it)."""
-    from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
-    from sglang.srt.utils.torch_memory_saver_adapter import TorchMemorySaverAdapter
-
-    enabled = bool(getattr(model_runner.server_args, "enable_memory_saver", False))
-    return TorchMemorySaverAdapter.create(enable=enabled).region(GPU_MEMORY_TYPE_KV_CACHE)
-
-
-def _tp_rank(model_runner) -> int:
-    tp = int(getattr(model_runner.server_args, "tp_size", 1) or 1)
-    if tp == 1:
-        return 0
-    from sglang.srt.runtime_context import get_parallel
-
-    return int(get_parallel().attn_tp_rank)
-
-
-def _query_groups(model_config, tp: int) -> QueryGroups:
-    """Who holds the rest of this rank's KV-head query group when TP exceeds the KV heads (``tp_heads``)."""
-    total_kv = int(model_config.get_total_num_kv_heads())
-    rank = 0
-    if tp > total_kv:
-        from sglang.srt.runtime_context import get_parallel
-
-        rank = int(get_parallel().attn_tp_rank)
-    return QueryGroups(tp_rank=rank, tp_size=tp, total_kv_heads=total_kv)
 
 
 def _claim_process(backend: "SparseKVBackend | None") -> None:

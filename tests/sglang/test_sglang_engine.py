@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 from sglang_helpers import (assert_matches_reference, full_forward_logprobs, read_stats, scheduler_env,
                             teacher_forced)
 
