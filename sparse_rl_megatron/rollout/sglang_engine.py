@@ -32,7 +32,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from sparse_rl_megatron.compression import CompressionConfig
-from sparse_rl_megatron.rollout.engine import SamplingParams, encode_prompt
+from sparse_rl_megatron.rollout.engine import SamplingParams, check_group_ids, encode_prompt
 from sparse_rl_megatron.rollout.sample import CompressionInfo, Sample
 from sparse_rl_megatron.rollout.sampling import sample_seed
 from sparse_rl_megatron.rollout.sglang_config import CPU_DEFAULT_POOL_TOKENS, SGLangEngineConfig
@@ -84,7 +84,7 @@ class SGLangRolloutEngine:
         c = self.config
         on_cpu = cpu_compat.apply()
         kwargs: dict[str, Any] = dict(cpu_compat.cpu_engine_kwargs()) if on_cpu else {
-            "disable_cuda_graph": True, "enable_memory_saver": c.memory_saver}
+            "disable_cuda_graph": True, "enable_memory_saver": c.memory_saver, "base_gpu_id": c.base_gpu_id}
         kwargs.update(model_path=c.model_path, dtype=c.dtype, tp_size=c.tp_size, random_seed=c.random_seed,
                       log_level=c.log_level, attention_backend=BACKEND_NAME, page_size=1,
                       disable_radix_cache=not c.radix_cache, weight_version=str(self.weight_version))
@@ -100,18 +100,22 @@ class SGLangRolloutEngine:
 
     # ----------------------------------------------------------------------------------------- generate
     def generate(self, prompts: Sequence[str | list[int]], n: int, sampling: SamplingParams, *,
-                 compression: CompressionConfig | None = None) -> list[Sample]:
-        """``n`` samples per prompt, group-major, ``group_id`` = prompt index. ``compression`` overrides the
-        engine's for these requests (within the server's window and B + W)."""
+                 compression: CompressionConfig | None = None, group_ids: Sequence[int] | None = None
+                 ) -> list[Sample]:
+        """``n`` samples per prompt, group-major, ``group_id`` = ``group_ids[p]`` (default: the prompt index),
+        which also picks each request's sampling seed. ``compression`` overrides the engine's for these requests
+        (within the server's window and B + W)."""
         if self._released:
             raise RuntimeError("SGLangRolloutEngine.generate called after release_memory(); call resume_memory() first")
         if n < 1:
             raise ValueError(f"generate: n must be >= 1; got {n}")
         if sampling.stop and self.tokenizer is None:
             raise ValueError("SamplingParams.stop needs a tokenizer (the engine has none); pass token ids only")
-        prompt_ids = [encode_prompt(p, i, self.tokenizer) for i, p in enumerate(prompts)]
+        gids = check_group_ids(group_ids, len(prompts))
+        prompt_ids = dict(zip(gids, (encode_prompt(p, i, self.tokenizer) for i, p in enumerate(prompts))))
+        texts = dict(zip(gids, prompts))
         overrides = to_dict(compression) if compression is not None else self._per_request
-        todo = [(g, i) for g in range(len(prompt_ids)) for i in range(n)]
+        todo = [(g, i) for g in gids for i in range(n)]
         done: dict[tuple[int, int], Sample] = {}
         for attempt in range(self.config.max_resubmits + 1):
             outs = self.client.generate([prompt_ids[g] for g, _ in todo],
@@ -122,7 +126,7 @@ class SGLangRolloutEngine:
                 if self._refused(out):
                     retry.append((g, i))
                 else:
-                    done[(g, i)] = self._sample(out, prompt_ids[g], prompts[g], g, i, sampling)
+                    done[(g, i)] = self._sample(out, prompt_ids[g], texts[g], g, i, sampling)
             if not retry:
                 break
             self.resubmitted += len(retry)
@@ -130,7 +134,7 @@ class SGLangRolloutEngine:
         else:
             raise RuntimeError(f"{len(todo)} request(s) were refused after retractions {self.config.max_resubmits + 1} "
                                "times; enlarge the KV pool or lower max_running_requests")
-        return [done[(g, i)] for g in range(len(prompt_ids)) for i in range(n)]
+        return [done[(g, i)] for g in gids for i in range(n)]
 
     def dense_logprobs(self, prompts: Sequence[Sequence[int]],
                        responses: Sequence[Sequence[int]]) -> list[torch.Tensor]:
@@ -245,6 +249,24 @@ class SGLangRolloutEngine:
         self.client.flush_cache()
         self.weight_version = version
 
+    @property
+    def takes_payloads(self) -> bool:
+        """Whether ``update_weights_from_payloads`` applies: an in-process engine with ``tensor`` sync."""
+        return not self.config.urls and self.config.weight_sync == "tensor"
+
+    def update_weights_from_payloads(self, payloads: Iterable[list], version: int) -> None:
+        """In-process engine: load buckets serialized once per TP rank (``payloads``: per bucket, a list of
+        ``tp_size`` payloads from ``sglang_weights.serialize_bucket``; TP rank r opens only the r-th). A colocated
+        engine on several GPUs gets each TP rank's payload from the learner rank on that GPU (CUDA IPC: no copy
+        through the host, none across GPUs). Lazy streams are consumed bucket by bucket."""
+        from sparse_rl_megatron.rollout.sglang_weights import push_payloads
+
+        if not self.takes_payloads:
+            raise RuntimeError("update_weights_from_payloads needs the in-process engine with weight_sync 'tensor'")
+        push_payloads(self, payloads, str(version))
+        self.client.flush_cache()
+        self.weight_version = version
+
     def update_weights_from_disk(self, model_path: str, version: int) -> None:
         """Reload every server from an HF directory visible to it."""
         from sparse_rl_megatron.rollout.sglang_weights import reload_from_disk
@@ -292,5 +314,6 @@ class CompressionView:
     def weight_version(self) -> int:
         return self.engine.weight_version
 
-    def generate(self, prompts: Sequence[str | list[int]], n: int, sampling: SamplingParams) -> list[Sample]:
-        return self.engine.generate(prompts, n, sampling, compression=self.compression)
+    def generate(self, prompts: Sequence[str | list[int]], n: int, sampling: SamplingParams, *,
+                 group_ids: Sequence[int] | None = None) -> list[Sample]:
+        return self.engine.generate(prompts, n, sampling, compression=self.compression, group_ids=group_ids)
