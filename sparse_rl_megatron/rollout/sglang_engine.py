@@ -26,6 +26,7 @@ cache, so no KV computed with old weights survives. ``release_memory`` / ``resum
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any, Iterable, Sequence
 
@@ -39,6 +40,23 @@ from sparse_rl_megatron.rollout.sglang_config import CPU_DEFAULT_POOL_TOKENS, SG
 from sparse_rl_megatron.utils.config_io import to_dict
 
 _SEED_MOD = 2**31 - 1  # SGLang's sampling_seed is a 32-bit signed int
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                      "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+"""What torchrun sets for its ranks (plus every ``TORCHELASTIC_*``), hidden from the engine's processes: with
+``TORCHELASTIC_USE_AGENT_STORE=True`` inherited, a scheduler's own ``init_process_group`` only connects to a store
+it expects torchrun's agent to host at its port, which nobody does, and waits there for its full timeout."""
+
+
+@contextlib.contextmanager
+def _without_torchrun_env():
+    """Hide torchrun's variables from the processes started inside the block (spawned children copy the
+    environment when they start), then restore them for this rank."""
+    names = [k for k in os.environ if k in TORCHRUN_VARIABLES or k.startswith("TORCHELASTIC_")]
+    saved = {k: os.environ.pop(k) for k in names}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
 
 
 class SGLangRolloutEngine:
@@ -95,7 +113,8 @@ class SGLangRolloutEngine:
             kwargs["max_total_tokens"] = CPU_DEFAULT_POOL_TOKENS
         kwargs.update(c.extra_args)
         self._seeded = on_cpu
-        with scheduler_env(**{CONFIG_ENV: c.plugin_config().to_json(), "SGLANG_RETURN_ORIGINAL_LOGPROB": "1"}):
+        with _without_torchrun_env(), scheduler_env(**{CONFIG_ENV: c.plugin_config().to_json(),
+                                                       "SGLANG_RETURN_ORIGINAL_LOGPROB": "1"}):
             return InProcessClient(kwargs)
 
     # ----------------------------------------------------------------------------------------- generate

@@ -76,7 +76,8 @@ def serialize_bucket(bucket: list[tuple[str, torch.Tensor]]) -> bytes:
     from sglang.srt.utils import MultiprocessingSerializer
     from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
 
-    monkey_patch_torch_reductions()
+    if any(t.is_cuda for _, t in bucket):  # the patch handles CUDA tensors only (it breaks CPU ones)
+        monkey_patch_torch_reductions()
     return MultiprocessingSerializer.serialize([(n, t.detach()) for n, t in bucket])
 
 
