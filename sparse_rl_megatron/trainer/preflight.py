@@ -127,6 +127,19 @@ def check_model(cfg: "TrainConfig", world_size: int) -> dict[str, Any] | None:
     return None if cfg.model_path == TINY_MODEL else hf_config
 
 
+def check_launch_layout(cfg: "TrainConfig", world_size: int, ranks_per_node: int | None = None) -> None:
+    """A recipe's ``launch.layout`` that names its rollout engines (``rollout: ...``) must say what this launch
+    starts when it is the recipe's size (``launch.gpus``): the line ``RolloutLayout`` prints on GPUs."""
+    said = cfg.launch.layout
+    if cfg.launch.gpus != world_size or "rollout:" not in said:
+        return
+    said = " ".join(said[said.index("rollout:"):].split())
+    starts = rollout_layout(cfg, world_size, ranks_per_node, on_gpu=True).describe()
+    if said != starts:
+        raise UserError(f"launch.layout says '{said}', but this launch of {world_size} GPUs starts '{starts}'; "
+                        "correct the recipe's launch.layout")
+
+
 def preflight(cfg: "TrainConfig", world_size: int, ranks_per_node: int | None = None,
               on_gpu: bool | None = None) -> RunPlan:
     """Check ``cfg`` against files, registries, ``world_size`` and the rollout layout (``rollout_layout``); load
@@ -154,6 +167,7 @@ def preflight(cfg: "TrainConfig", world_size: int, ranks_per_node: int | None = 
     except UnknownNameError as err:
         raise UserError(str(err)) from None
     layout = rollout_layout(cfg, world_size, ranks_per_node, on_gpu)
+    check_launch_layout(cfg, world_size, ranks_per_node)
     if cfg.checkpoint.resume not in ("auto", "never"):
         resolve_resume(cfg.checkpoint.resume, cfg.run_dir)
     train = _load(cfg.data.dataset, cfg, "data.dataset", "train", cfg.data.limit)
