@@ -62,7 +62,7 @@ class SGLangEngineConfig:
     weight_sync_dir: str = ""
     """Directory for ``disk`` sync, visible to every server."""
     random_seed: int = 0
-    """Seed of the in-process engine."""
+    """Seed of the in-process engine's sampler (the trainer's engine k uses ``random_seed + k``)."""
     request_timeout_s: float = 3600.0
     """Longest an HTTP call may take."""
     startup_timeout_s: float = 900.0

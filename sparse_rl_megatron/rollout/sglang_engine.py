@@ -15,8 +15,11 @@ returns the same :class:`Sample` fields, so the trainer and the evaluator take e
   weights it was not sampled with; a request whose weights changed mid-flight is an error.
 - **Refused retractions.** A request SGLang retracted after its first compression is refused by the plugin
   (its compressed KV cannot be rebuilt); it is resubmitted as a fresh sample (``max_resubmits``).
-- **Seeds.** ``SamplingParams.seed`` seeds SGLang's sampler per sample (in-process CPU engine only: the
-  GPU flashinfer sampler takes no seed); SGLang and the HF engine draw different tokens for the same seed.
+- **Seeds.** Each request carries a ``sampling_seed`` from ``(SamplingParams.seed, group id, index)`` (in-process
+  CPU engine), but SGLang 0.5.23 honours it only with ``enable_deterministic_inference``, which refuses any
+  attention backend outside its deterministic list, the ``sparse_kv`` plugin's included: samples are drawn from
+  the scheduler's own RNG (``random_seed``), so the same seed does not repeat them, whatever the batch or the
+  number of engines (``bench/bench_engine_shards.py``); SGLang and the HF engine draw different tokens.
 
 Weights: ``update_weights`` takes HF-named full tensors (or the learner's buckets, lists of them) and sends
 them between ``begin/end_weight_update`` (``tensor``, in-process), over a process group (``distributed``,

@@ -19,7 +19,7 @@ T = TypeVar("T")
 
 
 class MainRankFailed(RuntimeError):
-    """Raised on the other ranks when rank 0 failed in work only it does (rollout, evaluation, set-up)."""
+    """Raised on the other ranks when rank 0 failed in work only it does (set-up, building the models)."""
 
 _CONTROL: dict[str, Any] = {}
 
@@ -59,7 +59,7 @@ def world_size() -> int:
 
 
 def is_main() -> bool:
-    """True on global rank 0 (the engine's rank)."""
+    """True on global rank 0 (the run directory's owner, and the first engine's rank)."""
     return rank() == 0
 
 

@@ -18,6 +18,7 @@ engine that can be one of several takes ``generate(..., group_ids=...)`` (the gl
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
@@ -121,7 +122,10 @@ def _sglang_build_at(model_dir: str, rollout: "RolloutConfig", show_progress: bo
 
     _no_plugin_options(rollout)
     urls = [slot.url] if slot.url else None
-    return SGLangRolloutEngine(rollout.sglang_config(model_dir, base_gpu_id=slot.base_gpu_id, urls=urls))
+    config = rollout.sglang_config(model_dir, base_gpu_id=slot.base_gpu_id, urls=urls)
+    # SGLang samples from its scheduler's RNG (it ignores per-request seeds with the sparse_kv backend): engines
+    # with the same random_seed would draw the same random numbers for their different groups
+    return SGLangRolloutEngine(dataclasses.replace(config, random_seed=config.random_seed + slot.index))
 
 
 def _sglang_dense_logprobs(engine, seqs: "SequenceBatch") -> torch.Tensor:
