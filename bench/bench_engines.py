@@ -1,12 +1,12 @@
 """One rollout step (and the whole training step) with 1 rollout engine vs 2, two ranks under torchrun.
 
 Each configuration is a real ``sparse-rl train`` set-up (``trainer.run.start_run``: learner DP2, the run's
-``EnginePool``) on the embedded CPU default's task (``task:modchain``: 16 prompts x 8 samples of up to 74 tokens on
-an R-KV cache, 4 optimizer steps per rollout), with a 4-step warm start (quality does not matter here). The worker
+``EnginePool``) on the embedded CPU default's task (``task:modchain``: ``--prompts`` 32 x 8 samples of up to 74 tokens
+on an R-KV cache, 4 optimizer steps per rollout), with a 4-step warm start (quality does not matter here). The worker
 runs the loop's phases itself, step by step, and times each on every rank: wall seconds and the CPU seconds of the
-rank's process (all its threads). ``--engines 1`` is ``rollout.gpus_per_engine=2`` (rank 0 samples all 16 groups,
-rank 1 waits), ``--engines 2`` is ``gpus_per_engine=1`` (8 groups each). The first step is a warm-up; the table keeps
-the fastest of the others per phase. Phases: ``rollout`` (``EnginePool.generate``: every engine samples and scores its
+rank's process (all its threads). ``--engines 1`` is ``rollout.gpus_per_engine=2`` (rank 0 samples all the groups,
+rank 1 waits), ``--engines 2`` is ``gpus_per_engine=1`` (half the groups each). The first step is a warm-up; the
+table keeps the fastest of the others per phase. Phases: ``rollout`` (``EnginePool.generate``: every engine samples and scores its
 share, the samples are exchanged), ``recompute`` (dense old log-probs + correction), ``train`` (the optimizer
 steps, engines' memory released around them), ``sync`` (weights to every engine + the probe on each), ``step``.
 

@@ -62,8 +62,9 @@ def engine_layout(layout: Layout, batch: BatchShape, rollout: RolloutSetting):
     node (``rollout/layout.py``, the object the trainer starts them from)."""
     from sparse_rl_megatron.rollout.layout import RolloutLayout
 
-    return RolloutLayout.build(engine="sglang", world=layout.gpus, ranks_per_node=min(layout.gpus_per_node, layout.gpus),
-                               gpus_per_engine=rollout.tp, groups=batch.prompts, on_gpu=True)
+    return RolloutLayout.build(engine="sglang", world=layout.gpus,
+                               ranks_per_node=min(layout.gpus_per_node, layout.gpus), gpus_per_engine=rollout.tp,
+                               groups=batch.prompts, on_gpu=True)
 
 
 def rollout_kv(arch: ModelArch, layout: Layout, batch: BatchShape, rollout: RolloutSetting,

@@ -111,7 +111,7 @@ def _process_group(engine):
 
     c = engine.config
     port = c.master_port or _free_port()
-    address = c.master_address or route_address(c.urls[0])
+    address = c.master_address or (route_address(c.urls[0]) if c.urls else "127.0.0.1")  # in process: this host
     name = f"{GROUP_PREFIX}_{port}"
     world = 1 + engine.client.num_servers * c.tp_size
     bodies = [{"master_address": address, "master_port": port, "rank_offset": 1 + i * c.tp_size,

@@ -83,7 +83,8 @@ class EnginePool:
         from sparse_rl_megatron.utils.errors import UserError
 
         rank, layout = D.rank(), plan.layout
-        pool = cls(layout, cfg.rollout.engine, engine_deadline(cfg.phase_timeout_s), spec=ENGINES.get(cfg.rollout.engine))
+        pool = cls(layout, cfg.rollout.engine, engine_deadline(cfg.phase_timeout_s),
+                   spec=ENGINES.get(cfg.rollout.engine))
         stack.callback(pool.close)
         error, label = None, f"the reward of rank {rank}"
         try:
@@ -124,7 +125,8 @@ class EnginePool:
         return pool
 
     def label_of(self, slot: "EngineSlot") -> str:
-        return f"rollout engine '{self.name}' #{slot.index} on rank {slot.rank}" + (f" ({slot.url})" if slot.url else "")
+        where = f" ({slot.url})" if slot.url else ""
+        return f"rollout engine '{self.name}' #{slot.index} on rank {slot.rank}{where}"
 
     def close(self) -> None:
         for local in self.local:
@@ -235,7 +237,8 @@ class EnginePool:
             handoff = Handoff()
             load = local.engine.update_weights_from_payloads if payload else local.engine.update_weights
             try:
-                feeds.append((local, handoff, local.worker.submit(lambda h=handoff, f=load: f(h.items(), version), what)))
+                future = local.worker.submit(lambda h=handoff, f=load: f(h.items(), version), what)
+                feeds.append((local, handoff, future))
             except EngineHang as err:
                 error = error or EngineError(f"{local.label} cannot take part in {what}: {err}")
         reading = [True] * len(feeds)  # False once an engine stopped reading (done, failed or hung)

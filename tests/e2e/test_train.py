@@ -188,7 +188,8 @@ def test_two_torchrun_agents_each_serve_their_share_at_tp2_fail_together_and_res
     # is measurable after the first step.
     args = ["--config", RECIPE, f"run_dir={run_dir}", *SMALL, "steps=4", "checkpoint.save_every=1",
             "plugins=[train_task_plugin]", "model_path=task:tiny_sums", "data.dataset=task:tiny_sums",
-            "eval.datasets=[]", "warm_start={lr: 0.5}", "rollout.compression.budget=12", "rollout.compression.scope=all",
+            "eval.datasets=[]", "warm_start={lr: 0.5}", "rollout.compression.budget=12",
+            "rollout.compression.scope=all",
             "learner.tensor_parallel_size=2", "learner.loss.kl_coef=0.001", "learner.optim.weight_decay=0.1",
             "rollout.engine=flaky", "rollout.engine_options={fail_at: 3, fail_rank: 1}"]
     codes, outputs = _agents(args, env, tmp_path)

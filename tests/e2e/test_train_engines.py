@@ -2,7 +2,8 @@
 scoring its share of the groups) give exactly the samples, metrics, evaluations and weights of one engine
 serving both ranks; at PP2 an engine that hangs on rank 1 fails the step on every rank within the phase
 timeout with one line naming the engine and its rank, the last checkpoint stays complete, nothing of the run
-is left running, and the same command resumes. The weight-sync probe is on throughout."""
+is left running, and the same command resumes; at TP2 x DP2 (4 ranks) one engine per TP group. The weight-sync
+probe is on throughout (TP2 alone: test_train.py, across two torchrun agents)."""
 from __future__ import annotations
 
 import json

@@ -76,6 +76,7 @@ def test_groups_are_balanced_by_expected_tokens_and_never_split():
     assert split_groups(costs, 2) == shares  # deterministic (the same split on every rank)
     assert [len(s) for s in split_groups([1.0] * 10, 4)] == [3, 3, 2, 2]
     assert split_groups([1.0] * 2, 3) == [[0], [1], []] and split_groups([], 2) == [[], []]
-    assert describe_counts([3, 3, 2, 2]) == "2-3 per engine" and describe_counts([1, 0]) == "0-1 per engine (1 engine idle)"
+    assert describe_counts([3, 3, 2, 2]) == "2-3 per engine"
+    assert describe_counts([1, 0]) == "0-1 per engine (1 engine idle)"
     with pytest.raises(ValueError, match="parts must be >= 1"):
         split_groups([1.0], 0)
