@@ -6,9 +6,10 @@ on an R-KV cache, 4 optimizer steps per rollout), with a 4-step warm start (qual
 runs the loop's phases itself, step by step, and times each on every rank: wall seconds and the CPU seconds of the
 rank's process (all its threads). ``--engines 1`` is ``rollout.gpus_per_engine=2`` (rank 0 samples all the groups,
 rank 1 waits), ``--engines 2`` is ``gpus_per_engine=1`` (half the groups each). The first step is a warm-up; the
-table keeps the fastest of the others per phase. Phases: ``rollout`` (``EnginePool.generate``: every engine samples and scores its
-share, the samples are exchanged), ``recompute`` (dense old log-probs + correction), ``train`` (the optimizer
-steps, engines' memory released around them), ``sync`` (weights to every engine + the probe on each), ``step``.
+table keeps the fastest of the others per phase. Phases: ``rollout`` (``EnginePool.generate``: every engine samples
+and scores its share, the samples are exchanged), ``recompute`` (dense old log-probs + correction), ``train`` (the
+optimizer steps, engines' memory released around them), ``sync`` (weights to every engine + the probe on each),
+``step``.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_engines.py            # both configurations, side by side
 
@@ -36,6 +37,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=6, help="rollout steps per configuration (the first is a warm-up)")
     p.add_argument("--prompts", type=int, default=32)
     p.add_argument("--samples", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=74, help="response limit (the CPU default's 74; <= 240)")
     p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)  # engines, under torchrun
     p.add_argument("--out", default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -58,7 +60,8 @@ def worker(args: argparse.Namespace) -> None:
         f"run_dir={run_dir}", "warm_start={steps: 4, eval_problems: 0}", f"steps={args.steps}",
         f"rollout.prompts_per_step={args.prompts}", f"rollout.samples_per_prompt={args.samples}",
         f"global_batch_size={args.prompts * args.samples // 4}", f"rollout.gpus_per_engine={3 - args.worker}",
-        "eval.at_start=false", "log.progress=false", "log.tensorboard=false", "checkpoint.resume=never"])
+        f"rollout.sampling.max_new_tokens={args.max_new_tokens}", "eval.at_start=false", "log.progress=false",
+        "log.tensorboard=false", "checkpoint.resume=never"])
     rows = []
     with start_run(cfg) as run:
         line = run.plan.layout.describe()
@@ -96,7 +99,7 @@ def launch(engines: int, args: argparse.Namespace, work: Path) -> dict:
     port = 29500 + os.getpid() % 1000 + engines
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
            str(Path(__file__).resolve()), "--worker", str(engines), "--out", str(out), "--steps", str(args.steps),
-           "--prompts", str(args.prompts), "--samples", str(args.samples)]
+           "--prompts", str(args.prompts), "--samples", str(args.samples), "--max-new-tokens", str(args.max_new_tokens)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT),
            "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run(cmd, env=env, cwd=work, capture_output=True, text=True)
@@ -121,7 +124,8 @@ def main(argv=None) -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-engines-"))
     results = {e: launch(e, args, work) for e in (1, 2)}
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, load average "
-          f"{os.getloadavg()[0]:.1f}; {args.prompts} prompts x {args.samples} samples, DP2 learner, 2 ranks")
+          f"{os.getloadavg()[0]:.1f}; {args.prompts} prompts x {args.samples} samples of up to {args.max_new_tokens} "
+          "tokens, DP2 learner, 2 ranks")
     for e, r in results.items():
         print(f"# engines={e}: {r['layout']}")
     print("\n| phase | engines | wall s | x 1 engine | CPU s (both ranks) | CPU s (busier rank) |")
@@ -137,6 +141,9 @@ def main(argv=None) -> None:
         print(f"# engines={e}: engine generate min/max {fast['engine_s'][0]:.2f} / {fast['engine_s'][1]:.2f} s,"
               f" {fast['tokens']} tokens; per-step rollout walls "
               + ", ".join(f"{max(x['ranks'][k]['rollout'][1] for k in (0, 1)):.2f}" for x in r["rows"]))
+    same = [[x["tokens"] for x in r["rows"]] for r in results.values()]
+    print(f"# response tokens per step, 1 vs 2 engines (the same samples): {same[0]} vs {same[1]}"
+          + ("" if same[0] == same[1] else "  DIFFERENT"))
 
 
 if __name__ == "__main__":

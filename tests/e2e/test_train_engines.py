@@ -130,12 +130,21 @@ def test_a_hung_engine_fails_every_rank_within_the_phase_timeout_at_pp2_and_the_
 
 def test_tp2_x_dp2_one_engine_per_tensor_parallel_group(tmp_path, shared_data):
     """Four ranks, learner TP2 x DP2, rollout.gpus_per_engine=2: an engine in the first rank of each TP group
-    (ranks 0 and 2); ranks 1 and 3 take part in every exchange without an engine of their own."""
-    cmd = _torchrun(tmp_path / "run", "steps=2", "rollout.gpus_per_engine=2", "learner.tensor_parallel_size=2")
-    cmd[cmd.index("--nproc-per-node") + 1] = "4"
-    proc = subprocess.run(cmd, env=_env(shared_data), cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    (ranks 0 and 2); ranks 1 and 3 take part in every exchange without an engine of their own. An engine that
+    cannot start (rank 2's, first) fails all four ranks with its name."""
+    def launch(*extra):
+        cmd = _torchrun(tmp_path / "run", "steps=2", "rollout.gpus_per_engine=2", "learner.tensor_parallel_size=2",
+                        "rollout.engine=flaky", *extra)
+        cmd[cmd.index("--nproc-per-node") + 1] = "4"
+        return subprocess.run(cmd, env=_env(shared_data), cwd=tmp_path, capture_output=True, text=True, timeout=600)
+
+    failed = launch("rollout.engine_options={fail_start: 2}")
+    error = ("EngineError: rollout engine 'flaky' #1 on rank 2 failed to start: OSError: no GPU memory left for the "
+             "engine (simulated)")
+    assert failed.returncode != 0 and failed.stderr.count(error) == 4, failed.stderr[-4000:]  # every rank says it
+    proc = launch()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "rollout: 2 hf engines on ranks 0,2 (one per 2 ranks, CPU), 2 groups -> 1 per engine" in proc.stdout
+    assert "rollout: 2 flaky engines on ranks 0,2 (one per 2 ranks, CPU), 2 groups -> 1 per engine" in proc.stdout
     assert "TP=2 PP=1 DP=2" in proc.stdout and "on all 2 engines: probe max" in proc.stdout
     records = _records(tmp_path / "run")
     assert [r["step"] for r in records] == [0, 1, 2]

@@ -64,7 +64,8 @@ if "parity" not in REWARDS:
 
 # ------------------------------------------------------------------------------------------------------------
 # ``rollout.engine: flaky``: the reference engine, except that on rank ``fail_rank`` (every rank if unset) its
-# ``fail_at``-th rollout fails (an engine that died) or its ``hang_at``-th one never returns (a hung engine);
+# ``fail_at``-th rollout fails (an engine that died) or its ``hang_at``-th one never returns (a hung engine), and
+# that on rank ``fail_start`` it does not start;
 # ``record: DIR`` writes every sample it generates to DIR/rank<r>.jsonl (what the engines sampled, for tests).
 import json as _json  # noqa: E402
 import os as _os  # noqa: E402
@@ -76,9 +77,11 @@ from sparse_rl_megatron.trainer.engines import ENGINES, EngineSpec  # noqa: E402
 
 class FlakyEngine(HFRolloutEngine):
     def __init__(self, *args, fail_at: int = 0, hang_at: int = 0, fail_rank: int | None = None, record: str = "",
-                 **kwargs):
-        super().__init__(*args, **kwargs)
+                 fail_start: int | None = None, **kwargs):
         rank = int(_os.environ.get("RANK", "0"))
+        if fail_start == rank:
+            raise OSError("no GPU memory left for the engine (simulated)")
+        super().__init__(*args, **kwargs)
         mine = fail_rank is None or fail_rank == rank
         self.fail_at, self.hang_at = (fail_at, hang_at) if mine else (0, 0)
         self.calls = 0
@@ -108,7 +111,8 @@ def _build_flaky(model_dir, rollout, show_progress):
     return FlakyEngine(model_dir, compression=rollout.compression, dtype=getattr(torch, rollout.dtype),
                        max_batch_size=rollout.max_batch_size, show_progress=show_progress,
                        fail_at=int(options.get("fail_at", 0)), hang_at=int(options.get("hang_at", 0)),
-                       fail_rank=options.get("fail_rank"), record=str(options.get("record", "")))
+                       fail_rank=options.get("fail_rank"), record=str(options.get("record", "")),
+                       fail_start=options.get("fail_start"))
 
 
 if "flaky" not in ENGINES:
