@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from test_train import RECIPE, ROOT, SMALL, TIMING, _comparable, _env, _flat, _model_state, _records, free_port
+from test_train import RECIPE, SMALL, TIMING, _comparable, _env, _flat, _model_state, _records, free_port
 
 PHASE_TIMEOUT_S = 30
 EXIT_SLACK_S = 60
