@@ -73,6 +73,16 @@ def plugin_memory_per_gpu(arch: ModelArch, rollout: RolloutSetting, compression)
         ring_itemsize=DTYPE_BYTES[rollout.kv_dtype], keep_queries=True, keep_positions=rollout.kept_digest)
 
 
+def engine_layout(layout: Layout, batch: BatchShape, rollout: RolloutSetting):
+    """The colocated rollout engines ``sparse-rl train`` starts on these GPUs: one per ``rollout.tp`` GPUs on every
+    node (``rollout/layout.py``, the object the trainer starts them from)."""
+    from sparse_rl_megatron.rollout.layout import RolloutLayout
+
+    return RolloutLayout.build(engine="sglang", world=layout.gpus,
+                               ranks_per_node=min(layout.gpus_per_node, layout.gpus), gpus_per_engine=rollout.tp,
+                               groups=batch.prompts, on_gpu=True)
+
+
 def rollout_kv(arch: ModelArch, layout: Layout, batch: BatchShape, rollout: RolloutSetting,
                compression=None, label: str = "dense") -> RolloutKV:
     """KV figures of one setting, with the rollout engines on the learner's GPUs (colocated, learner offloaded).
@@ -87,7 +97,7 @@ def rollout_kv(arch: ModelArch, layout: Layout, batch: BatchShape, rollout: Roll
         if rollout.kv_pool_gib is None:
             pool -= plugin.total
     concurrent = max(0, int(pool // per_gpu))
-    engines = layout.gpus // rollout.tp
+    engines = engine_layout(layout, batch, rollout).num_engines
     total = concurrent * engines
     return RolloutKV(label=label, tokens_per_sequence=tokens,
                      bytes_per_sequence=tokens * kv_bytes_per_token(arch, rollout.kv_dtype),
@@ -101,7 +111,7 @@ def smallest_rollout_tp(arch: ModelArch, layout: Layout, batch: BatchShape, roll
     import dataclasses
 
     for tp in range(1, min(layout.gpus, layout.gpus_per_node) + 1):
-        if layout.gpus % tp == 0:
+        if min(layout.gpus, layout.gpus_per_node) % tp == 0:
             kv = rollout_kv(arch, layout, batch, dataclasses.replace(rollout, tp=tp), compression)
             if kv.concurrent_per_engine >= 1:
                 return tp

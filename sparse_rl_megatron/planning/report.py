@@ -68,6 +68,8 @@ def render_rollout(plan: Plan) -> list[str]:
         [f"decode waves for {plan.batch.rollouts:,} rollouts"] + [str(k.waves) if k.waves else "none fit" for k in plan.kv],
     ]
     lines = _table(header, rows)
+    if plan.engines is not None:
+        lines += ["", plan.engines.describe()]
     if not plan.rollout_fits:
         lines += ["", f"rollout DOES NOT FIT: not one sequence fits the KV pool at rollout TP={r.tp}"
                   + (f"; smallest rollout TP that fits: {plan.rollout_tp_hint}" if plan.rollout_tp_hint else "")]

@@ -1,6 +1,7 @@
 """Pushing HF-named weights into SGLang servers: ``tensor`` (in-process), ``distributed``, or ``disk``.
 
-``tensor`` and ``distributed`` run inside SGLang's weight-update session (``begin_weight_update`` ...
+``tensor`` (and ``push_payloads``, the per-TP-rank form a colocated multi-GPU engine takes from its learner
+ranks) and ``distributed`` run inside SGLang's weight-update session (``begin_weight_update`` ...
 ``end_weight_update``, required since 0.5.x). ``distributed`` joins the servers in one process group:
 this process is rank 0 and broadcasts each bucket's tensors in order while SGLang's
 ``update_weights_from_distributed`` receives them (the call is posted first, then the broadcast runs,
@@ -28,11 +29,11 @@ NCCL_COLOCATED = ("NCCL refuses two ranks of one communicator on one GPU, so dis
                   "distributed_backend 'gloo'")
 
 
-def rank_layout(widths: list[tuple[int, int, int]]) -> tuple[list[int], int]:
+def rank_layout(sizes: list[tuple[int, int, int]]) -> tuple[list[int], int]:
     """(rank offset of every server, world size) of the ``distributed`` group: this process is rank 0, then each
-    server's TP ranks. ``widths``: each server's (tp_size, dp_size, pp_size) as it reports them."""
+    server's TP ranks. ``sizes``: each server's (tp_size, dp_size, pp_size) as it reports them."""
     offsets, rank = [], 1
-    for i, (tp, dp, pp) in enumerate(widths):
+    for i, (tp, dp, pp) in enumerate(sizes):
         if dp > 1 or pp > 1:
             raise ValueError(f"SGLang server {i} runs dp_size={dp}, pp_size={pp}: its distributed weight update "
                              "takes one DP replica of TP ranks (rank = rank_offset + tp_rank); start one server per "
@@ -102,6 +103,32 @@ def push_weights(engine, buckets: Iterable[list[tuple[str, torch.Tensor]]], vers
         client.call_each("end_weight_update", [{}] * client.num_servers)
 
 
+def push_payloads(engine, payloads: Iterable[list], version: str) -> None:
+    """In-process engine: load buckets already serialized once per TP rank (ForkingPickler payloads; TP rank r
+    opens only ``payloads[k][r]``: on CUDA the IPC handles of the learner rank on its own GPU), inside SGLang's
+    weight-update session."""
+    client = engine.client
+    client.call_each("begin_weight_update", [{"selector": "all"}])
+    try:
+        for per_rank in payloads:
+            client.update_weights_from_payloads(list(per_rank), version)
+    finally:
+        client.call_each("end_weight_update", [{}])
+
+
+def serialize_bucket(bucket: list[tuple[str, torch.Tensor]]) -> bytes:
+    """One TP rank's payload of a bucket for ``update_weights_from_tensor``: (name, tensor) pairs pickled with
+    ForkingPickler, so a CUDA tensor travels as an IPC handle (with its GPU's UUID, SGLang's patch of torch's
+    reductions: the receiving scheduler may number its GPUs differently) and a CPU tensor as shared memory. The
+    tensors must stay alive until the engine has loaded them."""
+    from sglang.srt.utils import MultiprocessingSerializer
+    from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
+
+    if any(t.is_cuda for _, t in bucket):  # the patch handles CUDA tensors only (it breaks CPU ones)
+        monkey_patch_torch_reductions()
+    return MultiprocessingSerializer.serialize([(n, t.detach()) for n, t in bucket])
+
+
 def reload_from_disk(client, path, version: str) -> None:
     """Every server reloads the HF directory ``path`` (visible to it) and takes weight version ``version``."""
     client.call_each("update_weights_from_disk", [{"model_path": str(path), "weight_version": version}]
@@ -114,6 +141,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def route_address(url: str) -> str:
+    """This host's address on the route to the server at ``url`` (what the server can reach it at)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url if "//" in url else f"http://{url}")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((socket.gethostbyname(parts.hostname or "127.0.0.1"), parts.port or 80))  # no packet is sent
+        return s.getsockname()[0]
+
+
 def _process_group(engine):
     """The process group with every server's TP ranks (created on first use, named after its port)."""
     if getattr(engine, "_weight_group", None) is not None:
@@ -122,16 +159,17 @@ def _process_group(engine):
 
     c = engine.config
     port = c.master_port or _free_port()
+    address = c.master_address or (route_address(c.urls[0]) if c.urls else "127.0.0.1")  # in process: this host
     name = f"{GROUP_PREFIX}_{port}"
     infos = server_infos(engine.client)
     _check_distributed(engine, infos)
     offsets, world = rank_layout([widths(i) for i in infos])
-    bodies = [{"master_address": c.master_address, "master_port": port, "rank_offset": offsets[i],
+    bodies = [{"master_address": address, "master_port": port, "rank_offset": offsets[i],
                "world_size": world, "group_name": name, "backend": c.distributed_backend}
               for i in range(engine.client.num_servers)]
     pending = engine.client.submit_each("init_weights_update_group", bodies)
     try:
-        group = init_custom_process_group(backend=c.distributed_backend, init_method=f"tcp://{c.master_address}:{port}",
+        group = init_custom_process_group(backend=c.distributed_backend, init_method=f"tcp://{address}:{port}",
                                           world_size=world, rank=0, group_name=name)
         for future in pending:
             future.result()

@@ -35,3 +35,12 @@ def test_full_activation_recompute_step(single_launch):
     """recompute_granularity=full (uniform, 1 layer), as in the reference run: megatron's CheckpointFunction
     re-runs every layer in backward (CUDA RNG state calls covered on CPU) and the step equals the reference."""
     single_launch.check("recompute_full_train")
+
+
+@pytest.mark.parametrize("model", ["qwen2_tied", "qwen2_untied"])
+@pytest.mark.parametrize("fixture,layout", [("pair_launch", "tp1pp1"), ("grid_launch", "tp2pp1")])
+def test_fewer_rows_than_data_parallel_ranks(request, fixture, layout, model):
+    """A one-row batch at DP = 2 (and TP = 2 x DP = 2): the rank without a row runs a padding micro-batch; log-probs
+    equal HF's and the step equals the HF step on that row alone (it raised 'cannot split 1 rows over 2
+    data-parallel ranks' in the trainer's weight-sync probe)."""
+    request.getfixturevalue(fixture).check(f"fewer_rows_than_dp_{layout}_{model}")

@@ -104,8 +104,10 @@ def test_hf_directory_is_read(tmp_path):
                                              "1, 2, 4, 7, 14, 28"),
     (["--model", "qwen2.5-72b", "--tp", "16", "--gpus-per-node", "8"], "--tp 16 exceeds --gpus-per-node 8"),
     (["--model", "qwen2.5-7b", "--gpus", "6", "--tp", "4"], "--gpus 6 is not a multiple of --tp x --pp = 4"),
-    (["--model", "qwen2.5-7b", "--dp", "8", "--rollout-tp", "3"], "--rollout-tp 3 does not divide the 8 GPUs; "
-                                                                  "valid --rollout-tp values: 1, 2, 4, 8"),
+    (["--model", "qwen2.5-7b", "--dp", "8", "--rollout-tp", "3"], "--rollout-tp 3 does not divide the 8 GPUs of a "
+                                                                  "node (an engine's GPUs are on one node); valid "
+                                                                  "--rollout-tp values: 1, 2, 4, 8"),
+    (["--model", "qwen2.5-7b", "--gpus", "12", "--tp", "2"], "12 GPUs are not whole nodes of --gpus-per-node 8"),
     (["--model", "qwen2.5-7b", "--compression", "lru"], "--compression: unknown KV compression method 'lru'"),
     (["--model", "qwen2.5-7b", "--compression", "rkv", "--budget", "8"], "--budget must be > window"),
     (["--model", "qwen2.5-7b", "--kernels", "triton"], "--kernels: unknown kernel set 'triton'; valid names: fused, local"),
@@ -129,6 +131,9 @@ def test_exit_codes_and_output(capsys):
     assert main(["plan", "--model", "qwen2.5-7b", "--tp", "4", "--dp", "2", "--compression", "rkv"]) == 0
     out = capsys.readouterr().out
     assert "learner fits: peak 43.88 GiB of 80 GiB per GPU" in out and "| rkv B=512 W=128 |" in out
+    # what sparse-rl train starts on these GPUs, as it says it (rollout TP = the learner's TP 4 by default)
+    assert "\nrollout: 2 sglang engines x TP4 on ranks 0,4 (GPUs 0-3, 4-7), 32 groups -> 16 per engine\n" in out
+    assert "| concurrent sequences, 2 engine(s) |" in out
     assert main(["plan", "--model", "qwen2.5-72b", "--tp", "8", "--rollout-tp", "1"]) == 1
     out = capsys.readouterr().out
     # dense 72B KV: 1.4 GiB per sequence; at rollout TP 2 the pool is 0.29 GiB per GPU, at TP 4 34 GiB
@@ -182,13 +187,15 @@ def test_against_the_measured_cpu_learner_peak(cell):
 @pytest.mark.parametrize("method", ["none", "rkv"])
 def test_kv_bytes_equal_what_the_reference_engine_holds(monkeypatch, method):
     """The planner's KV bytes per sequence == the K/V tensors the HF reference engine allocates per row
-    (dense: prompt + response - 1 tokens; rkv B=16 W=8: B + W), and the peak each sample reports."""
+    (dense: prompt + response - 1 tokens; rkv B=16 W=8: B + W; rounded up to the engine's 16-slot alignment), and
+    the peak each sample reports."""
     import torch
 
     from sparse_rl_megatron.compression import CompressionConfig
     from sparse_rl_megatron.planning.kv import kv_tokens_per_sequence
     from sparse_rl_megatron.rollout.engine import SamplingParams
     from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
+    from sparse_rl_megatron.rollout.kv_cache import align_keys
     from sparse_rl_megatron.utils.tiny_models import build_tiny_model, build_tiny_tokenizer
 
     model, tok = build_tiny_model("qwen2", seed=3), build_tiny_tokenizer()
@@ -203,8 +210,9 @@ def test_kv_bytes_equal_what_the_reference_engine_holds(monkeypatch, method):
     batch = BatchShape(1, 3, len(samples[0].prompt_ids), 40)
     tokens = kv_tokens_per_sequence(batch, comp)
     assert tokens == (batch.prompt_len + 39 if method == "none" else 24)
-    rows = cache.k.shape[1]
-    assert rows == 3 and (cache.k.nbytes + cache.v.nbytes) // rows == tokens * kv_bytes_per_token(arch, "float32")
+    rows, slots = cache.k.shape[1], cache.k.shape[3]
+    assert rows == 3 and slots == align_keys(tokens)  # the engine pads its attention spans to KEY_ALIGN slots
+    assert (cache.k.nbytes + cache.v.nbytes) // (rows * slots) == kv_bytes_per_token(arch, "float32")
     assert cache.k.dtype == torch.float32 and max(s.compression.peak_kv_tokens for s in samples) == tokens
 
 
