@@ -4,11 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sglang_ext.cpu_compat import CPU_DEFAULT_POOL_TOKENS  # noqa: F401  (the plugin's CPU default; re-exported)
 from sparse_rl_megatron.compression import CompressionConfig
 
 WEIGHT_SYNCS = ("tensor", "distributed", "disk")
-CPU_DEFAULT_POOL_TOKENS = 1 << 16
-"""KV pool of an in-process CPU engine when neither max_total_tokens nor mem_fraction_static is set."""
 DISTRIBUTED_BACKENDS = ("gloo", "nccl")
 
 
@@ -72,6 +71,8 @@ class SGLangEngineConfig:
     sample up to this many times before ``generate`` fails."""
     stats_path: str = ""
     """In-process engine: the plugin appends pool-usage lines here (tests, benchmarks)."""
+    count_host_syncs: bool = False
+    """With ``stats_path``: the lines also count the plugin's host syncs per forward (tests)."""
     log_level: str = "error"
     """SGLang log level of the in-process engine."""
     extra_args: dict[str, Any] = field(default_factory=dict)
@@ -105,4 +106,5 @@ class SGLangEngineConfig:
         from sglang_ext.config import SparseKVConfig
 
         return SparseKVConfig(compression=self.compression, inner_backend=self.inner_backend,
-                              kept_digest=self.kept_digest, stats_path=self.stats_path)
+                              kept_digest=self.kept_digest, stats_path=self.stats_path,
+                              count_host_syncs=self.count_host_syncs)

@@ -5,7 +5,10 @@ ranks) and ``distributed`` run inside SGLang's weight-update session (``begin_we
 ``end_weight_update``, required since 0.5.x). ``distributed`` joins the servers in one process group:
 this process is rank 0 and broadcasts each bucket's tensors in order while SGLang's
 ``update_weights_from_distributed`` receives them (the call is posted first, then the broadcast runs,
-as SGLang's own tests and slime do); server i's TP ranks are ``1 + i * tp_size ...``. ``disk`` writes a
+as SGLang's own tests and slime do); a server's ranks are ``rank_offset + tp_rank`` (SGLang), so the servers'
+offsets follow each one's own TP size as it reports it (``rank_layout``). SGLang serves this call for one DP
+replica per server only, and NCCL refuses two ranks of a communicator on one GPU (an engine colocated with
+this process); both are refused, naming the alternatives (``NCCL_COLOCATED``). ``disk`` writes a
 full HF directory (one safetensors shard per bucket plus the model's config and tokenizer files) and has every
 server reload it. Buckets are streamed: only one is held at a time.
 Every update carries the new weight version, which SGLang stamps on each later response.
@@ -21,6 +24,51 @@ import torch
 
 GROUP_PREFIX = "sparse_rl_weight_sync"
 """Process-group names are this plus the rendezvous port: unique per engine, in this process and on the servers."""
+NCCL_COLOCATED = ("NCCL refuses two ranks of one communicator on one GPU, so distributed NCCL weight sync cannot "
+                  "reach an engine on this process's GPU: use weight_sync 'tensor' (in-process engine), 'disk', or "
+                  "distributed_backend 'gloo'")
+
+
+def rank_layout(sizes: list[tuple[int, int, int]]) -> tuple[list[int], int]:
+    """(rank offset of every server, world size) of the ``distributed`` group: this process is rank 0, then each
+    server's TP ranks. ``sizes``: each server's (tp_size, dp_size, pp_size) as it reports them."""
+    offsets, rank = [], 1
+    for i, (tp, dp, pp) in enumerate(sizes):
+        if dp > 1 or pp > 1:
+            raise ValueError(f"SGLang server {i} runs dp_size={dp}, pp_size={pp}: its distributed weight update "
+                             "takes one DP replica of TP ranks (rank = rank_offset + tp_rank); start one server per "
+                             "replica and list each in urls, or use weight_sync 'disk'")
+        offsets.append(rank)
+        rank += tp
+    return offsets, rank
+
+
+def server_infos(client) -> list[dict]:
+    """Each server's resolved arguments (SGLang's server info)."""
+    if hasattr(client, "engine"):   # in-process
+        return [client.engine.get_server_info()]
+    return [client._request(url, "/server_info", None, method="GET") for url in client.urls]
+
+
+def widths(info: dict) -> tuple[int, int, int]:
+    return int(info.get("tp_size") or 1), int(info.get("dp_size") or 1), int(info.get("pp_size") or 1)
+
+
+def shares_gpu(info: dict, device: int) -> bool:
+    """Does an in-process engine (same CUDA_VISIBLE_DEVICES as this process) run a rank on GPU ``device``?"""
+    tp, dp, pp = widths(info)
+    first = int(info.get("base_gpu_id") or 0)
+    step = int(info.get("gpu_id_step") or 1)
+    return device in range(first, first + tp * dp * pp * step, step)
+
+
+def _check_distributed(engine, infos: list[dict]) -> None:
+    """Refuse before any collective what cannot work: NCCL with an in-process engine on this process's GPU."""
+    if engine.config.distributed_backend != "nccl" or not hasattr(engine.client, "engine"):
+        return
+    if torch.cuda.is_available() and shares_gpu(infos[0], torch.cuda.current_device()):
+        raise RuntimeError(f"weight_sync 'distributed' (nccl): the in-process engine runs on this process's GPU "
+                           f"{torch.cuda.current_device()}; {NCCL_COLOCATED}")
 
 
 def push_weights(engine, buckets: Iterable[list[tuple[str, torch.Tensor]]], version: str) -> None:
@@ -113,15 +161,22 @@ def _process_group(engine):
     port = c.master_port or _free_port()
     address = c.master_address or (route_address(c.urls[0]) if c.urls else "127.0.0.1")  # in process: this host
     name = f"{GROUP_PREFIX}_{port}"
-    world = 1 + engine.client.num_servers * c.tp_size
-    bodies = [{"master_address": address, "master_port": port, "rank_offset": 1 + i * c.tp_size,
+    infos = server_infos(engine.client)
+    _check_distributed(engine, infos)
+    offsets, world = rank_layout([widths(i) for i in infos])
+    bodies = [{"master_address": address, "master_port": port, "rank_offset": offsets[i],
                "world_size": world, "group_name": name, "backend": c.distributed_backend}
               for i in range(engine.client.num_servers)]
     pending = engine.client.submit_each("init_weights_update_group", bodies)
-    group = init_custom_process_group(backend=c.distributed_backend, init_method=f"tcp://{address}:{port}",
-                                      world_size=world, rank=0, group_name=name)
-    for future in pending:
-        future.result()
+    try:
+        group = init_custom_process_group(backend=c.distributed_backend, init_method=f"tcp://{address}:{port}",
+                                          world_size=world, rank=0, group_name=name)
+        for future in pending:
+            future.result()
+    except Exception as err:
+        if c.distributed_backend == "nccl" and "duplicate gpu" in str(err).lower():
+            raise RuntimeError(f"{NCCL_COLOCATED} ({err})") from None
+        raise
     engine._weight_group, engine._weight_group_name = group, name
     return group
 

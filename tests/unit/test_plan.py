@@ -61,9 +61,15 @@ def test_qwen25_7b_tp4_by_hand():
     assert (dense.bytes_per_sequence, rkv.bytes_per_sequence) == (4607 * 57_344, 640 * 57_344)
     pool = 0.85 * 80 * GIB - 2 * 7_615_616_512 / 4  # rollout TP 4: the bf16 weights split 4 ways
     per_gpu = 57_344 // 4
-    assert rkv.pool_per_gpu == pool and rkv.bytes_per_sequence_per_gpu == 640 * per_gpu
+    # the SGLang plugin on each GPU, out of the KV budget: 4096 + 1 request rows of the 32768 + 4 context;
+    # int32 tables, bf16 query rings of 28 layers x 7 query heads x alpha 8 x 128, int32 kept positions of
+    # 28 layers x 1 KV head x (B + W)
+    plugin = 4097 * 32_772 * 4 + 28 * 4097 * 7 * 8 * 128 * 2 + 28 * 4097 * 1 * 640 * 4
+    assert dense.plugin is None and rkv.plugin.total == plugin
+    assert dense.pool_per_gpu == pool and rkv.pool_per_gpu == pool - plugin
+    assert rkv.bytes_per_sequence_per_gpu == 640 * per_gpu
     assert (dense.concurrent_per_engine, rkv.concurrent_per_engine) == (int(pool // (4607 * per_gpu)),
-                                                                         int(pool // (640 * per_gpu)))
+                                                                         int((pool - plugin) // (640 * per_gpu)))
     assert dense.engines == 2 and rkv.waves == 1
 
 
@@ -208,3 +214,12 @@ def test_kv_bytes_equal_what_the_reference_engine_holds(monkeypatch, method):
     assert rows == 3 and slots == align_keys(tokens)  # the engine pads its attention spans to KEY_ALIGN slots
     assert (cache.k.nbytes + cache.v.nbytes) // (rows * slots) == kv_bytes_per_token(arch, "float32")
     assert cache.k.dtype == torch.float32 and max(s.compression.peak_kv_tokens for s in samples) == tokens
+
+
+def test_plugin_memory_follows_max_running_requests(capsys):
+    args = ["plan", "--model", "qwen2.5-7b", "--gpus", "8", "--tp", "2", "--prompts", "128", "--samples", "16",
+            "--rollout-tp", "1", "--compression", "rkv", "--budget", "512", "--buffer", "128"]
+    assert main(args) == 0 and "| sparse_kv plugin per GPU (SGLang, request rows) | - | 7.72 GiB (4,097) |" in \
+        capsys.readouterr().out
+    assert main(args + ["--max-running-requests", "1536"]) == 0
+    assert "| - | 2.90 GiB (1,537) |" in capsys.readouterr().out
