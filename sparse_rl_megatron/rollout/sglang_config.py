@@ -60,8 +60,9 @@ class SGLangEngineConfig:
     """Port of the ``distributed`` rendezvous (0 = pick a free one)."""
     weight_sync_dir: str = ""
     """Directory for ``disk`` sync, visible to every server."""
-    random_seed: int = 0
-    """Seed of the in-process engine's sampler (the trainer's engine k uses ``random_seed + k``)."""
+    random_seed: int | None = None
+    """Seed of the in-process engine's sampler (None: 0; in ``sparse-rl train``, the run's ``seed``). The
+    trainer's engine k uses ``random_seed + k``."""
     request_timeout_s: float = 3600.0
     """Longest an HTTP call may take."""
     startup_timeout_s: float = 900.0

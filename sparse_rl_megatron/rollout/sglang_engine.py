@@ -106,7 +106,7 @@ class SGLangRolloutEngine:
         on_cpu = cpu_compat.apply()
         kwargs: dict[str, Any] = dict(cpu_compat.cpu_engine_kwargs()) if on_cpu else {
             "disable_cuda_graph": True, "enable_memory_saver": c.memory_saver, "base_gpu_id": c.base_gpu_id}
-        kwargs.update(model_path=c.model_path, dtype=c.dtype, tp_size=c.tp_size, random_seed=c.random_seed,
+        kwargs.update(model_path=c.model_path, dtype=c.dtype, tp_size=c.tp_size, random_seed=c.random_seed or 0,
                       log_level=c.log_level, attention_backend=BACKEND_NAME, page_size=1,
                       disable_radix_cache=not c.radix_cache, weight_version=str(self.weight_version))
         for name in ("max_total_tokens", "mem_fraction_static", "max_running_requests"):

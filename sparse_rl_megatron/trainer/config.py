@@ -143,6 +143,14 @@ class RolloutConfig:
                                    tp_size=self.gpus_per_engine, base_gpu_id=base_gpu_id)
         return config if urls is None else dataclasses.replace(config, urls=list(urls))
 
+    def for_run(self, seed: int) -> "RolloutConfig":
+        """This section with what the run decides filled in: an ``sglang`` engine whose ``random_seed`` is unset
+        samples from the run's ``seed`` (SGLang's per-request seeds are ignored under the sparse_kv backend, so
+        without it every seed of an experiment would draw the same random numbers)."""
+        if self.engine != "sglang" or self.sglang.random_seed is not None:
+            return self
+        return dataclasses.replace(self, sglang=dataclasses.replace(self.sglang, random_seed=seed))
+
     @property
     def batch_size(self) -> int:
         """Samples per rollout step."""

@@ -87,10 +87,11 @@ class EnginePool:
                    spec=ENGINES.get(cfg.rollout.engine))
         stack.callback(pool.close)
         error, label = None, f"the reward of rank {rank}"
+        rollout = cfg.rollout.for_run(cfg.seed)
         try:
             for slot in layout.slots_of(rank):
                 label = pool.label_of(slot)
-                engine = pool.spec.make(hf_dir, cfg.rollout, cfg.log.progress and rank == 0, slot)
+                engine = pool.spec.make(hf_dir, rollout, cfg.log.progress and rank == 0, slot)
                 if hasattr(engine, "shutdown"):  # an engine with servers or child processes (sglang)
                     stack.callback(engine.shutdown)
                 pool.local.append(LocalEngine(slot, engine, EngineWorker(label), label))

@@ -125,7 +125,7 @@ def _sglang_build_at(model_dir: str, rollout: "RolloutConfig", show_progress: bo
     config = rollout.sglang_config(model_dir, base_gpu_id=slot.base_gpu_id, urls=urls)
     # SGLang samples from its scheduler's RNG (it ignores per-request seeds with the sparse_kv backend): engines
     # with the same random_seed would draw the same random numbers for their different groups
-    return SGLangRolloutEngine(dataclasses.replace(config, random_seed=config.random_seed + slot.index))
+    return SGLangRolloutEngine(dataclasses.replace(config, random_seed=(config.random_seed or 0) + slot.index))
 
 
 def _sglang_dense_logprobs(engine, seqs: "SequenceBatch") -> torch.Tensor:

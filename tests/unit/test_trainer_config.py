@@ -193,3 +193,13 @@ def test_a_recipe_layout_that_does_not_say_what_starts_is_refused():
                                         r"6-7\), 128 groups -> 32 per engine'; correct the recipe's launch.layout$"):
         check_launch_layout(cfg, 8, ranks_per_node=8)
     check_launch_layout(cfg, 16, ranks_per_node=8)  # another size: the recipe's words do not apply
+
+
+def test_sglang_engines_sample_from_the_runs_seed_unless_told():
+    cfgs = [from_dict(TrainConfig, {"seed": seed, "rollout": {"engine": "sglang"}}) for seed in (0, 7)]
+    assert [c.rollout.sglang.random_seed for c in cfgs] == [None, None]  # the recipe leaves it to the run
+    assert [c.rollout.for_run(c.seed).sglang_config("m").random_seed for c in cfgs] == [0, 7]
+    fixed = from_dict(TrainConfig, {"seed": 7, "rollout": {"engine": "sglang", "sglang": {"random_seed": 3}}})
+    assert fixed.rollout.for_run(fixed.seed).sglang_config("m").random_seed == 3
+    hf = from_dict(TrainConfig, {"seed": 7})
+    assert hf.rollout.for_run(hf.seed) is hf.rollout
