@@ -9,9 +9,7 @@ from disk.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import json
-import os
 import sys
 import time
 import urllib.error
@@ -108,24 +106,6 @@ class ChildFailedHandler:
             f"above); {len(children)} engine process(es) stopped")
 
 
-TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                      "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-@contextlib.contextmanager
-def without_torchrun_env():
-    """Hide torchrun's variables (and every ``TORCHELASTIC_*``) from the engine's processes while they start:
-    with ``TORCHELASTIC_USE_AGENT_STORE=True`` inherited, a scheduler's own ``init_process_group`` connects to a
-    store it expects torchrun's agent to host, which nobody does, and waits there for its whole timeout. (The same
-    as the engines branch's ``sglang_engine._without_torchrun_env``: keep one when both are merged.)"""
-    names = [k for k in os.environ if k in TORCHRUN_VARIABLES or k.startswith("TORCHELASTIC_")]
-    saved = {k: os.environ.pop(k) for k in names}
-    try:
-        yield
-    finally:
-        os.environ.update(saved)
-
-
 def engine_processes(engine) -> list[tuple[str, Any]]:
     """``(name, multiprocessing.Process)`` of an ``sglang.Engine``'s children: ``scheduler_<i>`` per TP x PP
     rank and ``detokenizer``, as SGLang's own liveness watchdog lists them (SGLang 0.5.23,
@@ -156,8 +136,7 @@ class InProcessClient:
         from sparse_rl_megatron.utils.process_watch import ProcessWatch
 
         handler = ChildFailedHandler() if "custom_sigquit_handler" not in engine_kwargs else None
-        with without_torchrun_env():
-            self.engine = sglang.Engine(**engine_kwargs, **({"custom_sigquit_handler": handler} if handler else {}))
+        self.engine = sglang.Engine(**engine_kwargs, **({"custom_sigquit_handler": handler} if handler else {}))
         self.watch = ProcessWatch("the SGLang engine", engine_processes(self.engine))
         self.failure_reports = 0
         """SIGQUITs received from the engine's processes (their failure reports) once it served."""
@@ -218,11 +197,14 @@ class InProcessClient:
         return [future]
 
     def update_weights_from_tensor(self, named_tensors: list, weight_version: str) -> None:
+        self.update_weights_from_payloads(self.engine._serialize_tensors_per_rank(named_tensors, None), weight_version)
+
+    def update_weights_from_payloads(self, payloads: list, weight_version: str) -> None:
+        """Load one bucket given as one serialized payload per TP rank (TP rank r deserializes ``payloads[r]``)."""
         from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput
 
-        obj = UpdateWeightsFromTensorReqInput(
-            serialized_named_tensors=self.engine._serialize_tensors_per_rank(named_tensors, None),
-            load_format=None, flush_cache=False, weight_version=weight_version)
+        obj = UpdateWeightsFromTensorReqInput(serialized_named_tensors=payloads, load_format=None, flush_cache=False,
+                                              weight_version=weight_version)
         coro = self.engine.tokenizer_manager.update_weights_from_tensor(obj, None)
         _check("update_weights_from_tensor", self._wait(coro))
 
