@@ -35,3 +35,9 @@ def test_full_activation_recompute_step(single_launch):
     """recompute_granularity=full (uniform, 1 layer), as in the reference run: megatron's CheckpointFunction
     re-runs every layer in backward (CUDA RNG state calls covered on CPU) and the step equals the reference."""
     single_launch.check("recompute_full_train")
+
+
+def test_empty_slice_still_steps_the_lr_schedule(single_launch):
+    """trainer.optimize: a slice whose samples were all rejected takes no optimizer step, but the lr schedule
+    moves on, so a corrected run's lr does not lag an uncorrected one's under a decaying schedule."""
+    single_launch.check("empty_slice_advances_lr")
