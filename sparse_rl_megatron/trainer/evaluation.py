@@ -2,7 +2,8 @@
 
 Runs the ``eval`` package's ``evaluate_benchmark`` on views of the rollout engine (same live weights, KV
 compression off for ``dense``; ``eval.compression``, else the rollout's compression, for ``sparse``). Metrics
-``eval/<mode>/accuracy`` (mean avg@n over the data sets) and ``eval/<mode>/<dataset>/accuracy`` go next to the
+``eval/<mode>/accuracy`` (mean avg@n over the data sets), ``eval/<mode>/<dataset>/accuracy`` (and per class of
+problems, ``eval/subsets.py``), ``eval/<mode>/no_answer_frac`` and ``eval/<mode>/truncated_frac`` go next to the
 training curves; the per-sample results go to ``run_dir/eval/step_<k>.<mode>.json``.
 """
 from __future__ import annotations
@@ -41,6 +42,7 @@ def evaluate(engine, spec, reward, datasets: dict[str, "Dataset"], cfg: "TrainCo
     from sparse_rl_megatron.compression import CompressionConfig
     from sparse_rl_megatron.eval.config import BenchmarkSettings, EvalConfig
     from sparse_rl_megatron.eval.runner import evaluate_benchmark
+    from sparse_rl_megatron.eval.subsets import subset_metrics
 
     settings = BenchmarkSettings(n=cfg.eval.n, max_new_tokens=cfg.eval.max_new_tokens
                                  or cfg.rollout.sampling.max_new_tokens)
@@ -60,8 +62,13 @@ def evaluate(engine, spec, reward, datasets: dict[str, "Dataset"], cfg: "TrainCo
             acc = sections[name]["metrics"][f"avg@{settings.n}"]
             metrics[f"eval/{mode}/{metric_name(name)}/accuracy"] = acc
             metrics[f"eval/{mode}/{metric_name(name)}/response_len"] = sections[name]["metrics"]["mean_response_tokens"]
+            metrics.update(subset_metrics(f"eval/{mode}/{metric_name(name)}", dataset, sections[name]))
         accs = [s["metrics"][f"avg@{settings.n}"] for s in sections.values()]
         metrics[f"eval/{mode}/accuracy"] = sum(accs) / len(accs)
+        done = [s["metrics"] for s in sections.values()]  # collapse signs: no answer, or cut at max_new_tokens
+        count = sum(m["samples"] for m in done)
+        metrics[f"eval/{mode}/no_answer_frac"] = sum(m["reasons"]["no_answer"] for m in done) / count
+        metrics[f"eval/{mode}/truncated_frac"] = sum(m["truncated_fraction"] * m["samples"] for m in done) / count
         record = {"step": step, "mode": mode, "compression": compression.describe(), "benchmarks": sections}
         (out_dir / f"step_{step}.{mode}.json").write_text(json.dumps(record, indent=1) + "\n")
     metrics["time/eval_s"] = time.perf_counter() - t0
