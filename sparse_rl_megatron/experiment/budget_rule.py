@@ -138,6 +138,16 @@ def run_budget_stage(cfg: ExperimentConfig, warm_dirs: dict[int, Path], log: Cal
     if path.is_file():
         log(f"budget rule: {path} exists, kept")
         return json.loads(path.read_text())
+    pooled = rule.seeds if rule.seeds is not None else cfg.experiment.seeds
+    for seed in pooled:
+        doc = seed_dir(cfg, seed) / STUDY_DIR / STUDY_FILE
+        if seed not in per_seed and doc.is_file():
+            per_seed[seed] = row_stats(json.loads(doc.read_text()))
+    missing = [s for s in pooled if s not in per_seed]
+    if missing:
+        log(f"budget rule: seeds {missing} are not measured yet; the rule is chosen once all of {pooled} are")
+        return {}
+    per_seed = {s: per_seed[s] for s in pooled}
     choice = choose_budgets(per_seed, method, rule)
     path.write_text(json.dumps(choice, indent=1) + "\n")
     for row in choice["table"]:

@@ -46,6 +46,9 @@ class BudgetRuleConfig:
     """Training prompts per seed (the run's first ones; ``rollout.prompts_per_step`` of the study)."""
     samples: int = 8
     """Samples per prompt."""
+    seeds: list[int] | None = None
+    """The seeds pooled (None: ``experiment.seeds``); the rule is written once all of them are measured, so
+    processes measuring disjoint seeds cannot choose from a part of them."""
 
     def __post_init__(self) -> None:
         if not self.candidates or sorted(set(self.candidates)) != self.candidates or self.candidates[0] < 1:
