@@ -91,24 +91,30 @@ def collapse(records: list[dict]) -> str | None:
 
 
 def arm_table(records: dict[str, dict[int, list[dict]]]) -> dict[str, dict]:
-    """Per arm and seed: start and endpoint per mode and class, collapse."""
+    """Per arm and seed: start and endpoint per mode and class, collapse. A run with a single evaluation (the
+    supervised control: its final model) has that evaluation as its endpoint, and the seed's shared warm start
+    (from the other arms) as its start."""
     out: dict[str, dict] = {}
     for arm, by_seed in records.items():
         rows = {}
         for seed, recs in by_seed.items():
-            keys = sorted({k for r in recs for k in r if SUBSET_KEY.match(k)})
+            keys = ["eval/dense/accuracy", "eval/sparse/accuracy"]
+            keys += sorted({k for r in recs for k in r if SUBSET_KEY.match(k)})
+            single = len(evals(recs, "eval/dense/accuracy")) == 1
             row = {"collapse": collapse(recs)}
-            for mode in ("dense", "sparse"):
-                row[f"{mode}_start"] = start(recs, f"eval/{mode}/accuracy")
-                row[f"{mode}_end"] = endpoint(recs, f"eval/{mode}/accuracy")
-                row[f"{mode}_final"] = endpoint(recs, f"eval/{mode}/accuracy", 1)
             for key in keys:
-                mode, subset = SUBSET_KEY.match(key).groups()
-                row[f"{mode}_{subset}_start"] = start(recs, key)
-                row[f"{mode}_{subset}_end"] = endpoint(recs, key)
-                row[f"{mode}_{subset}_final"] = endpoint(recs, key, 1)
+                match = SUBSET_KEY.match(key)
+                name = "_".join(match.groups()) if match else key.split("/")[1]
+                row[f"{name}_start"] = None if single else start(recs, key)
+                row[f"{name}_end"] = endpoint(recs, key, 1 if single else ENDPOINT_EVALS)
+                row[f"{name}_final"] = endpoint(recs, key, 1)
             rows[seed] = row
         out[arm] = rows
+    for rows in out.values():  # the control's start: the warm start every arm of the seed shares
+        for seed, row in rows.items():
+            for key in [k for k, v in row.items() if k.endswith("_start") and v is None]:
+                shared = [r[seed][key] for r in out.values() if r.get(seed, {}).get(key) is not None]
+                row[key] = shared[0] if shared else None
     return out
 
 

@@ -82,3 +82,11 @@ def test_class_endpoints_are_tabulated():
     recs = {"dense": {0: _run([0.4] * 7, cls=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7])}}
     row = arm_table(recs)["dense"][0]
     assert row["dense_odd_x_stop_start"] == pytest.approx(10.0) and row["dense_odd_x_stop_end"] == pytest.approx(60.0)
+
+
+def test_the_control_has_one_evaluation_as_endpoint_and_the_shared_start():
+    recs = {"dense": {0: _run([0.4, 0.5, 0.6, 0.6])}, "sft": {0: [{"step": 150, KEY: 0.45,
+                                                                  "eval/sparse/accuracy": 0.3}]}}
+    row = arm_table(recs)["sft"][0]
+    assert row["dense_end"] == pytest.approx(45.0) and row["dense_start"] == pytest.approx(40.0)
+    assert row["sparse_end"] == pytest.approx(30.0) and row["collapse"] is None
