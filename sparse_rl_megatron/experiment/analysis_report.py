@@ -95,7 +95,52 @@ def study_summary(cfg, records: dict) -> dict:
             if path.is_file():
                 caches.setdefault(arm, {})[seed] = {c: 100 * m["eval/sparse/accuracy"]
                                                     for c, m in json.loads(path.read_text()).items()}
-    return {"compounding": comp, "caches": caches}
+    comp = {arm: by_seed for arm, by_seed in comp.items() if any(k for v in by_seed.values() for k in v)}
+    return {"compounding": comp, "caches": caches, "study_tests": study_tests(comp, caches, steps[-1])}
+
+
+def study_tests(comp: dict, caches: dict, last: int) -> dict:
+    """The pre-registered secondary tests of the study: per seed Delta = value(last step) - value(step 0) of the
+    would-be veto (points) and of log10 rho p1; Delta(naive) - Delta(sparse_rl) (veto: H1 > 0) and
+    Delta(sparse_rl) - Delta(naive) (log10 p1: H1 > 0); and per cache sparse_rl - dense accuracy (H1 > 0)."""
+    from sparse_rl_megatron.experiment.stats import paired_summary
+
+    def delta(arm, key, fn):
+        out = {}
+        for seed, v in comp.get(arm, {}).items():
+            if 0 in v and last in v and v[0][key] is not None and v[last][key] is not None:
+                out[seed] = fn(v[last][key]) - fn(v[0][key])
+        return out
+
+    tests = {}
+    log10 = lambda x: math.log10(max(x, 1e-30))  # noqa: E731
+    for name, key, fn, a, b in (("veto_growth_naive_minus_sparse_rl", "veto", lambda x: 100 * x, "naive", "sparse_rl"),
+                                ("log10_p1_change_sparse_rl_minus_naive", "rho_p1", log10, "sparse_rl", "naive")):
+        da, db = delta(a, key, fn), delta(b, key, fn)
+        seeds = sorted(set(da) & set(db))
+        if len(seeds) >= 2:
+            tests[name] = {"seeds": seeds, **paired_summary([da[s] - db[s] for s in seeds]).as_dict(),
+                           "mean_delta": {a: sum(da[s] for s in seeds) / len(seeds),
+                                          b: sum(db[s] for s in seeds) / len(seeds)}}
+    names = sorted({c for v in caches.get("dense", {}).values() for c in v})
+    for cache in names:
+        seeds = sorted(set(caches.get("sparse_rl", {})) & set(caches.get("dense", {})))
+        diffs = [caches["sparse_rl"][s][cache] - caches["dense"][s][cache] for s in seeds
+                 if cache in caches["sparse_rl"][s] and cache in caches["dense"][s]]
+        if len(diffs) >= 2:
+            tests[f"cache {cache}: sparse_rl - dense"] = {"seeds": seeds, **paired_summary(diffs).as_dict()}
+    return tests
+
+
+def study_tests_markdown(tests: dict) -> str:
+    if not tests:
+        return "(not run)\n"
+    head = "| comparison | n | per-seed values | mean | 95% t CI | one-sided 95% lower bound | sign-flip p (H1 > 0) |"
+    lines = [head, "|" + " --- |" * 7]
+    for name, r in tests.items():
+        lines.append(f"| {name} | {r['n']} | {', '.join(_f(d, 2) for d in r['diffs'])} | {_f(r['mean'], 2)} | "
+                     f"[{_f(r['ci_low'], 2)}, {_f(r['ci_high'], 2)}] | {_f(r['bound'], 2)} | {_p(r['p_sign_flip'])} |")
+    return "\n".join(lines) + "\n"
 
 
 def compounding_markdown(comp: dict) -> str:
@@ -136,7 +181,8 @@ def analysis_markdown(result: dict) -> str:
     if "compounding" in result:
         text += ["\n## Compounding test (mismatch at B* on the same prompts; veto in %)\n",
                  compounding_markdown(result["compounding"]),
-                 "\n## Final models under other caches (greedy accuracy, points)\n", caches_markdown(result["caches"])]
+                 "\n## Final models under other caches (greedy accuracy, points)\n", caches_markdown(result["caches"]),
+                 "\n## Study tests (secondary, unadjusted)\n", study_tests_markdown(result.get("study_tests", {}))]
     return "".join(text)
 
 

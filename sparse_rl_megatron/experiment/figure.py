@@ -19,7 +19,7 @@ PANELS = {
     "repetition rate (repeated 4-grams)": "rollout/repetition_rate",
     "KV tokens held per sequence (peak)": "rollout/kv_tokens_peak_mean",
 }
-LOG_PANELS = frozenset({"rho p1", "rho p5"})
+LOG_PANELS = frozenset({"rho p1", "rho p5", "grad norm (log scale)"})
 CLAIMS_FIGURE_FILE = "figure_claims.png"
 CLAIM_PANELS = {
     "held-out accuracy, dense inference": "eval/dense/accuracy",
@@ -29,7 +29,7 @@ CLAIM_PANELS = {
     "train reward": "rollout/reward_mean",
     "would-be veto (rho < 1e-4)": "sparse/would_veto_frac",
     "T=1 entropy of the sampler (nats/token)": "sparse/entropy_sampler",
-    "grad norm": "train/grad_norm",
+    "grad norm (log scale)": "train/grad_norm",
 }
 """Panels of the issue-20 figure (``figure_claims.png``)."""
 
