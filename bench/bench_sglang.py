@@ -18,6 +18,13 @@ against ``dense`` of the same run. Defaults keep the paper's proportions scaled 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_sglang.py                 # ~25 min on 2 busy cores
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_sglang.py --requests 16 --response 128 --budget 16 --buffer 4
 
+``--inner-backend triton`` runs the same modes over SGLang's triton attention backend (the GPU default) in
+Triton's interpreter: the concurrency, slot and retained-token columns are the GPU path's; its speed columns are
+the interpreter's, not a speed figure.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_sglang.py --inner-backend triton --requests 16 --response 64 \
+        --budget 16 --buffer 4 --window 4 --pool 512 --triton-kv-splits 2
+
 Not a test. The scheduler runs in its own process; CPU times are that process's (``time.process_time``
 logged by the plugin), wall times include the noise of a shared machine.
 """
@@ -48,6 +55,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--method", default="rkv")
     p.add_argument("--max-running", type=int, default=128, help="SGLang's max_running_requests (not the limit)")
     p.add_argument("--stats-every", type=int, default=8, help="the plugin logs the pool every k-th forward")
+    p.add_argument("--inner-backend", default="torch_native", choices=("torch_native", "triton"),
+                   help="attention kernels under the plugin (triton: in Triton's interpreter on CPU)")
+    p.add_argument("--triton-kv-splits", type=int, default=8, help="triton decode KV splits (SGLang's default 8)")
     add_model_args(p)
     return p.parse_args(argv)
 
@@ -56,7 +66,7 @@ def plugin_config(args, mode: str, stats: Path) -> dict:
     compression = {"method": "none"} if mode == "dense" else {
         "method": args.method, "budget": args.budget, "buffer": args.buffer, "window": args.window}
     return {"compression": compression, "free_evicted": mode != "fork", "stats_path": str(stats),
-            "stats_every": args.stats_every}
+            "stats_every": args.stats_every, "inner_backend": args.inner_backend}
 
 
 def run_mode(args, mode: str, model_dir: Path, prompts: list[list[int]], workdir: Path) -> dict:
@@ -68,6 +78,8 @@ def run_mode(args, mode: str, model_dir: Path, prompts: list[list[int]], workdir
     stats = workdir / f"{mode}.jsonl"
     os.environ[CONFIG_ENV] = json.dumps(plugin_config(args, mode, stats))
     kwargs = {**cpu_compat.cpu_engine_kwargs(), "attention_backend": BACKEND_NAME}
+    if args.inner_backend == "triton":
+        kwargs["triton_attention_num_kv_splits"] = args.triton_kv_splits
     # distinct prompts: the radix cache would share nothing (and a fork-mode copy of a shared prompt would
     # need slots that mode never frees)
     engine = sglang.Engine(model_path=str(model_dir), dtype="float32", max_total_tokens=args.pool,
@@ -109,7 +121,7 @@ def main(argv=None) -> None:
     prompts = [torch.randint(10, args.vocab, (args.prompt_len,), generator=gen).tolist() for _ in range(args.requests)]
     print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, pool {args.pool} tokens, "
           f"{args.requests} requests x {args.response} tokens (prompt {args.prompt_len}), {args.method} "
-          f"B={args.budget} W={args.buffer} alpha={args.window}")
+          f"B={args.budget} W={args.buffer} alpha={args.window}, inner backend {args.inner_backend}")
     results = [run_mode(args, mode, model_dir, prompts, workdir) for mode in args.modes]
     base = next((r for r in results if r["mode"] == "dense"), results[0])
     header = ("mode", "max running", "x dense", "mean running", "peak slots", "max retained", "tok/s wall",

@@ -5,9 +5,12 @@
 #   NNODES=2 RDZV_ENDPOINT=node01:29500 launch/torchrun.sh --config RECIPE [...]            # on each of 2 nodes
 #
 # First `sparse-rl preflight` checks this node (recipe, model and data present, GPU count vs TP x PP x DP, the
-# rendezvous endpoint reachable); then torchrun starts NPROC_PER_NODE ranks that meet at the c10d rendezvous.
-# Every phase of every step prints a time-stamped heartbeat line (log.heartbeat=true, always on here), so a
-# hang says where.
+# rendezvous endpoint reachable) and prints the rollout layout line, e.g. `rollout: 16 sglang engines x TP1 on ranks
+# 0-15 (2 nodes x GPUs 0-7), 128 groups -> 8 per engine`; then torchrun starts NPROC_PER_NODE ranks that meet at the
+# c10d rendezvous. Each node starts its own share of the engines: one per rollout.gpus_per_engine ranks, in the
+# first rank of each group, on that group's GPUs (LOCAL_RANK = GPU; its ranks must see all the node's GPUs), and
+# that rank samples and scores its share of every step's groups. Every phase of every step prints a time-stamped
+# heartbeat line (log.heartbeat=true, always on here), so a hang says where.
 #
 # Environment:
 #   NNODES          nodes of the job (default 1)

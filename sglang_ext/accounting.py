@@ -1,33 +1,39 @@
 """Which KV slots a compressed request owns, and giving them back: the scheduler side of the plugin.
 
-After a row's first compression SGLang's ``req_to_token`` row still says what the row owns, as long as
-the plugin keeps one rule: an evicted slot is freed *and* zeroed in the row at the same time
-(``compaction._give_back``). So the row's non-zero entries past the tree-owned prefix are exactly its
-slots, plus the *extras*: slots the plugin allocated itself for the first compression of a scope ``all``
-request whose prompt the radix tree shares (they appear in the physical table only). On release the
-plugin frees exactly those (``release_row``), SGLang's own release frees nothing twice, and the strict
-memory checker (idle and busy) sees a consistent pool (``owned_slots``).
+After a row's first compression SGLang's ``req_to_token`` row still says what the row owns, as long as the plugin
+keeps one rule: an evicted slot is freed *and* zeroed in the row at the same time (``compaction._give_back``); the
+zeroed entries form one contiguous range of positions, ``[zero_lo, zero_hi)`` (``row_state``). So the row's
+entries past the tree-owned prefix, minus that range, are exactly its slots, plus the *extras*: slots the plugin
+allocated itself for the first compression of a scope ``all`` request whose prompt the radix tree shares (they
+appear in the physical table only, ``RowState.extras``). On release the plugin frees exactly those
+(``release_row``), SGLang's own release frees nothing twice, and the strict memory checker (idle and busy) sees a
+consistent pool (``owned_slots``). All of it is host arithmetic and device slicing: no host sync.
 """
 from __future__ import annotations
 
 import torch
 
-
-def _row_entries(backend, row: int, start: int, end: int) -> torch.Tensor:
-    seg = backend.req_to_token_pool.req_to_token[row, start:end]
-    return seg[seg > 0].long()
+from sglang_ext.host_syncs import counted
 
 
-def live_extras(backend, row: int, allocated: int) -> torch.Tensor:
-    """Slots the row holds that SGLang's row does not list (the extras still in use), plus unused reservations."""
+def _live_spans(backend, row: int, start: int, end: int) -> list[tuple[int, int]]:
+    """The parts of SGLang row positions ``[start, end)`` outside the zeroed range."""
     state = backend.state
-    pending = state.pending_extras.get(row)
-    out = [] if pending is None else [pending]
-    if state.compressed[row] and not state.extras_released[row]:
-        table = state.table[row, int(state.cand_start[row]):int(state.phys_len[row])].long()
-        listed = backend.req_to_token_pool.req_to_token[row, :allocated].long()
-        out.append(table[~torch.isin(table, listed) & (table > 0)])
-    return torch.cat(out) if out else torch.zeros(0, dtype=torch.long, device=state.table.device)
+    lo, hi = int(state.zero_lo[row]), int(state.zero_hi[row])
+    if lo >= hi or hi <= start or lo >= end:
+        return [(start, end)] if end > start else []
+    return [(a, b) for a, b in ((start, lo), (hi, end)) if b > a]
+
+
+def _extras(backend, row: int) -> list[torch.Tensor]:
+    """Slots the row holds that SGLang's row does not list: extras in use, and unused reservations."""
+    state = backend.state
+    out = []
+    if row in state.pending_extras:
+        out.append(state.pending_extras[row])
+    if row in state.extras and not state.extras_released[row]:
+        out.append(state.extras[row])
+    return out
 
 
 def _extent(backend, row: int, kv=None) -> tuple[int, int]:
@@ -45,7 +51,8 @@ def owned_slots(backend, row: int, kv=None, *, beyond_prompt: bool = False) -> i
     protected, allocated = _extent(backend, row, kv)
     if beyond_prompt:
         protected = max(protected, backend.state.info[row].prompt_len)
-    return int(_row_entries(backend, row, protected, allocated).numel() + live_extras(backend, row, allocated).numel())
+    listed = sum(b - a for a, b in _live_spans(backend, row, protected, allocated))
+    return listed + sum(int(x.numel()) for x in _extras(backend, row))
 
 
 def handles_row(backend, row: int | None) -> bool:
@@ -56,20 +63,23 @@ def handles_row(backend, row: int | None) -> bool:
     return bool(state.compressed[row]) or row in state.pending_extras
 
 
+@counted
 def release_row(backend, kv, ranges: list[tuple[int, int]], allocator) -> None:
     """``BasePrefixCache.free_kv_row`` for a compressed row: free the listed ranges' live slots, and once the
-    extras; zeros (evicted slots, already freed) are skipped."""
+    extras; the zeroed range (evicted slots, already freed) is skipped."""
     row = kv.req_pool_idx
     state = backend.state
-    parts = [_row_entries(backend, row, start, end) for start, end in ranges]
+    rtt = backend.req_to_token_pool.req_to_token
+    parts = [rtt[row, a:b].long() for start, end in ranges for a, b in _live_spans(backend, row, start, end)]
     if not state.extras_released[row]:
-        _, allocated = _extent(backend, row, kv)
-        parts.append(live_extras(backend, row, allocated))
+        parts.extend(x.long() for x in _extras(backend, row))
         state.pending_extras.pop(row, None)
+        state.extras.pop(row, None)
         state.extras_released[row] = True
-    slots = torch.cat(parts) if parts else None
-    if slots is not None and slots.numel():
-        allocator.free(slots)
+    if parts:
+        slots = torch.cat(parts)
+        if slots.numel():
+            allocator.free(slots)
 
 
 def extras_needed(backend, req, count_next: int) -> int:
@@ -87,6 +97,7 @@ def extras_needed(backend, req, count_next: int) -> int:
     return max(cfg.budget - owned, 0) - (0 if row not in state.pending_extras else state.pending_extras[row].numel())
 
 
+@counted
 def reserve_extras(backend, batch) -> None:
     """Scheduler side, right after the decode slots are allocated: reserve the extras of the coming forward's
     first compressions (the tree may be evicted for them, which only the scheduler can do)."""

@@ -1,9 +1,9 @@
 """``sparse_kv``: an SGLang attention backend that wraps a real one and bounds every request's KV.
 
 The inner backend (``torch_native`` on CPU; ``triton``, ``flashinfer``, ``fa3`` on GPU) runs the kernels
-unchanged: it is built on a view of the model runner whose ``req_to_token_pool.req_to_token`` is the
-plugin's physical table (``row_state``), and every forward hands it a ``ForwardBatch`` copy with physical
-lengths (``forward_plan``). The model, RoPE positions and SGLang's scheduler keep the logical lengths.
+unchanged: it is built on a view of the model runner (``runner_view``) whose ``req_to_token_pool.req_to_token``
+is the plugin's physical table (``row_state``) and whose ``kv_index_translator`` reads that table, and every
+forward hands it a ``ForwardBatch`` copy with physical lengths (``forward_plan``). The model, RoPE positions and SGLang's scheduler keep the logical lengths.
 
 Around that, per forward: ``init_forward_metadata`` updates the tables; each layer's ``forward_*`` stores
 the post-RoPE queries the scorers need (a ring of the last alpha per row and layer); after the forward
@@ -13,46 +13,39 @@ compressed and their evicted slots freed (``compaction``).
 from __future__ import annotations
 
 import logging
-from typing import Any
+import sys
 
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
+from sglang_ext import host_syncs, memory
 from sglang_ext.config import BACKEND_NAME, REQUEST_KEY, ConfigError, SparseKVConfig, request_compression
-from sglang_ext.forward_plan import ForwardPlan, plan_forward
+from sglang_ext.forward_plan import ForwardPlan, plan_forward, sglang_host
+from sglang_ext.host_syncs import counted, not_counted
 from sglang_ext.row_state import RowInfo, RowState
+from sglang_ext.runner_view import (RunnerView, kv_cache_region, physical_translator, query_groups,
+                                    tp_rank)
 from sparse_rl_megatron.compression import KeptDigest
 
 logger = logging.getLogger(__name__)
 
 _ACTIVE: "SparseKVBackend | None" = None
 """The backend of this process (SGLang runs one scheduler, hence one target model runner, per process)."""
+UNSUPPORTED_BASE_METHODS = {
+    "init_cuda_graph_state": "CUDA graphs",
+    "init_forward_metadata_for_breakable_cuda_graph_capture": "breakable CUDA graphs",
+    "prepare_forward_metadata_for_breakable_cuda_graph_replay": "breakable CUDA graphs",
+    "update_verify_buffers_to_fill_after_draft": "speculative decoding",
+    "forward_mixed": "mixed prefill/decode chunks",
+}
+"""Methods ``AttentionBackend`` leaves raising that this backend does not implement: their feature is refused at
+start (``refusals``). Every other raising method is implemented here."""
+PADDED_SEQ_LEN = 1
+"""Sequence length of a padded batch lane when the inner backend names none (triton, flashinfer, fa3 use 1)."""
 
 
 def active_backend() -> "SparseKVBackend | None":
     return _ACTIVE
-
-
-class _PoolView:
-    """``req_to_token_pool`` as the inner backend sees it: the physical table instead of the logical one."""
-
-    def __init__(self, pool, table: torch.Tensor):
-        self._pool = pool
-        self.req_to_token = table
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._pool, name)
-
-
-class _RunnerView:
-    """The model runner as the inner backend sees it (everything but the token table is the real one)."""
-
-    def __init__(self, runner, pool_view: _PoolView):
-        self._runner = runner
-        self.req_to_token_pool = pool_view
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._runner, name)
 
 
 class SparseKVBackend(AttentionBackend):
@@ -62,6 +55,8 @@ class SparseKVBackend(AttentionBackend):
         super().__init__()
         from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
 
+        _claim_process(None)
+        self.closed = False
         if getattr(model_runner, "use_mla_backend", False):
             raise ConfigError(f"{BACKEND_NAME}: MLA models are not supported (per-head K/V slots are needed)")
         pool = model_runner.token_to_kv_pool
@@ -80,24 +75,35 @@ class SparseKVBackend(AttentionBackend):
         self.layer_ids = list(range(pool.start_layer, pool.start_layer + pool.layer_num))
         tp = int(getattr(model_runner.server_args, "tp_size", 1) or 1)
         num_q_heads = mc.get_num_attention_heads(tp)
+        self.query_groups = query_groups(mc, tp)
         c = config.compression
+        self.memory = memory.for_config(config, rows=rtt.shape[0], width=rtt.shape[1], layers=len(self.layer_ids),
+                                        q_heads=num_q_heads, kv_heads=pool.head_num, head_dim=pool.head_dim,
+                                        ring_itemsize=torch.empty(0, dtype=model_runner.dtype).element_size())
         self.state = RowState(
             rows=rtt.shape[0], width=rtt.shape[1], num_layers=len(self.layer_ids), num_kv_heads=pool.head_num,
             num_q_heads=num_q_heads, head_dim=pool.head_dim, window=c.window, max_candidates=c.max_candidates,
             ring_dtype=model_runner.dtype, device=rtt.device, keep_queries=not c.is_dense,
-            keep_positions=config.kept_digest and not c.is_dense)
+            keep_positions=config.kept_digest and not c.is_dense, region=kv_cache_region(model_runner))
         inner_name = config.resolved_inner_backend(str(self.device))
-        self.inner = ATTENTION_BACKENDS[inner_name](_RunnerView(model_runner, _PoolView(self.req_to_token_pool,
-                                                                                      self.state.table)))
+        self.runner_view = RunnerView(model_runner, self.state.table, physical_translator(model_runner,
+                                                                                           self.state.table))
+        """What the inner backend was built on (its tables, its index translator)."""
+        self.inner = ATTENTION_BACKENDS[inner_name](self.runner_view)
         self.scaling: dict[int, float] = {}
         self.plan: ForwardPlan | None = None
         self._last_idle = None
         self.forwards = 0
+        self.syncs_logged = 0
         self.compact_cpu = 0.0
         """With ``stats_path``: forwards seen and this process's CPU seconds spent compressing (cumulative)."""
         self._clip_admission()
-        global _ACTIVE
-        _ACTIVE = self
+        self.sync_counter = None
+        if config.count_host_syncs and config.stats_path:
+            self.sync_counter = host_syncs.HostSyncCounter()
+            host_syncs.install_for_process(self.sync_counter)
+        _claim_process(self)
+        self._report_memory()
         logger.info("sparse_kv backend: %s, inner %s", c.describe(), inner_name)
 
     # ------------------------------------------------------------------------------------------- binding
@@ -109,8 +115,8 @@ class SparseKVBackend(AttentionBackend):
         base = self.config.compression
         config = request_compression(base, overrides)
         if not config.is_dense and base.is_dense:
-            raise ConfigError(f"custom_params.sparse_kv: this server was started dense (compression.method none); "
-                              f"start it with a compression method to compress requests")
+            raise ConfigError("custom_params.sparse_kv: this server was started dense (compression.method none); "
+                              "start it with a compression method to compress requests")
         meta = {"method": config.method, "budget": None if config.is_dense else config.budget,
                 "window": 0 if config.is_dense else config.window, "buffer": 0 if config.is_dense else config.buffer,
                 "scope": config.scope, "events": 0, "peak_kv_tokens": 0, "kept_digest": None,
@@ -120,7 +126,7 @@ class SparseKVBackend(AttentionBackend):
 
     def bind(self, row: int, req) -> None:
         """Scheduler side: ``req`` now owns ``row`` (called right after SGLang allocated the row)."""
-        generation = int(self.req_to_token_pool.req_generation[row])
+        generation = int(sglang_host(self.req_to_token_pool.req_generation)[row])
         info = self.state.info[row]
         if self.state.generation[row] == generation and info is not None and info.req is req:
             return  # a chunked prefill continuing in its row
@@ -133,21 +139,28 @@ class SparseKVBackend(AttentionBackend):
         req.customized_info = {**old, REQUEST_KEY: [info.meta]}
 
     # ------------------------------------------------------------------------------------------ forward
+    @counted
     def init_forward_metadata(self, forward_batch):
+        if getattr(forward_batch, "global_num_tokens_cpu", None) is not None:
+            raise ConfigError(f"{BACKEND_NAME}: this server pads batches for MLP sync (attention DP, gathered "
+                              "buffers); padded lanes would read request row 0; not supported")
         if forward_batch.forward_mode.is_idle():
             self.plan = None
-            self.inner.init_forward_metadata(forward_batch)
+            with not_counted():
+                self.inner.init_forward_metadata(forward_batch)
             return
         self.plan = plan_forward(
             self.state, forward_batch, req_to_token=self.req_to_token_pool.req_to_token,
             req_generation=self.req_to_token_pool.req_generation,
             default_info=lambda row, seq: self.make_info(row, seq))
-        self.inner.init_forward_metadata(self.plan.phys_batch)
+        with not_counted():   # the inner backend's own metadata (what it costs without the plugin too)
+            self.inner.init_forward_metadata(self.plan.phys_batch)
 
+    @counted
     def _record_queries(self, q: torch.Tensor, layer) -> None:
         plan = self.plan
         self.scaling.setdefault(layer.layer_id, float(layer.scaling))
-        if plan is None or self.state.qwin is None or plan.ring_tokens.numel() == 0:
+        if plan is None or self.state.qwin is None or plan.ring_count == 0:
             return
         q = q.reshape(q.shape[0], layer.tp_q_head_num, layer.qk_head_dim)
         ring = self.state.qwin[layer.layer_id - self.layer_ids[0]]
@@ -171,6 +184,27 @@ class SparseKVBackend(AttentionBackend):
     def support_triton(self):
         return self.inner.support_triton()
 
+    # Methods the base class leaves raising that SGLang calls outside CUDA graphs too: the fill value of padded
+    # sequence lengths (batch padding, the decode-buffer allocation of FlashInfer's autotune warm-up). The inner
+    # backend's answer (1 for triton, flashinfer, fa3); torch_native defines none, and 1 is what the others use.
+    def get_cuda_graph_seq_len_fill_value(self):
+        fill = getattr(type(self.inner), "get_cuda_graph_seq_len_fill_value", None)
+        if fill is None or fill is AttentionBackend.get_cuda_graph_seq_len_fill_value:
+            return PADDED_SEQ_LEN
+        return self.inner.get_cuda_graph_seq_len_fill_value()
+
+    def get_cpu_graph_seq_len_fill_value(self):
+        fill = getattr(self.inner, "get_cpu_graph_seq_len_fill_value", None)
+        return PADDED_SEQ_LEN if fill is None else fill()
+
+    def close(self) -> None:
+        """Drop this backend's claim on the process (in-process drivers; a server's ends with its process)."""
+        global _ACTIVE
+        self.closed = True
+        if _ACTIVE is self:
+            _ACTIVE = None
+
+    @counted
     def after_forward(self) -> None:
         """Compress the rows that reached B + W (called after the model forward, outside any graph)."""
         from sglang_ext.compaction import compress_due_rows
@@ -180,6 +214,20 @@ class SparseKVBackend(AttentionBackend):
             compress_due_rows(self, plan)
 
     # ------------------------------------------------------------------------------------------- helpers
+    def _report_memory(self) -> None:
+        """One line at start: the plugin's memory, and whether SGLang's KV budget was reduced by it first."""
+        held = memory.reserved()
+        where = (f"inside mem_fraction_static (reserved {held.total / 2 ** 30:.2f} GiB for {held.rows} rows before "
+                 "the KV pool was sized)" if held is not None else "not reserved before the KV pool was sized")
+        if tp_rank(self.runner) == 0:
+            print(f"{self.memory.describe()}, {where}", file=sys.stderr, flush=True)
+        if self.config.stats_path:
+            from sglang_ext.compaction import _append
+
+            _append(self, {"memory": {"allocated": self.state.nbytes, "formula": self.memory.total,
+                                      "rows": self.memory.rows, "reserved": None if held is None else held.total,
+                                      "reserved_rows": None if held is None else held.rows}})
+
     @property
     def compresses(self) -> bool:
         """Requests are compressed and their evicted slots freed (admission may count on it)."""
@@ -194,6 +242,17 @@ class SparseKVBackend(AttentionBackend):
         from sglang.srt.managers import schedule_policy
 
         schedule_policy.CLIP_MAX_NEW_TOKENS = min(schedule_policy.CLIP_MAX_NEW_TOKENS, c.max_candidates + 1)
+
+
+def _claim_process(backend: "SparseKVBackend | None") -> None:
+    """Make ``backend`` this process's backend; None: only check that no live one exists."""
+    global _ACTIVE
+    if _ACTIVE is not None and not _ACTIVE.closed:
+        raise ConfigError(f"{BACKEND_NAME}: a second {BACKEND_NAME} attention backend was built in this process "
+                          "(two-batch overlap, PD multiplexing, a draft model or another runner); the plugin keeps "
+                          "one table per request row and supports one backend per process")
+    if backend is not None:
+        _ACTIVE = backend
 
 
 def _logprob_convention() -> str:

@@ -5,14 +5,18 @@ candidate count reached B + W keeps B candidates per layer and KV head. A plain 
 (prefill compression is refused at start); an extend that re-caches response tokens (a retracted request
 re-prefilled before its first event) follows the decode rule, as the tokens would have.
 
-How, for the rows due with one config and one candidate count, layer by layer: the candidates' post-RoPE
-keys and values are read from SGLang's pool through the physical table, the row's last alpha queries from
-its ring (oldest first), ``compression.choose_kept`` picks B per KV head (the same code the HF reference
-engine runs), and the kept K/V are written into the row's first B owned candidate slots. The other owned
-candidate slots are freed and their entries in SGLang's ``req_to_token`` row zeroed (so nothing frees them
-twice). Slots SGLang's radix tree shares (the prompt, scope ``all``, radix cache on) are only read: the
-kept prompt tokens are copied into the row's own slots, plus slots the scheduler reserved beforehand
-(``accounting.reserve_extras``) when the row owns fewer than B.
+How, for the rows due with one config and one candidate count, layer by layer and in chunks of rows and KV
+heads (``score_chunks``: the transient scorer memory, R-KV's n x n similarity above all, stays under
+``SCORE_CHUNK_BYTES`` however many rows compress at once): the candidates' post-RoPE keys and values are read from
+SGLang's pool through the physical table, the row's last alpha queries from its ring (oldest first; with TP above
+the KV head count, the KV head's whole query group, ``tp_heads``), ``compression.choose_kept`` picks B per KV head
+(the same code the HF reference engine runs), and the kept K/V are written into the row's first B owned
+candidate slots. The other owned candidate slots are freed and their entries in SGLang's ``req_to_token`` row
+zeroed (a contiguous range, see ``row_state``). Slots SGLang's radix tree shares (the prompt, scope ``all``,
+radix cache on) are only read: the kept prompt tokens are copied into the row's own slots, plus slots the
+scheduler reserved beforehand (``accounting.reserve_extras``) when the row owns fewer than B.
+
+Host syncs: none, except one device-to-host copy per compressing step for the kept digests (``kept_digest``).
 """
 from __future__ import annotations
 
@@ -26,6 +30,10 @@ import torch
 
 from sglang_ext.accounting import owned_slots, take_extras
 from sglang_ext.config import FAULT_ENV
+from sglang_ext.forward_plan import _send
+from sglang_ext.host_syncs import not_counted, to_host
+from sglang_ext import score_chunks as chunking
+from sglang_ext.score_chunks import score_chunks
 from sparse_rl_megatron.compression import ScoreInputs, choose_kept, gather_kept, get_scorer
 
 
@@ -45,108 +53,199 @@ def compress_due_rows(backend, plan) -> None:
             groups[(repr(cfg), n)].append(row)
     stats = backend.config.stats_path
     backend.forwards += 1
-    usage = pool_usage(backend, plan) if stats and backend.forwards % backend.config.stats_every == 0 else None
+    usage = None
+    if stats and backend.forwards % backend.config.stats_every == 0:
+        with not_counted():   # diagnostics
+            usage = pool_usage(backend, plan)
     cpu = time.process_time()
+    digests = []
     for (_, n), rows in groups.items():
-        compress_rows(backend, rows, n)
+        kept = compress_rows(backend, rows, n)
+        if kept is not None:
+            digests.append(kept)
+    _update_digests(state, digests)
     if stats:
         backend.compact_cpu += time.process_time() - cpu
     if usage is not None:
         usage.update(compressing=sum(len(g) for g in groups.values()), cpu=time.process_time(),
-                     compact_cpu=backend.compact_cpu)
+                     compact_cpu=backend.compact_cpu, host_rows=plan.rows_from_host)
+        counter = backend.sync_counter
+        if counter is not None:   # what the hooks cost since the previous line (this forward, its scheduling)
+            usage.update(host_syncs=counter.total - backend.syncs_logged, staged=counter.staged)
+            backend.syncs_logged = counter.total
         _append(backend, usage)
         backend._last_idle = None
 
 
-def compress_rows(backend, rows: list[int], n: int) -> None:
-    """Compress ``rows`` (same config, ``n`` candidates each) down to B candidates per layer and KV head."""
+def compress_rows(backend, rows: list[int], n: int):
+    """Compress ``rows`` (same config, ``n`` candidates each) down to B candidates per layer and KV head.
+    Returns ``(rows, events, kept_positions [L, m, Hkv, B])`` for the kept digests, or None without them."""
     state, pool = backend.state, backend.token_to_kv_pool
     cfg = state.info[rows[0]].config
     budget, window = cfg.budget, cfg.window
     device = state.table.device
-    rows_t = torch.as_tensor(rows, device=device)
-    starts = torch.as_tensor(state.cand_start[rows], device=device)
-    cand = state.table[rows_t[:, None], starts[:, None] + torch.arange(n, device=device)].long()   # [m, n]
-    dst, freed = _destinations(backend, rows, cand, budget)
-    first = ~state.compressed[rows]
-    positions = _candidate_positions(state, rows, n, first) if state.pos is not None else None
-    queries_needed = get_scorer(cfg.method).needs_queries
-    order = torch.as_tensor(np.stack([(state.ring_ptr[r] + np.arange(window)) % window for r in rows]),
-                            device=device)                                                     # [m, alpha]
+    rows_np = np.asarray(rows, dtype=np.int64)
+    starts = state.cand_start[rows_np]
+    first = ~state.compressed[rows_np]
+    own_from = np.array([_owned_from(backend, r, n) for r in rows], dtype=np.int64)
+    order = (state.ring_ptr[rows_np][:, None] + np.arange(window)) % window
+    zero_rows, zero_cols = _zero_range(backend, rows_np, n, own_from, budget)
+    rows_t, starts_t, order_t, first_t, zero_rows_t, zero_cols_t = _send(
+        [rows_np, starts, order.ravel(), first.astype(np.int64), zero_rows, zero_cols], device)
+    order_t, first_t = order_t.view(len(rows), window), first_t.bool()
+    cand = state.table[rows_t[:, None], starts_t[:, None] + torch.arange(n, device=device)].long()   # [m, n]
+    dst, freed = _destinations(backend, rows, cand, own_from, budget)
+    positions = _candidate_positions(state, rows_t, starts_t, first_t, n) if state.pos is not None else None
+    scorer = get_scorer(cfg.method)
+    head_dim = pool.head_dim
     kept_positions = []
     for li, layer_id in enumerate(backend.layer_ids):
         kbuf, vbuf = pool.get_key_buffer(layer_id), pool.get_value_buffer(layer_id)
-        keys = kbuf[cand].permute(0, 2, 1, 3)                                                   # [m, Hkv, n, D]
-        values = vbuf[cand].permute(0, 2, 1, 3)
-        queries = None
-        if queries_needed:
-            ring = state.qwin[li][rows_t]                                                       # [m, Hq, a, D]
-            queries = torch.gather(ring, 2, order[:, None, :, None].expand(-1, ring.shape[1], -1, ring.shape[3]))
-        kept = choose_kept(cfg, ScoreInputs(keys=keys, values=values, queries=queries,
-                                            scaling=backend.scaling.get(layer_id)))            # [m, Hkv, B]
-        kbuf[dst] = gather_kept(keys, kept).permute(0, 2, 1, 3).to(kbuf.dtype)
-        vbuf[dst] = gather_kept(values, kept).permute(0, 2, 1, 3).to(vbuf.dtype)
+        kept_pos = torch.empty(len(rows), pool.head_num, budget, dtype=state.pos.dtype, device=device) \
+            if positions is not None else None
+        for rs, head_slices in score_chunks(len(rows), pool.head_num, pair_bytes=_pair_bytes(cfg, n, head_dim),
+                                            row_bytes=_row_bytes(n, pool.head_num, head_dim, kbuf.element_size()),
+                                            budget=chunking.SCORE_CHUNK_BYTES):
+            keys = kbuf[cand[rs]].permute(0, 2, 1, 3)                                    # [mc, Hkv, n, D]
+            values = vbuf[cand[rs]].permute(0, 2, 1, 3)
+            queries = None
+            if scorer.needs_queries:
+                ring = state.qwin[li][rows_t[rs]]                                       # [mc, Hq, a, D]
+                index = order_t[rs][:, None, :, None].expand(-1, ring.shape[1], -1, ring.shape[3])
+                queries = backend.query_groups.whole_group(torch.gather(ring, 2, index))
+            kept = _choose(cfg, keys, values, queries, backend.scaling.get(layer_id), head_slices)   # [mc, Hkv, B]
+            kbuf[dst[rs]] = gather_kept(keys, kept).permute(0, 2, 1, 3).to(kbuf.dtype)
+            vbuf[dst[rs]] = gather_kept(values, kept).permute(0, 2, 1, 3).to(vbuf.dtype)
+            if positions is not None:
+                kept_pos[rs] = gather_kept(positions[li, rs].unsqueeze(-1), kept).squeeze(-1)
         if positions is not None:
-            kept_pos = gather_kept(positions[li].unsqueeze(-1), kept).squeeze(-1)               # [m, Hkv, B]
             state.pos[li, rows_t, :, :budget] = kept_pos
             kept_positions.append(kept_pos)
-    _give_back(backend, rows, freed)
-    for i, row in enumerate(rows):
-        start = int(state.cand_start[row])
-        state.table[row, start:start + budget] = dst[i].to(state.table.dtype)
-        state.phys_len[row] = start + budget
-        info = state.info[row]
-        if info.digest is not None:
-            info.digest.update_layers(int(state.events[row]), torch.stack([p[i] for p in kept_positions]))
-            info.meta["kept_digest"] = info.digest.hexdigest()
-        state.events[row] += 1
-        info.meta["events"] = int(state.events[row])
-    state.compressed[rows] = True
+    _give_back(backend, zero_rows_t, zero_cols_t, freed)
+    state.table[rows_t[:, None], starts_t[:, None] + torch.arange(budget, device=device)] = dst.to(state.table.dtype)
+    events = state.events[rows_np].copy()
+    state.phys_len[rows_np] = starts + budget
+    state.events[rows_np] += 1
+    state.compressed[rows_np] = True
+    for row in rows:
+        state.info[row].meta["events"] = int(state.events[row])
+    if not kept_positions or all(state.info[r].digest is None for r in rows):
+        return None
+    return rows, events, torch.stack(kept_positions)
 
 
-def _destinations(backend, rows: list[int], cand: torch.Tensor, budget: int):
+def _choose(cfg, keys, values, queries, scaling, head_slices: list[slice]) -> torch.Tensor:
+    """``choose_kept`` of a row chunk, KV heads a slice at a time (each with its query heads); [mc, Hkv, B]."""
+    if len(head_slices) == 1:
+        return choose_kept(cfg, ScoreInputs(keys=keys, values=values, queries=queries, scaling=scaling))
+    kept = torch.empty(keys.shape[0], keys.shape[1], cfg.budget, dtype=torch.int64, device=keys.device)
+    group = None if queries is None else queries.shape[1] // keys.shape[1]
+    for hs in head_slices:
+        q = None if queries is None else queries[:, hs.start * group:hs.stop * group]
+        kept[:, hs] = choose_kept(cfg, ScoreInputs(keys=keys[:, hs], values=values[:, hs], queries=q,
+                                                   scaling=scaling))
+    return kept
+
+
+def _destinations(backend, rows: list[int], cand: torch.Tensor, own_from: np.ndarray, budget: int):
     """[m, B] slots that receive the kept K/V, and the [k] owned candidate slots to free."""
-    state = backend.state
+    n = cand.shape[1]
+    if (own_from == own_from[0]).all() and n - own_from[0] >= budget:       # every row owns B candidates or more
+        k = int(own_from[0])
+        return cand[:, k:k + budget], cand[:, k + budget:].reshape(-1)
     dst, freed = [], []
     for i, row in enumerate(rows):
-        owned = cand[i]
-        info = state.info[row]
-        if backend.radix_enabled and not state.compressed[row] and info.config.scope == "all":
-            owned = owned[min(info.prompt_len, owned.numel()):]   # the prompt's slots belong to the radix tree
+        owned = cand[i, int(own_from[i]):]
         if owned.numel() >= budget:
             dst.append(owned[:budget])
             freed.append(owned[budget:])
         else:
-            dst.append(torch.cat([owned, take_extras(backend, row, budget - owned.numel())]))
-    empty = cand.new_zeros(0)
-    return torch.stack(dst), (torch.cat(freed) if freed else empty)
+            extra = take_extras(backend, row, budget - owned.numel())
+            backend.state.extras[row] = extra
+            dst.append(torch.cat([owned, extra]))
+    return torch.stack(dst), (torch.cat(freed) if freed else cand.new_zeros(0))
 
 
-def _candidate_positions(state, rows: list[int], n: int, first: np.ndarray) -> torch.Tensor:
-    """[L, m, Hkv, n] logical position of every candidate slot, per layer and KV head."""
-    layers, _, heads, _ = state.pos.shape
-    out = torch.empty(layers, len(rows), heads, n, dtype=state.pos.dtype, device=state.pos.device)
-    for i, row in enumerate(rows):
-        if first[i]:   # never compressed: the candidates are consecutive logical positions (n may exceed B + W)
-            start = int(state.cand_start[row])
-            out[:, i] = torch.arange(start, start + n, device=state.pos.device)
-        else:
-            out[:, i] = state.pos[:, row, :, :n]
-    return out
+def _owned_from(backend, row: int, n: int) -> int:
+    """Leading candidates the row does not own: its prompt, shared by the radix tree (scope all, first event)."""
+    state = backend.state
+    info = state.info[row]
+    if backend.radix_enabled and not state.compressed[row] and info.config.scope == "all":
+        return min(info.prompt_len, n)
+    return 0
 
 
-def _give_back(backend, rows: list[int], freed: torch.Tensor) -> None:
+def _candidate_positions(state, rows_t, starts_t, first_t, n: int) -> torch.Tensor:
+    """[L, m, Hkv, n] logical position of every candidate slot, per layer and KV head: consecutive for a row that
+    never compressed (n may exceed B + W), else what its earlier compressions kept."""
+    span = starts_t[:, None] + torch.arange(n, device=starts_t.device)                          # [m, n]
+    width = state.pos.shape[-1]
+    earlier = state.pos[:, rows_t, :, :min(n, width)]                                           # [L, m, Hkv, n]
+    if n > width:   # only first compressions (consecutive positions) have more candidates than B + W
+        earlier = torch.nn.functional.pad(earlier, (0, n - width))
+    return torch.where(first_t[None, :, None, None], span[None, :, None, :].to(earlier.dtype), earlier)
+
+
+def _zero_range(backend, rows: np.ndarray, n: int, own_from: np.ndarray, budget: int):
+    """(rows, columns) of the SGLang row entries this compression zeroes, and the rows' zeroed ranges updated: the
+    positions ``[T - f, T)`` (T the logical length, f the freed count): the owned candidates past the kept B at a
+    first compression, the tokens appended since the previous one later (so one contiguous range per row)."""
+    state = backend.state
+    empty = np.zeros(0, np.int64)
+    if not backend.config.free_evicted:
+        return empty, empty
+    count = np.maximum(n - own_from - budget, 0)
+    hi = state.logical_len[rows]
+    lo = hi - count
+    fresh = state.zero_lo[rows] == state.zero_hi[rows]
+    if not (fresh | (state.zero_hi[rows] == lo) | (count == 0)).all():
+        raise RuntimeError(f"sparse_kv: rows {rows.tolist()} would zero a second range of their SGLang rows")
+    state.zero_lo[rows] = np.where(fresh & (count > 0), lo, state.zero_lo[rows])
+    state.zero_hi[rows] = np.where(count > 0, hi, state.zero_hi[rows])
+    which = np.repeat(np.arange(len(rows)), count)
+    cols = np.repeat(lo, count) + np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+    return rows[which], cols
+
+
+def _give_back(backend, zero_rows: torch.Tensor, zero_cols: torch.Tensor, freed: torch.Tensor) -> None:
     """Return evicted slots to the allocator and zero them in SGLang's rows (its release frees the rest)."""
     if freed.numel() == 0 or not backend.config.free_evicted:
         return
-    rtt = backend.req_to_token_pool.req_to_token
-    gone = freed.to(rtt.dtype)
-    for row in rows:
-        seg = rtt[row, : int(backend.state.logical_len[row])]
-        seg[torch.isin(seg, gone)] = 0
+    backend.req_to_token_pool.req_to_token[zero_rows, zero_cols] = 0
     if os.environ.get(FAULT_ENV) == "skip_free":
         return  # fault injection for tests: the slots leave the request but never reach the free list
     backend.allocator.free(freed)
+
+
+def _update_digests(state, digests: list) -> None:
+    """Kept digests of this step's events: one device-to-host copy for all of them."""
+    if not digests:
+        return
+    host = to_host(torch.cat([k.reshape(-1) for _, _, k in digests]))
+    offset = 0
+    for rows, events, kept in digests:
+        size = kept.numel()
+        block = host[offset:offset + size].reshape(tuple(kept.shape))              # [L, m, Hkv, B]
+        offset += size
+        for i, row in enumerate(rows):
+            info = state.info[row]
+            if info.digest is not None:
+                info.digest.update_layers(int(events[i]), block[:, i])
+                info.meta["kept_digest"] = info.digest.hexdigest()
+
+
+def _row_bytes(n: int, heads: int, head_dim: int, itemsize: int) -> int:
+    """Transient bytes per row of a chunk besides the scorer: gathered K and V and their float32 copies."""
+    return n * heads * head_dim * (2 * itemsize + 8)
+
+
+def _pair_bytes(cfg, n: int, head_dim: int) -> int:
+    """Transient scorer bytes per (row, KV head): R-KV's n x n similarity (float32, its boolean mask, the flipped
+    copy) dominates; the window attention is alpha x n per query head of the group."""
+    attention = 4 * cfg.window * n * 8
+    if cfg.method == "rkv":
+        return 8 * n * n + attention + 8 * n * head_dim
+    return attention + 8 * n * head_dim
 
 
 def pool_usage(backend, plan) -> dict:

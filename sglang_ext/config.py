@@ -12,7 +12,7 @@ A request may override compression fields for itself with
 ``window`` may not exceed the server's (the query ring is sized by it). Admission control is sized by
 the server's ``budget + buffer``.
 
-Everything is validated when the server starts (:func:`validate_server_args`, hooked on
+Everything is validated when the server starts (``refusals.py``, hooked on ``ServerArgs.resolve_once`` and
 ``ServerArgs.check_server_args``), before any model loads, with one line naming the bad field.
 """
 from __future__ import annotations
@@ -56,6 +56,9 @@ class SparseKVConfig:
     """If set, forwards append JSON lines of pool usage read from the allocator (tests, benchmarks)."""
     stats_every: int = 1
     """With ``stats_path``: log every k-th forward (compression time is accumulated over all of them)."""
+    count_host_syncs: bool = False
+    """With ``stats_path``: count what would make the host wait for a GPU in the plugin's hooks
+    (``host_syncs``) and log it per forward (tests; it slows the hooks down)."""
 
     def __post_init__(self) -> None:
         c = self.compression
@@ -151,55 +154,3 @@ def request_compression(base: CompressionConfig, overrides: Any) -> CompressionC
         raise ConfigError(f"custom_params.{REQUEST_KEY}: budget + buffer ({config.max_candidates}) exceeds the "
                           f"server's ({base.max_candidates}), which sizes admission and the position buffer")
     return config
-
-
-def uses_sparse_kv(server_args: Any) -> bool:
-    from sglang.srt.arg_groups.overrides import attention_backends_of, resolved_view
-
-    return BACKEND_NAME in attention_backends_of(resolved_view(server_args))
-
-
-def validate_server_args(server_args: Any, config: SparseKVConfig | None = None) -> SparseKVConfig:
-    """Refuse, in one line each, the SGLang settings the plugin does not support. Returns the config."""
-    from sglang.srt.arg_groups.overrides import attention_backends_of, resolved_view
-
-    cfg = resolved_view(server_args)
-    config = config if config is not None else config_from_env()
-    prefill, decode = attention_backends_of(cfg)
-    if prefill != decode:
-        raise ConfigError(f"{BACKEND_NAME}: prefill and decode must both use the {BACKEND_NAME} attention "
-                          f"backend (got prefill={prefill}, decode={decode}); set attention_backend only")
-    checks = [
-        (cfg.page_size not in (None, 1), f"page_size={cfg.page_size}: {BACKEND_NAME} needs page_size 1 (a page "
-                                          "would mix kept and evicted tokens)"),
-        (bool(cfg.speculative_algorithm), f"speculative_algorithm={cfg.speculative_algorithm}: speculative "
-                                           f"decoding is not supported by {BACKEND_NAME}"),
-        (not _graphs_disabled(cfg), f"{BACKEND_NAME} runs its bookkeeping and compaction eagerly and does not "
-                                    "support CUDA graphs: pass disable_cuda_graph=True (CLI: "
-                                    "--disable-decode-cuda-graph --disable-prefill-cuda-graph)"),
-        (cfg.kv_cache_dtype not in (None, "auto"), f"kv_cache_dtype={cfg.kv_cache_dtype}: {BACKEND_NAME} "
-                                                    "needs the model dtype (auto) for the KV cache"),
-        (cfg.pp_size not in (None, 1), f"pp_size={cfg.pp_size}: pipeline parallelism is not supported by "
-                                        f"{BACKEND_NAME}"),
-        (bool(cfg.enable_dp_attention), f"enable_dp_attention: not supported by {BACKEND_NAME}"),
-        (bool(cfg.enable_mixed_chunk), f"enable_mixed_chunk: not supported by {BACKEND_NAME}"),
-        (bool(cfg.enable_hierarchical_cache), f"enable_hierarchical_cache: not supported by {BACKEND_NAME}"),
-        (bool(cfg.enable_hisparse), f"enable_hisparse: not supported together with {BACKEND_NAME}"),
-        (cfg.disaggregation_mode not in (None, "null"), f"disaggregation_mode={cfg.disaggregation_mode}: not "
-                                                          f"supported by {BACKEND_NAME}"),
-        (config.kept_digest and (cfg.tp_size or 1) > 1, f"kept_digest needs tp_size 1 (each TP rank holds only "
-                                                          f"its KV heads); got tp_size={cfg.tp_size}"),
-    ]
-    for bad, message in checks:
-        if bad:
-            raise ConfigError(message)
-    return config
-
-
-def _graphs_disabled(cfg: Any) -> bool:
-    if getattr(cfg, "disable_cuda_graph", False):
-        return True
-    graphs = getattr(cfg, "cuda_graph_config", None)
-    if graphs is None:
-        return True
-    return all(getattr(graphs, phase).backend == "disabled" for phase in ("decode", "prefill"))

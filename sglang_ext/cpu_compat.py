@@ -2,6 +2,9 @@
 
 Applied only when CUDA is absent (``apply()`` is a no-op otherwise):
 - ``SGLANG_USE_CPU_ENGINE=1`` so SGLang takes its CPU code paths (rotary embedding, memory pools);
+- ``TRITON_INTERPRET=1`` (unless set): Triton kernels run in Triton's interpreter on CPU tensors, so the GPU's
+  ``triton`` attention backend and SGLang's index kernels run here (slowly; the interpreter test tier). Triton
+  reads it when a kernel is defined, i.e. when SGLang is imported: call ``apply()`` before importing SGLang;
 - the stand-in ``sgl_kernel`` package (``cpu_stubs/``) on ``sys.path`` and on ``PYTHONPATH`` so the
   scheduler processes SGLang spawns find it too.
 The engine arguments a CPU engine needs (device, attention backend, ...) come from ``cpu_engine_kwargs()``.
@@ -14,6 +17,10 @@ import sys
 from pathlib import Path
 
 STUB_DIR = Path(__file__).resolve().parent / "cpu_stubs"
+TRITON_INTERPRET_ENV = "TRITON_INTERPRET"
+CPU_DEFAULT_POOL_TOKENS = 1 << 16
+"""KV pool of a CPU engine or server when neither max_total_tokens nor mem_fraction_static is given (SGLang would
+size it from a large share of the machine's RAM)."""
 
 
 def cuda_available() -> bool:
@@ -27,6 +34,7 @@ def apply(force: bool = False) -> bool:
     if cuda_available() and not force:
         return False
     os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
+    os.environ.setdefault(TRITON_INTERPRET_ENV, "1")
     stub = str(STUB_DIR)
     if stub not in sys.path:
         sys.path.insert(0, stub)
@@ -45,3 +53,4 @@ def cpu_engine_kwargs() -> dict:
         disable_cuda_graph=True,
         page_size=1,
     )
+

@@ -1,10 +1,17 @@
 """Per-forward bookkeeping of the ``sparse_kv`` backend: physical tables and lengths, query-ring targets.
 
 Called once per forward from ``init_forward_metadata`` (before the layers run). For every request row of
-the batch it brings ``RowState.table`` up to date (mirror SGLang's logical row until the first compression;
-afterwards append the slots SGLang allocated for this forward's tokens) and returns a copy of the
-``ForwardBatch`` whose ``seq_lens`` / ``extend_prefix_lens`` are physical, for the inner backend. Logical
-lengths and positions (RoPE) are left to SGLang.
+the batch it brings ``RowState.table`` up to date and returns a copy of the ``ForwardBatch`` whose
+``seq_lens`` / ``extend_prefix_lens`` are physical, for the inner backend. Logical lengths and positions
+(RoPE) are left to SGLang.
+
+Every row caches ``e`` tokens (1 for decode) whose slots are this forward's ``out_cache_loc``; they go to
+table positions ``[p, p + e)``, ``p`` = the physical length so far (uncompressed rows: ``p`` = the logical prefix,
+the same slots SGLang wrote into its row). An uncompressed row whose table lags SGLang's row (a new request, a
+radix-cache prefix) first mirrors the missing prefix. No host sync: the decisions use host numbers
+(``req_pool_indices_cpu``, which the plugin's ``ForwardBatch.init_new`` hook fills for decode batches too,
+``seq_lens_cpu``, ``RowState``), and every index the device needs is sent in one asynchronous copy
+(``host_syncs.to_device``).
 """
 from __future__ import annotations
 
@@ -14,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from sglang_ext.host_syncs import not_counted, to_device, to_host
 from sglang_ext.row_state import RowInfo, RowState
-
 
 @dataclass
 class ForwardPlan:
@@ -34,10 +41,37 @@ class ForwardPlan:
     """[T'] its request row."""
     ring_slots: torch.Tensor | None = None
     """[T'] its slot in that row's ring."""
+    ring_count: int = 0
+    """T' (host)."""
+    rows_from_host: bool = False
+    """The batch's rows came from the host (recorded when SGLang built it), not read from the device."""
 
 
-def _cpu(t) -> np.ndarray:
-    return t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
+def sglang_host(t) -> np.ndarray:
+    """One of SGLang's host-side values (``seq_lens_cpu``, ``extend_seq_lens_cpu``, ``req_generation``, the rows
+    recorded at batch build) as numpy; a tensor on a device is read with a (counted) sync."""
+    if isinstance(t, torch.Tensor):
+        if t.device.type != "cpu":
+            return to_host(t)
+        with not_counted():   # already on the host
+            return t.detach().numpy()
+    return np.asarray(t)
+
+
+def _host_fields(fb):
+    # the rows on the host: SGLang's for extends, the plugin's ForwardBatch.init_new hook's for decodes
+    from_host = fb.req_pool_indices_cpu is not None
+    rows = fb.req_pool_indices_cpu if from_host else to_host(fb.req_pool_indices)
+    rows = sglang_host(rows).astype(np.int64)
+    seq = (sglang_host(fb.seq_lens_cpu) if fb.seq_lens_cpu is not None else to_host(fb.seq_lens)).astype(np.int64)
+    is_decode = bool(fb.forward_mode.is_decode())
+    if is_decode:
+        ext = np.ones_like(seq)
+    elif fb.extend_seq_lens_cpu is not None:
+        ext = np.asarray(fb.extend_seq_lens_cpu, dtype=np.int64)
+    else:
+        ext = to_host(fb.extend_seq_lens).astype(np.int64)
+    return rows, seq, ext, is_decode, from_host
 
 
 def plan_forward(state: RowState, fb, *, req_to_token: torch.Tensor, req_generation: torch.Tensor,
@@ -46,83 +80,88 @@ def plan_forward(state: RowState, fb, *, req_to_token: torch.Tensor, req_generat
 
     ``default_info(row, prompt_len)`` builds the :class:`RowInfo` of a row no scheduler bound (unit tests).
     """
-    rows = _cpu(fb.req_pool_indices_cpu if fb.req_pool_indices_cpu is not None else fb.req_pool_indices)
-    rows = rows.astype(np.int64)
-    seq = _cpu(fb.seq_lens_cpu if fb.seq_lens_cpu is not None else fb.seq_lens).astype(np.int64)
-    is_decode = bool(fb.forward_mode.is_decode())
-    if is_decode:
-        ext = np.ones_like(seq)
-    else:
-        ext = np.asarray(fb.extend_seq_lens_cpu if fb.extend_seq_lens_cpu is not None
-                         else _cpu(fb.extend_seq_lens), dtype=np.int64)
-    gens = _cpu(req_generation[torch.as_tensor(rows)])
-    for i, row in enumerate(rows.tolist()):
-        if state.generation[row] != gens[i]:           # a request the scheduler hook did not bind
-            state.reset(row, int(gens[i]), default_info(row, int(seq[i])))
-        elif state.info[row] is None:
-            state.info[row] = default_info(row, int(seq[i]))
-    _sync_tables(state, rows, seq, ext, fb.out_cache_loc, req_to_token, is_decode)
-    phys = state.phys_len[rows]
+    rows, seq, ext, is_decode, from_host = _host_fields(fb)
+    with_generation = sglang_host(req_generation)[rows]
+    for i in np.nonzero(state.generation[rows] != with_generation)[0].tolist():   # a row no scheduler hook bound
+        state.reset(int(rows[i]), int(with_generation[i]), default_info(int(rows[i]), int(seq[i])))
+    for i in [i for i, r in enumerate(rows.tolist()) if state.info[r] is None]:
+        state.info[int(rows[i])] = default_info(int(rows[i]), int(seq[i]))
+    comp = state.compressed[rows]
+    start = np.where(comp, state.phys_len[rows], seq - ext)             # table position of this forward's tokens
+    lag = np.where(comp, 0, np.maximum(start - state.phys_len[rows], 0))   # uncompressed prefix to mirror
+    mirror_from = start - lag
+    tok_start = np.concatenate([[0], np.cumsum(ext)[:-1]]).astype(np.int64)
+    # one host->device copy: the physical lengths, then every table index this forward writes
+    phys = start + ext
+    app_rows, app_cols, app_toks = _ranges(rows, start, ext, tok_start)
+    mir_rows, mir_cols, _ = _ranges(rows, mirror_from, lag, np.zeros_like(lag))
+    pos_rows, pos_cols, pos_vals = (np.zeros(0, np.int64),) * 3
+    if state.pos is not None and comp.any():   # the appended tokens' logical positions (kept digests)
+        which = np.repeat(np.arange(len(rows)), ext)
+        sel = comp[which]
+        pos_rows = app_rows[sel]
+        pos_cols = app_cols[sel] - state.cand_start[pos_rows]
+        pos_vals = app_cols[sel] - start[which][sel] + (seq - ext)[which][sel]
+    ring = _ring_writes(state, rows, ext, tok_start) if state.qwin is not None else None
+    parts = [phys, app_rows, app_cols, app_toks, mir_rows, mir_cols, pos_rows, pos_cols, pos_vals, phys - ext]
+    staged = _send(parts + (list(ring) if ring is not None else []), req_to_token.device)
+    phys_t, app_rows_t, app_cols_t, app_toks_t, mir_rows_t, mir_cols_t, pos_rows_t, pos_cols_t, pos_vals_t = staged[:9]
+    if len(mir_rows):
+        state.table[mir_rows_t, mir_cols_t] = req_to_token[mir_rows_t, mir_cols_t].to(state.table.dtype)
+    if len(app_rows):
+        state.table[app_rows_t, app_cols_t] = fb.out_cache_loc[app_toks_t].to(state.table.dtype)
+    if len(pos_rows):
+        state.pos[:, pos_rows_t, :, pos_cols_t] = pos_vals_t[:, None, None].to(state.pos.dtype)
+    state.phys_len[rows] = phys
+    state.logical_len[rows] = seq
+    np.maximum.at(state.peak, rows, phys)
+    for i in np.nonzero(~comp)[0].tolist():                       # uncompressed: candidates start per scope
+        info: RowInfo = state.info[int(rows[i])]
+        state.cand_start[rows[i]] = info.prompt_len if info.config.scope == "response" else 0
     pb = copy.copy(fb)
-    device = fb.seq_lens.device
-    pb.seq_lens = torch.as_tensor(phys, dtype=fb.seq_lens.dtype).to(device)
-    pb.seq_lens_cpu = torch.as_tensor(phys, dtype=torch.int64)
+    pb.seq_lens = phys_t.to(fb.seq_lens.dtype)
+    pb.seq_lens_cpu = torch.from_numpy(phys.copy())
     pb.seq_lens_sum = int(phys.sum())
     if not is_decode:
-        prefix = phys - ext
-        pb.extend_prefix_lens = torch.as_tensor(prefix, dtype=fb.extend_prefix_lens.dtype).to(device)
-        pb.extend_prefix_lens_cpu = prefix.tolist()
-    plan = ForwardPlan(rows=rows, ext=ext, is_decode=is_decode, phys_batch=pb)
-    if state.qwin is not None:
-        _plan_ring_writes(state, plan, device)
+        pb.extend_prefix_lens = staged[9].to(fb.extend_prefix_lens.dtype)
+        pb.extend_prefix_lens_cpu = (phys - ext).tolist()
+    plan = ForwardPlan(rows=rows, ext=ext, is_decode=is_decode, phys_batch=pb, rows_from_host=from_host)
+    if ring is not None:
+        plan.ring_tokens, plan.ring_rows, plan.ring_slots = staged[10:13]
+        plan.ring_count = len(ring[0])
     return plan
 
 
-def _sync_tables(state: RowState, rows: np.ndarray, seq: np.ndarray, ext: np.ndarray, out_cache_loc,
-                 req_to_token: torch.Tensor, is_decode: bool) -> None:
-    """Mirror SGLang's rows where needed, append this forward's slots to compressed rows, set phys_len."""
-    comp = state.compressed[rows]
-    mirror = np.where(comp, state.cand_start[rows], seq)   # compressed rows: only the untouched prompt part
-    width = int(mirror.max()) if len(mirror) else 0
-    if width:
-        idx = torch.as_tensor(rows, device=state.table.device)
-        cols = torch.arange(width, device=state.table.device)
-        keep = cols[None, :] >= torch.as_tensor(mirror, device=state.table.device)[:, None]
-        state.table[idx[:, None], cols[None, :]] = torch.where(
-            keep, state.table[idx, :width], req_to_token[idx, :width].to(state.table.dtype))
-    if comp.any():
-        starts = np.concatenate([[0], np.cumsum(ext)[:-1]])
-        for i in np.nonzero(comp)[0].tolist():
-            row, e, p = int(rows[i]), int(ext[i]), int(state.phys_len[rows[i]])
-            state.table[row, p:p + e] = out_cache_loc[starts[i]:starts[i] + e].to(state.table.dtype)
-            if state.pos is not None:   # the appended tokens' logical positions, the same in every layer and head
-                c = p - int(state.cand_start[row])
-                state.pos[:, row, :, c:c + e] = torch.arange(int(seq[i]) - e, int(seq[i]), device=state.pos.device)
-    state.phys_len[rows] = np.where(comp, state.phys_len[rows] + ext, seq)
-    state.logical_len[rows] = seq
-    np.maximum.at(state.peak, rows, state.phys_len[rows])
-    for row in rows[~comp].tolist():                     # uncompressed: candidates start per scope
-        info: RowInfo = state.info[row]
-        state.cand_start[row] = info.prompt_len if info.config.scope == "response" else 0
+def _ranges(rows: np.ndarray, starts: np.ndarray, lengths: np.ndarray, tok_starts: np.ndarray):
+    """(row, column, token) of every position ``starts[i] + j``, ``j < lengths[i]``, flattened in batch order."""
+    total = int(lengths.sum())
+    if total == 0:
+        empty = np.zeros(0, np.int64)
+        return empty, empty, empty
+    which = np.repeat(np.arange(len(rows)), lengths)
+    offset = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return rows[which], starts[which] + offset, tok_starts[which] + offset
 
 
-def _plan_ring_writes(state: RowState, plan: ForwardPlan, device) -> None:
-    """The last min(ext, alpha) queries of every row go to its ring, oldest slot first; the pointer advances."""
-    tokens, ring_rows, slots = [], [], []
-    start = 0
-    for row, e in zip(plan.rows.tolist(), plan.ext.tolist()):
-        config = state.info[row].config
-        if config.is_dense:   # never scored
-            start += e
-            continue
-        alpha = config.window
-        ptr = int(state.ring_ptr[row])
-        m = min(e, alpha)
-        for j in range(m):
-            tokens.append(start + e - m + j)
-            ring_rows.append(row)
-            slots.append((ptr + e - m + j) % alpha)
-        state.ring_ptr[row] = (ptr + e) % alpha
-        start += e
-    as_t = lambda x: torch.as_tensor(x, dtype=torch.int64).to(device)  # noqa: E731
-    plan.ring_tokens, plan.ring_rows, plan.ring_slots = as_t(tokens), as_t(ring_rows), as_t(slots)
+def _send(parts: list[np.ndarray], device) -> list[torch.Tensor]:
+    """The int64 arrays ``parts`` on the device, in one copy."""
+    sizes = [len(p) for p in parts]
+    flat = to_device(np.concatenate([np.asarray(p, dtype=np.int64) for p in parts]), device)
+    return list(torch.split(flat, sizes))
+
+
+def _ring_writes(state: RowState, rows: np.ndarray, ext: np.ndarray, tok_start: np.ndarray):
+    """(tokens, rows, slots): the last min(ext, alpha) queries of every row go to its ring, oldest slot first;
+    the ring pointers advance. Dense requests are never scored: no ring writes."""
+    alpha = np.array([0 if state.info[r].config.is_dense else state.info[r].config.window for r in rows.tolist()],
+                     dtype=np.int64)
+    take = np.minimum(ext, alpha)
+    total = int(take.sum())
+    which = np.repeat(np.arange(len(rows)), take)
+    j = np.arange(total) - np.repeat(np.cumsum(take) - take, take)             # 0 .. take-1 per row
+    first = (ext - take)[which]                                                 # the older tokens are skipped
+    tokens = tok_start[which] + first + j
+    slots = (state.ring_ptr[rows][which] + first + j) % np.maximum(alpha[which], 1)
+    state.ring_ptr[rows] = np.where(alpha > 0, (state.ring_ptr[rows] + ext) % np.maximum(alpha, 1),
+                                    state.ring_ptr[rows])
+    return tokens, rows[which], slots

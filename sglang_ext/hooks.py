@@ -5,10 +5,13 @@ installing the plugin changes nothing for servers that do not select it.
 
 | target | kind | why |
 |---|---|---|
-| ``ServerArgs.check_server_args`` | after | validate the config and refuse unsupported settings at start |
+| ``ServerArgs.resolve_once`` | before | refuse unsupported flags as given (SGLang rewrites or rejects some first) |
+| ``ServerArgs.check_server_args`` | after | validate the config and refuse unsupported resolved settings at start |
 | ``ModelRunner.forward`` | after | compress due rows after the layers ran (outside any graph) |
+| ``ForwardBatch.init_new`` | after | decode batches get ``req_pool_indices_cpu`` too (host rows: no sync) |
+| ``KVCacheConfigurator._profile_available_bytes`` | around | the plugin's memory comes out of the KV budget first |
 | ``ReqToTokenPool.alloc`` | after | bind a request (its config, prompt length, provenance) to its row |
-| ``PrefillAdder.add_one_req`` | around | compressed EOS-ignoring requests are admitted by B + W, not by max_new_tokens |
+| ``PrefillAdder.add_one_req`` | around | compressed EOS-ignoring requests are admitted by B + W, not max_new_tokens |
 | ``Req._compute_max_prefix_len`` | around | a radix hit leaves the last alpha tokens to prefill (ring queries) |
 | ``common.release_kv_cache`` | around | a compressed request is not inserted into the radix tree when it ends |
 | ``BasePrefixCache.free_kv_row`` | around | release a compressed row's real slots, skipping evicted ones |
@@ -24,10 +27,14 @@ from __future__ import annotations
 
 from http import HTTPStatus
 
+import torch
+
 from sglang_ext.accounting import extras_needed, handles_row, owned_slots, release_row, reserve_extras
 from sglang_ext.backend import active_backend
 from sglang_ext.compaction import record_idle
-from sglang_ext.config import REQUEST_KEY, ConfigError, uses_sparse_kv, validate_server_args
+from sglang_ext.config import REQUEST_KEY, ConfigError
+from sglang_ext.memory import reserve_before_kv_pool
+from sglang_ext.refusals import refuse_before_resolution, uses_sparse_kv, validate_server_args
 
 REFUSED_RETRACTION = (
     "sparse_kv: this request was retracted (KV pool full) after its KV cache had been compressed; re-prefilling "
@@ -45,6 +52,22 @@ def _after_model_forward(result, runner, *args, **kwargs):
     backend = active_backend()
     if backend is not None and runner is backend.runner:
         backend.after_forward()
+
+
+def _record_host_rows(result, *args, **kwargs):
+    # SGLang hands a ForwardBatch its rows on the host for extends only; the ScheduleBatch keeps them for every
+    # batch. A dataclass field, so the eager runner's copy of the batch keeps it.
+    batch = kwargs.get("batch", args[1] if len(args) > 1 else None)
+    runner = kwargs.get("model_runner", args[2] if len(args) > 2 else None)
+    backend = active_backend()
+    if backend is None or runner is not backend.runner or batch is None or result is None:
+        return result
+    if result.req_pool_indices_cpu is None:
+        rows = getattr(batch, "req_pool_indices_cpu", None)
+        if rows is None:
+            rows = torch.tensor([req.kv.req_pool_idx for req in batch.reqs], dtype=torch.int64)
+        result.req_pool_indices_cpu = rows
+    return result
 
 
 def _bind_rows(result, pool, reqs, *args, **kwargs):
@@ -172,8 +195,12 @@ def register_hooks() -> None:
 
     after, around = HookType.AFTER, HookType.AROUND
     for target, hook, kind in [
+        ("sglang.srt.server_args.ServerArgs.resolve_once", refuse_before_resolution, HookType.BEFORE),
         ("sglang.srt.server_args.ServerArgs.check_server_args", _check_server_args, after),
         ("sglang.srt.model_executor.model_runner.ModelRunner.forward", _after_model_forward, after),
+        ("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new", _record_host_rows, after),
+        ("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes",
+         reserve_before_kv_pool, around),
         ("sglang.srt.mem_cache.memory_pool.ReqToTokenPool.alloc", _bind_rows, after),
         ("sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req", _add_one_req, around),
         ("sglang.srt.managers.schedule_batch.Req._compute_max_prefix_len", _max_prefix_len, around),

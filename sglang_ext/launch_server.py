@@ -17,7 +17,7 @@ import os
 import sys
 
 from sglang_ext.config import BACKEND_NAME, CONFIG_ENV, parse_config
-from sparse_rl_megatron.rollout.sglang_config import CPU_DEFAULT_POOL_TOKENS
+from sglang_ext.cpu_compat import CPU_DEFAULT_POOL_TOKENS
 from sparse_rl_megatron.utils.config_io import ConfigError
 
 

@@ -9,12 +9,20 @@ It keeps a second, *physical* table next to it:
   ``[prompt slots (scope response only) | B kept slots | slots appended since]``: slot ``table[row, i]``
   holds, in layer l and KV head h, the token whose logical position is ``pos[l, row, h, i - cand_start]``.
 - ``cand_start[row]``: leading table entries that are never candidates (the prompt for scope response).
+- ``zero_lo[row], zero_hi[row]``: the positions of SGLang's row whose entries the plugin zeroed (evicted slots,
+  freed): one contiguous range. The first compression frees the owned candidates past the B kept ones, SGLang
+  positions ``[min(start + B, T1), T1)``; every later one frees the tokens appended since the previous, positions
+  ``[T_prev, T)``; so what a row still owns is known on the host (``accounting``).
+- ``extras[row]``: slots taken for the first compression of a scope-all request whose prompt the radix tree
+  shares (they hold kept prompt tokens, in table positions every later compression keeps, until release).
 
 Dynamic per-row numbers live on the CPU (decisions never wait for the device); tensors the kernels or the
-scorers read (table, query ring, kept positions) live on the device.
+scorers read (table, query ring, kept positions) live on the device, sized by ``memory.plugin_memory`` and
+allocated inside ``region`` (SGLang's KV-cache memory-saver region on a server).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,39 +60,51 @@ class RowState:
 
     def __init__(self, *, rows: int, width: int, num_layers: int, num_kv_heads: int, num_q_heads: int,
                  head_dim: int, window: int, max_candidates: int, ring_dtype: torch.dtype,
-                 device: torch.device | str, keep_queries: bool, keep_positions: bool):
+                 device: torch.device | str, keep_queries: bool, keep_positions: bool, region=None):
         self.device = torch.device(device)
-        self.table = torch.zeros(rows, width, dtype=torch.int32, device=device)
-        self.qwin = (torch.zeros(num_layers, rows, num_q_heads, window, head_dim, dtype=ring_dtype, device=device)
-                     if keep_queries else None)
-        """[L, rows, Hq, alpha, D] the post-RoPE queries of each row's last alpha tokens (a ring per row)."""
-        self.pos = (torch.zeros(num_layers, rows, num_kv_heads, max_candidates, dtype=torch.int64, device=device)
-                    if keep_positions else None)
-        """[L, rows, Hkv, B + W] logical position of every candidate slot of a compressed row (kept digests)."""
+        with region if region is not None else contextlib.nullcontext():
+            self.table = torch.zeros(rows, width, dtype=torch.int32, device=device)
+            self.qwin = (torch.zeros(num_layers, rows, num_q_heads, window, head_dim, dtype=ring_dtype,
+                                     device=device) if keep_queries else None)
+            """[L, rows, Hq, alpha, D] the post-RoPE queries of each row's last alpha tokens (a ring per row)."""
+            self.pos = (torch.zeros(num_layers, rows, num_kv_heads, max_candidates, dtype=torch.int32,
+                                    device=device) if keep_positions else None)
+            """[L, rows, Hkv, B + W] logical position of every candidate slot of a compressed row (digests)."""
         self.generation = np.full(rows, -1, dtype=np.int64)
         """``req_to_token_pool.req_generation`` when the row was last (re)initialised: a change = new request."""
         zeros = lambda dtype=np.int64: np.zeros(rows, dtype=dtype)  # noqa: E731
         self.phys_len, self.cand_start, self.ring_ptr = zeros(), zeros(), zeros()
         self.logical_len, self.events, self.peak = zeros(), zeros(), zeros()
+        self.zero_lo, self.zero_hi = zeros(), zeros()
         self.compressed = zeros(bool)
         self.extras_released = zeros(bool)
         self.info: list[RowInfo | None] = [None] * rows
         self.pending_extras: dict[int, torch.Tensor] = {}
         """Slots reserved by the scheduler for a row's first compression (scope all, shared prompt)."""
+        self.extras: dict[int, torch.Tensor] = {}
+        """Reserved slots a first compression used (see the module docstring), until the row is released."""
 
     @property
     def rows(self) -> int:
         return self.table.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes of the per-row tensors."""
+        return sum(t.numel() * t.element_size() for t in (self.table, self.qwin, self.pos) if t is not None)
 
     def reset(self, row: int, generation: int, info: RowInfo | None) -> None:
         """Start a new request in ``row``."""
         self.generation[row] = generation
         self.phys_len[row] = self.cand_start[row] = self.ring_ptr[row] = 0
         self.logical_len[row] = self.events[row] = self.peak[row] = 0
+        self.zero_lo[row] = self.zero_hi[row] = 0
         self.compressed[row] = False
         self.extras_released[row] = False
         self.info[row] = info
         stale = self.pending_extras.pop(row, None)
+        if stale is None:
+            stale = self.extras.pop(row, None)
         if stale is not None:
             raise RuntimeError(f"sparse_kv: row {row} was reused with {stale.numel()} reserved slots never freed")
         if self.qwin is not None:

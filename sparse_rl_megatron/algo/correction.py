@@ -74,6 +74,12 @@ class PreparedBatch:
             log_rho=self.log_rho[index],
         )
 
+    def without_tokens(self) -> "PreparedBatch":
+        """The same rows contributing nothing: every mask False, weights 0, no sample kept (the part of a
+        padding micro-batch, whose loss share, gradient and metrics must be exactly 0)."""
+        return replace(self, loss_mask=torch.zeros_like(self.loss_mask), response_mask=torch.zeros_like(
+            self.response_mask), weights=torch.zeros_like(self.weights), keep=torch.zeros_like(self.keep))
+
     def micro_batches(self, num: int) -> list["PreparedBatch"]:
         """Split rows into ``num`` contiguous slices of (almost) equal size."""
         if not 1 <= num <= self.batch_size:

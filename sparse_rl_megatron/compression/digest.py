@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 
+import numpy as np
 import torch
 
 _LAYER_BITS = 16  # layers per event in the header; models have far fewer than 2**16 layers
@@ -31,14 +32,16 @@ class KeptDigest:
         self._hash.update(arr.astype("<i8", copy=False).tobytes())
         self.updates += 1
 
-    def update_layers(self, event: int, positions: torch.Tensor) -> None:
+    def update_layers(self, event: int, positions: torch.Tensor | np.ndarray) -> None:
         """Add every layer of one event at once (same bytes as calling :meth:`update` per layer in order).
 
-        ``positions``: [L, Hkv, B] integer logical positions.
+        ``positions``: [L, Hkv, B] integer logical positions (a tensor, or a numpy array already on the host).
         """
-        if positions.dim() != 3:
+        if positions.ndim != 3:
             raise ValueError(f"KeptDigest.update_layers: positions must be [L, Hkv, B], got {tuple(positions.shape)}")
-        data = positions.detach().to(device="cpu", dtype=torch.int64).contiguous().numpy().astype("<i8", copy=False)
+        if isinstance(positions, torch.Tensor):
+            positions = positions.detach().to(device="cpu", dtype=torch.int64).numpy()
+        data = np.ascontiguousarray(positions).astype("<i8", copy=False)
         for layer in range(data.shape[0]):
             self._hash.update(((event << _LAYER_BITS) + layer).to_bytes(8, "little"))
             self._hash.update(data[layer].tobytes())

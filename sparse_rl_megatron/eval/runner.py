@@ -68,36 +68,55 @@ def _sample_record(sample, verdict: Verdict) -> dict[str, Any]:
 def evaluate_benchmark(name: str, dataset: Dataset, engine, reward: MathReward, config: EvalConfig
                        ) -> dict[str, Any]:
     """Sample ``n`` responses per problem, verify them, and return the benchmark's JSON section."""
+    problems, seconds = sample_problems(name, dataset, engine, reward, config)
+    return benchmark_section(name, dataset, problems, config, seconds)
+
+
+def sample_problems(name: str, dataset: Dataset, engine, reward: MathReward, config: EvalConfig,
+                    indices: list[int] | None = None) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Sample and verify the problems ``indices`` of ``dataset`` (default: all); returns their JSON records, in
+    that order, and the seconds spent generating and verifying. With ``indices`` the engine samples problem i as
+    GRPO group i (its seed), so shares evaluated on several engines give the samples of one whole evaluation."""
     from sparse_rl_megatron.rollout.engine import SamplingParams
 
     settings = config.settings(name)
+    rows = list(range(len(dataset))) if indices is None else list(indices)
+    if not rows:
+        return [], {"generate": 0.0, "verify": 0.0}
     tokenizer = getattr(engine, "tokenizer", None)
-    prompts = [render_prompt(config.template, r.prompt, tokenizer) for r in dataset]
+    prompts = [render_prompt(config.template, dataset[i].prompt, tokenizer) for i in rows]
     sampling = SamplingParams(temperature=config.temperature, top_p=config.top_p,
                               max_new_tokens=settings.max_new_tokens, seed=config.seed)
     start = time.perf_counter()
-    samples = engine.generate(prompts, settings.n, sampling)
+    samples = (engine.generate(prompts, settings.n, sampling) if indices is None
+               else engine.generate(prompts, settings.n, sampling, group_ids=rows))
     generate_s = time.perf_counter() - start
-    if len(samples) != len(dataset) * settings.n:
-        raise RuntimeError(f"{name}: engine returned {len(samples)} samples for {len(dataset)} prompts x "
+    if len(samples) != len(rows) * settings.n:
+        raise RuntimeError(f"{name}: engine returned {len(samples)} samples for {len(rows)} prompts x "
                            f"n={settings.n}")
     for s in samples:
         s.metadata.update(dataset[s.group_id].metadata())
     start = time.perf_counter()
     verdicts = reward.score_samples(samples)
     verify_s = time.perf_counter() - start
-
-    problems = [{"source_id": r.source_id, "problem": r.prompt, "gold": r.answer, "answer_style": r.answer_style,
-                 "samples": []} for r in dataset]
+    log.debug("%s: %d problems sampled (%s)", name, len(rows), reason_counts(verdicts))
+    problems = {i: {"source_id": dataset[i].source_id, "problem": dataset[i].prompt, "gold": dataset[i].answer,
+                    "answer_style": dataset[i].answer_style, "samples": []} for i in rows}
     for s, v in zip(samples, verdicts):
         problems[s.group_id]["samples"].append(_sample_record(s, v))
+    return [problems[i] for i in rows], {"generate": generate_s, "verify": verify_s}
+
+
+def benchmark_section(name: str, dataset: Dataset, problems: list[dict[str, Any]], config: EvalConfig,
+                      seconds: dict[str, float]) -> dict[str, Any]:
+    """The benchmark's JSON section from every problem's records (``sample_problems``, in data-set order)."""
+    settings = config.settings(name)
     correct = [[smp["reason"] == "correct" for smp in p["samples"]] for p in problems]
     for p, c in zip(problems, correct):
         p["correct"] = sum(c)
     flat = [smp for p in problems for smp in p["samples"]]
     metrics = benchmark_metrics(correct, flat, config.pass_k)
-    log.info("%s: avg@%d = %.4f over %d problems (%s)", name, settings.n, metrics[f"avg@{settings.n}"],
-             len(problems), reason_counts(verdicts))
+    log.info("%s: avg@%d = %.4f over %d problems", name, settings.n, metrics[f"avg@{settings.n}"], len(problems))
     return {
         "dataset": name,
         "path": dataset.path,
@@ -105,7 +124,7 @@ def evaluate_benchmark(name: str, dataset: Dataset, engine, reward: MathReward, 
         "max_new_tokens": settings.max_new_tokens,
         "skipped_rows": len(dataset.skipped),
         "metrics": metrics,
-        "seconds": {"generate": generate_s, "verify": verify_s},
+        "seconds": dict(seconds),
         "problems": problems,
     }
 

@@ -11,6 +11,7 @@ with a block-diagonal causal mask and cost the sum of their lengths.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -103,6 +104,10 @@ class MicroBatch:
     pad_tokens: int = 0
     """Packed only: padding tokens after the last row (their own block), so S is a multiple of what
     sequence parallel needs; padded micro-batches widen every row instead."""
+    padding: bool = False
+    """A stand-in run by a data-parallel rank that got no rows (B < DP): it goes through the schedule so the
+    rank joins its replica's collectives (gradient all-reduce, parameter gathers), but its outputs are
+    discarded and its loss share is exactly 0."""
 
     @property
     def num_tokens(self) -> int:
@@ -122,15 +127,18 @@ class MicroBatch:
 def split_rows(lengths: Sequence[int], parts: int) -> list[list[int]]:
     """Deal rows to ``parts`` data-parallel ranks, balancing tokens (longest first to the lightest rank).
 
-    Deterministic; every part gets at least one row. Rows keep ascending order within a part.
+    Deterministic; rows keep ascending order within a part. With B >= parts every part gets at least one
+    row; with fewer rows than parts (a probe, a small evaluation, the last slice of a batch) the first B
+    parts get one row each and the others none: the learner runs a padding micro-batch there
+    (``padding_micro_batch``), so those ranks still join the replica's collectives.
     """
-    if parts < 1 or len(lengths) < parts:
-        raise ValueError(f"cannot split {len(lengths)} rows over {parts} data-parallel ranks (need B >= DP)")
+    if parts < 1:
+        raise ValueError(f"cannot split rows over {parts} data-parallel ranks (need DP >= 1)")
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     loads = [0] * parts
     out: list[list[int]] = [[] for _ in range(parts)]
     for k, i in enumerate(order):
-        # the first `parts` rows seed every part, so none stays empty
+        # the first `parts` rows seed every part, so none stays empty while rows last
         p = k if k < parts else min(range(parts), key=lambda q: (loads[q], q))
         out[p].append(i)
         loads[p] += lengths[i]
@@ -216,3 +224,8 @@ def build_micro_batch(batch: SequenceBatch, rows: Sequence[int], layout: str, pa
         labels=torch.cat(lab), out_row=torch.cat(orow), out_col=torch.cat(ocol), packed=layout == "packed",
         pad_tokens=pad_tokens,
     )
+
+
+def padding_micro_batch(batch: SequenceBatch, layout: str, pad_id: int = 0, multiple: int = 1) -> MicroBatch:
+    """The micro-batch of a data-parallel rank without rows: row 0's inputs, flagged ``padding``."""
+    return dataclasses.replace(build_micro_batch(batch, [0], layout, pad_id, multiple), padding=True)

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from sparse_rl_megatron.models.arch import ModelArch
-from sparse_rl_megatron.learner import cpu_compat
+from sparse_rl_megatron.learner import cpu_compat, distopt_fixes
 from sparse_rl_megatron.learner.save_children import children_die_with_us
 
 META_FILE = "sparse_rl_checkpoint.json"
@@ -127,7 +127,8 @@ def _state(model, optimizer, scheduler, extra: dict | None, is_loading: bool,
 
     sd: dict[str, Any] = {"model": _portable_model_state(unwrap(model).sharded_state_dict(), stored_objects)}
     if optimizer is not None:
-        sd["optimizer"] = optimizer.sharded_state_dict(sd["model"], is_loading=is_loading)
+        sd["optimizer"] = optimizer.sharded_state_dict(sd["model"], is_loading=is_loading,
+                                                       metadata=distopt_fixes.OPTIMIZER_METADATA)
     if scheduler is not None:
         sd["scheduler"] = scheduler.state_dict()
     if extra is not None:
@@ -234,5 +235,6 @@ def load_checkpoint(
         with torch.no_grad():  # param views are loaded in place
             optimizer.load_state_dict(loaded["optimizer"])
     if scheduler is not None and "scheduler" in common:
+        scheduler.num_steps = 0  # megatron's load_state_dict adds the saved count to the live one
         scheduler.load_state_dict(common["scheduler"])
     return dict(common.get("learner") or {})

@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from sparse_rl_megatron.learner import checkpoint as ckpt
 from sparse_rl_megatron.learner.batch import (
-    MicroBatch, SequenceBatch, build_micro_batch, plan_micro_batches, split_rows,
+    MicroBatch, SequenceBatch, build_micro_batch, padding_micro_batch, plan_micro_batches, split_rows,
 )
 from sparse_rl_megatron.learner.config import LearnerConfig
 from sparse_rl_megatron.learner.forward import run_schedule
@@ -109,21 +109,26 @@ class Learner:
         full = torch.zeros(len(batch), width, dtype=torch.float32, device=device())
         if ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0:
             for mb, lp in zip(mbs, outs):
-                full[torch.tensor(mb.rows, device=full.device)] = lp.float()
+                if not mb.padding:  # a rank without rows (B < DP) computed row 0 only to join the collectives
+                    full[torch.tensor(mb.rows, device=full.device)] = lp.float()
         dist.all_reduce(full)
         return full.cpu()
 
     def data_parallel_rows(self, batch: SequenceBatch) -> list[int]:
-        """The rows of ``batch`` this data-parallel rank computes (token-balanced, see ``split_rows``)."""
+        """The rows of ``batch`` this data-parallel rank computes (token-balanced, see ``split_rows``); empty
+        on the ranks left over when the batch has fewer rows than data-parallel ranks."""
         from megatron.core import parallel_state as ps
 
         return split_rows(batch.lengths, ps.get_data_parallel_world_size())[ps.get_data_parallel_rank()]
 
     def micro_batches(self, batch: SequenceBatch) -> list[MicroBatch]:
-        """This rank's rows of ``batch`` cut by the token budget, in the configured layout."""
+        """This rank's rows of ``batch`` cut by the token budget, in the configured layout; one padding
+        micro-batch on a rank without rows (its outputs are discarded, its loss is 0)."""
         cfg = self.config
-        groups = plan_micro_batches(batch.lengths, self.data_parallel_rows(batch), cfg.max_tokens_per_device,
-                                    cfg.batch_layout)
+        rows = self.data_parallel_rows(batch)
+        if not rows:
+            return [padding_micro_batch(batch, cfg.batch_layout, multiple=self.seq_multiple)]
+        groups = plan_micro_batches(batch.lengths, rows, cfg.max_tokens_per_device, cfg.batch_layout)
         return [build_micro_batch(batch, g, cfg.batch_layout, multiple=self.seq_multiple) for g in groups]
 
     # ------------------------------------------------------------------ training

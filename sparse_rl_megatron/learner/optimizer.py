@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sparse_rl_megatron.learner import cpu_compat
+from sparse_rl_megatron.learner import cpu_compat, distopt_fixes
 from sparse_rl_megatron.learner.config import LearnerConfig
 from sparse_rl_megatron.learner.parallel import device
 
@@ -64,6 +64,7 @@ def build_optimizer(ddp, config: LearnerConfig):
     ctx = cpu_compat.pretend_cuda_tensor_types() if opt_config.use_distributed_optimizer else _null()
     with ctx:
         optimizer = get_megatron_optimizer(opt_config, [ddp])
+    distopt_fixes.apply(optimizer)  # megatron-core 0.16.1's DistributedOptimizer checkpoints (see there)
     ddp.module.config.grad_scale_func = optimizer.scale_loss
     scheduler = OptimizerParamScheduler(
         optimizer,

@@ -101,6 +101,8 @@ def train_step(learner, batch: TrainBatch) -> dict[str, float]:
         lp = to_response_aligned(token_logprobs(learner.model, hidden, mb, cfg.logprob_chunk_tokens), mb, width)
         ref = None if batch.ref_log_probs is None else batch.ref_log_probs[mb.rows].to(lp.device)
         part = prepared.select(mb.rows).to(lp.device)
+        if mb.padding:  # a rank without rows: the same computation, every token masked out (loss and grads 0)
+            part = part.without_tokens()
         return micro_batch_loss(lp, part, loss_cfg, ref_log_probs=ref)
 
     model, optimizer, scheduler = learner.ddp, learner.optimizer, learner.scheduler

@@ -42,6 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-dtype", default="bfloat16", help="KV cache dtype (default bfloat16)")
     g.add_argument("--mem-fraction", type=float, default=0.85, help="GPU share of the engine (default 0.85)")
     g.add_argument("--kv-pool", type=float, default=None, help="KV pool per GPU in GiB (default: derived)")
+    g.add_argument("--max-running-requests", type=int, default=None,
+                   help="request rows of an SGLang engine; the sparse_kv plugin's memory grows with them "
+                        "(default: SGLang's, at most 4096)")
 
 
 def _inputs(args: argparse.Namespace):
@@ -65,7 +68,7 @@ def _inputs(args: argparse.Namespace):
                              max_tokens_per_device=args.max_tokens_per_device, logprob_chunk_tokens=args.logprob_chunk,
                              reference_model=args.kl_reference)
     rollout = RolloutSetting(tp=args.rollout_tp or args.tp, kv_dtype=args.kv_dtype, mem_fraction=args.mem_fraction,
-                             kv_pool_gib=args.kv_pool)
+                             kv_pool_gib=args.kv_pool, max_running_requests=args.max_running_requests)
     try:
         compression = CompressionConfig(method=args.compression, budget=args.budget, buffer=args.buffer,
                                         window=args.window)

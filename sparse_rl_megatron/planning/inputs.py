@@ -118,6 +118,11 @@ class RolloutSetting:
     """Share of a GPU the engine takes for weights + KV pool (``--mem-fraction``, SGLang's mem_fraction_static)."""
     kv_pool_gib: float | None = None
     """KV pool per GPU in GiB (``--kv-pool``); default: mem_fraction x GPU memory - the engine's weights."""
+    max_running_requests: int | None = None
+    """Request rows of an SGLang engine (``--max-running-requests``; None: SGLang's default, at most 4096); the
+    sparse_kv plugin's memory scales with them."""
+    kept_digest: bool = True
+    """The sparse_kv plugin keeps kept-position tables for the samples' digests (the SGLang engine's default)."""
 
     def __post_init__(self) -> None:
         _positive(rollout_tp=self.tp)
@@ -127,3 +132,5 @@ class RolloutSetting:
             raise ValueError(f"--mem-fraction must be in (0, 1], got {self.mem_fraction}")
         if self.kv_pool_gib is not None:
             _positive(kv_pool=self.kv_pool_gib)
+        if self.max_running_requests is not None:
+            _positive(max_running_requests=self.max_running_requests)

@@ -43,6 +43,9 @@ class RolloutKV:
     engines: int
     waves: int
     """Rounds of concurrent decoding needed for one step's rollouts (0 when nothing fits)."""
+    plugin: object = None
+    """The sparse_kv plugin's memory per GPU of an SGLang engine (``sglang_ext.memory.PluginMemory``; compressed
+    settings only). It is taken out of the KV budget, so ``pool_per_gpu`` is already without it."""
 
     @property
     def concurrent(self) -> int:
@@ -57,19 +60,49 @@ def kv_pool_per_gpu(arch: ModelArch, layout: Layout, rollout: RolloutSetting) ->
     return rollout.mem_fraction * layout.gpu_memory_gib * 2 ** 30 - weights
 
 
+def plugin_memory_per_gpu(arch: ModelArch, rollout: RolloutSetting, compression):
+    """What the sparse_kv plugin allocates on one GPU of an SGLang engine (``sglang_ext.memory``), for the rows
+    SGLang gives the request pool and its row width (the model's context length + SGLang's extra)."""
+    from sglang_ext.memory import SGLANG_MAX_DEFAULT_ROWS, SGLANG_ROW_EXTRA, plugin_memory
+
+    return plugin_memory(
+        rows=(rollout.max_running_requests or SGLANG_MAX_DEFAULT_ROWS) + 1,
+        width=arch.max_position_embeddings + SGLANG_ROW_EXTRA, layers=arch.num_layers,
+        q_heads=arch.num_attention_heads // rollout.tp, kv_heads=math.ceil(arch.num_query_groups / rollout.tp),
+        head_dim=arch.head_dim, window=compression.window, max_candidates=compression.max_candidates,
+        ring_itemsize=DTYPE_BYTES[rollout.kv_dtype], keep_queries=True, keep_positions=rollout.kept_digest)
+
+
+def engine_layout(layout: Layout, batch: BatchShape, rollout: RolloutSetting):
+    """The colocated rollout engines ``sparse-rl train`` starts on these GPUs: one per ``rollout.tp`` GPUs on every
+    node (``rollout/layout.py``, the object the trainer starts them from)."""
+    from sparse_rl_megatron.rollout.layout import RolloutLayout
+
+    return RolloutLayout.build(engine="sglang", world=layout.gpus,
+                               ranks_per_node=min(layout.gpus_per_node, layout.gpus), gpus_per_engine=rollout.tp,
+                               groups=batch.prompts, on_gpu=True)
+
+
 def rollout_kv(arch: ModelArch, layout: Layout, batch: BatchShape, rollout: RolloutSetting,
                compression=None, label: str = "dense") -> RolloutKV:
-    """KV figures of one setting, with the rollout engines on the learner's GPUs (colocated, learner offloaded)."""
+    """KV figures of one setting, with the rollout engines on the learner's GPUs (colocated, learner offloaded).
+    A compressed setting runs SGLang with the sparse_kv plugin, whose memory comes out of a derived KV pool
+    (a given ``--kv-pool`` is the pool SGLang ends up with)."""
     tokens = kv_tokens_per_sequence(batch, compression)
     per_gpu = tokens * kv_bytes_per_token(arch, rollout.kv_dtype, rollout.tp)
     pool = kv_pool_per_gpu(arch, layout, rollout)
+    plugin = None
+    if compression is not None and not compression.is_dense:
+        plugin = plugin_memory_per_gpu(arch, rollout, compression)
+        if rollout.kv_pool_gib is None:
+            pool -= plugin.total
     concurrent = max(0, int(pool // per_gpu))
-    engines = layout.gpus // rollout.tp
+    engines = engine_layout(layout, batch, rollout).num_engines
     total = concurrent * engines
     return RolloutKV(label=label, tokens_per_sequence=tokens,
                      bytes_per_sequence=tokens * kv_bytes_per_token(arch, rollout.kv_dtype),
                      bytes_per_sequence_per_gpu=per_gpu, pool_per_gpu=pool, concurrent_per_engine=concurrent,
-                     engines=engines, waves=-(-batch.rollouts // total) if total else 0)
+                     engines=engines, waves=-(-batch.rollouts // total) if total else 0, plugin=plugin)
 
 
 def smallest_rollout_tp(arch: ModelArch, layout: Layout, batch: BatchShape, rollout: RolloutSetting,
@@ -78,7 +111,7 @@ def smallest_rollout_tp(arch: ModelArch, layout: Layout, batch: BatchShape, roll
     import dataclasses
 
     for tp in range(1, min(layout.gpus, layout.gpus_per_node) + 1):
-        if layout.gpus % tp == 0:
+        if min(layout.gpus, layout.gpus_per_node) % tp == 0:
             kv = rollout_kv(arch, layout, batch, dataclasses.replace(rollout, tp=tp), compression)
             if kv.concurrent_per_engine >= 1:
                 return tp

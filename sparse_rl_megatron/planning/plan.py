@@ -3,14 +3,18 @@ learner does not fit."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sparse_rl_megatron.models.arch import ModelArch
 from sparse_rl_megatron.planning.activations import MicroBatch
 from sparse_rl_megatron.planning.inputs import GIB, BatchShape, Layout, LearnerSetting, RolloutSetting
-from sparse_rl_megatron.planning.kv import RolloutKV, rollout_kv, smallest_rollout_tp
+from sparse_rl_megatron.planning.kv import RolloutKV, engine_layout, rollout_kv, smallest_rollout_tp
 from sparse_rl_megatron.planning.learner_memory import StageMemory, learner_memory, learner_micro_batch, peak_stage
 from sparse_rl_megatron.planning.params import total_params
 from sparse_rl_megatron.planning.search import Suggestion, check_layout, suggest
+
+if TYPE_CHECKING:
+    from sparse_rl_megatron.rollout.layout import RolloutLayout
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,8 @@ class Plan:
     """The nearest fitting layout when this one does not fit (None when it fits, or nothing does)."""
     rollout_tp_hint: int | None = None
     """The smallest rollout TP at which a sequence fits, when none fits at the given one."""
+    engines: "RolloutLayout | None" = None
+    """The rollout engines ``sparse-rl train`` starts on this layout (the line it prints)."""
 
     @property
     def peak(self) -> StageMemory:
@@ -53,9 +59,14 @@ def build_plan(model: str, arch: ModelArch, layout: Layout, batch: BatchShape, l
                rollout: RolloutSetting, compression=None) -> Plan:
     """``compression``: a ``CompressionConfig`` to put next to dense (None: dense only)."""
     check_layout(arch, layout)
-    if layout.gpus % rollout.tp:
-        raise ValueError(f"--rollout-tp {rollout.tp} does not divide the {layout.gpus} GPUs; valid --rollout-tp "
-                         f"values: {', '.join(str(d) for d in range(1, layout.gpus + 1) if layout.gpus % d == 0)}")
+    node = min(layout.gpus, layout.gpus_per_node)
+    if layout.gpus % node:
+        raise ValueError(f"{layout.gpus} GPUs are not whole nodes of --gpus-per-node {layout.gpus_per_node}")
+    if node % rollout.tp:
+        raise ValueError(f"--rollout-tp {rollout.tp} does not divide the {node} GPUs of a node (an engine's GPUs are "
+                         f"on one node); valid --rollout-tp values: "
+                         f"{', '.join(str(d) for d in range(1, node + 1) if node % d == 0)}")
+    engines = engine_layout(layout, batch, rollout)
     stages = learner_memory(arch, layout, batch, learner)
     kv = [rollout_kv(arch, layout, batch, rollout)]
     if compression is not None and not compression.is_dense:
@@ -67,4 +78,5 @@ def build_plan(model: str, arch: ModelArch, layout: Layout, batch: BatchShape, l
         hint = smallest_rollout_tp(arch, layout, batch, rollout, compression if len(kv) > 1 else None)
     return Plan(model=model, arch=arch, layout=layout, batch=batch, learner=learner, rollout=rollout,
                 micro_batch=learner_micro_batch(batch, layout, learner), stages=stages, kv=kv,
-                suggestion=None if fits else suggest(arch, layout, batch, learner), rollout_tp_hint=hint)
+                suggestion=None if fits else suggest(arch, layout, batch, learner), rollout_tp_hint=hint,
+                engines=engines)

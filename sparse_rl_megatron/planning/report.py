@@ -59,13 +59,17 @@ def render_rollout(plan: Plan) -> list[str]:
         ["KV tokens per sequence (peak, per layer and KV head)"] + [f"{k.tokens_per_sequence:,}" for k in plan.kv],
         [f"KV per sequence ({r.kv_dtype}, all layers)"] + [mib(k.bytes_per_sequence) for k in plan.kv],
         [f"KV per sequence per GPU (rollout TP={r.tp})"] + [mib(k.bytes_per_sequence_per_gpu) for k in plan.kv],
-        ["KV pool per GPU" + (" (given)" if r.kv_pool_gib else f" ({r.mem_fraction:g} x GPU - bf16 weights / TP)")]
-        + [f"{_gib(k.pool_per_gpu)} GiB" for k in plan.kv],
+        ["KV pool per GPU" + (" (given)" if r.kv_pool_gib else f" ({r.mem_fraction:g} x GPU - bf16 weights / TP;"
+                              " compressed: - the plugin)")] + [f"{_gib(k.pool_per_gpu)} GiB" for k in plan.kv],
+        ["sparse_kv plugin per GPU (SGLang, request rows)"]
+        + ["-" if k.plugin is None else f"{_gib(k.plugin.total)} GiB ({k.plugin.rows:,})" for k in plan.kv],
         ["concurrent sequences per engine"] + [f"{k.concurrent_per_engine:,}" for k in plan.kv],
         [f"concurrent sequences, {plan.kv[0].engines} engine(s)"] + [f"{k.concurrent:,}" for k in plan.kv],
         [f"decode waves for {plan.batch.rollouts:,} rollouts"] + [str(k.waves) if k.waves else "none fit" for k in plan.kv],
     ]
     lines = _table(header, rows)
+    if plan.engines is not None:
+        lines += ["", plan.engines.describe()]
     if not plan.rollout_fits:
         lines += ["", f"rollout DOES NOT FIT: not one sequence fits the KV pool at rollout TP={r.tp}"
                   + (f"; smallest rollout TP that fits: {plan.rollout_tp_hint}" if plan.rollout_tp_hint else "")]

@@ -52,6 +52,17 @@ def encode_prompt(prompt: str | Sequence[int], index: int, tokenizer=None, vocab
     return ids
 
 
+def check_group_ids(group_ids: Sequence[int] | None, prompts: int) -> list[int]:
+    """The GRPO group id of each of ``prompts`` prompts: ``group_ids`` (one distinct int per prompt), else
+    0, 1, ...; refuses a wrong count or repeated ids."""
+    if group_ids is None:
+        return list(range(prompts))
+    ids = [int(g) for g in group_ids]
+    if len(ids) != prompts or len(set(ids)) != len(ids):
+        raise ValueError(f"generate: group_ids must be {prompts} distinct ids, one per prompt; got {ids}")
+    return ids
+
+
 @runtime_checkable
 class RolloutEngine(Protocol):
     """A generator of GRPO groups that can receive new weights."""
@@ -59,10 +70,13 @@ class RolloutEngine(Protocol):
     weight_version: int
 
     def generate(
-        self, prompts: Sequence[str | list[int]], n: int, sampling: SamplingParams
+        self, prompts: Sequence[str | list[int]], n: int, sampling: SamplingParams, *,
+        group_ids: Sequence[int] | None = None,
     ) -> list[Sample]:
         """Sample ``n`` responses per prompt; returns ``len(prompts) * n`` samples, group-major
-        (all samples of prompt 0 first), with ``group_id`` = prompt index."""
+        (all samples of prompt 0 first), with ``group_id`` = ``group_ids[p]`` (default: the prompt index p).
+        A sample's randomness comes from ``(sampling.seed, group_id, index_in_group)``, so one shard of a batch
+        sampled with its global group ids is the same shard of the batch sampled whole."""
         ...
 
     def update_weights(self, named_tensors: Iterable, version: int) -> None:

@@ -14,9 +14,9 @@ from typing import Iterable, Sequence
 import torch
 
 from sparse_rl_megatron.compression import CompressionConfig, CompressionSchedule
-from sparse_rl_megatron.rollout.engine import SamplingParams, encode_prompt
+from sparse_rl_megatron.rollout.engine import SamplingParams, check_group_ids, encode_prompt
 from sparse_rl_megatron.rollout.hf_forward import HFDecoder
-from sparse_rl_megatron.rollout.kv_cache import CompressedKVCache
+from sparse_rl_megatron.rollout.kv_cache import CompressedKVCache, align_keys
 from sparse_rl_megatron.rollout.sample import CompressionInfo, Sample
 from sparse_rl_megatron.rollout.sampling import draw_uniforms, sample_tokens
 from sparse_rl_megatron.rollout.stopping import StopChecker
@@ -100,21 +100,27 @@ class HFRolloutEngine:
         self._released = False
 
     # ------------------------------------------------------------------------------------------ generate
-    def generate(self, prompts: Sequence[str | list[int]], n: int, sampling: SamplingParams) -> list[Sample]:
-        """``n`` samples per prompt, group-major (all samples of prompt 0 first), ``group_id`` = prompt index."""
+    def generate(self, prompts: Sequence[str | list[int]], n: int, sampling: SamplingParams, *,
+                 group_ids: Sequence[int] | None = None) -> list[Sample]:
+        """``n`` samples per prompt, group-major (all samples of prompt 0 first). ``group_ids[p]`` is prompt p's
+        GRPO group id (default: p), stamped on its samples and seeding them: a shard of a batch sampled with its
+        global ids gives exactly the samples the whole batch gives."""
         self._check_resumed("generate")
         if n < 1:
             raise ValueError(f"generate: n must be >= 1; got {n}")
+        gids = check_group_ids(group_ids, len(prompts))
         prompt_ids = [self._encode(p, i) for i, p in enumerate(prompts)]
         seed = sampling.seed if sampling.seed is not None else int(torch.randint(_SEED_RANGE, ()).item())
         stopper = StopChecker(eos_ids=self._eos_ids(), stop=sampling.stop, ignore_eos=sampling.ignore_eos,
                               max_new_tokens=sampling.max_new_tokens, tokenizer=self.tokenizer)
-        rows = [(g, i) for g in range(len(prompt_ids)) for i in range(n)]
+        rows = [(p, i) for p in range(len(prompt_ids)) for i in range(n)]
         samples: list[Sample] = []
         for start in range(0, len(rows), self.max_batch_size):
             chunk = rows[start:start + self.max_batch_size]
-            picker = _Sampler(sampling, seed, chunk, stopper)
+            picker = _Sampler(sampling, seed, [(gids[p], i) for p, i in chunk], stopper)
             samples.extend(self._run_chunk(prompt_ids, prompts, chunk, sampling.max_new_tokens, picker))
+        for s in samples:
+            s.group_id = gids[s.group_id]
         return samples
 
     def teacher_forced(self, prompts: Sequence[str | list[int]], responses: Sequence[Sequence[int]]) -> list[Sample]:
@@ -195,8 +201,9 @@ class HFRolloutEngine:
             raise ValueError(
                 f"prompt ({int(lens.max())}) + max_new_tokens ({max_new}) exceeds the model's "
                 f"max_position_embeddings ({self.decoder.max_positions})")
-        capacity = max(self.schedule.capacity(int(p), max_new) for p in lens)
-        padded = torch.zeros(len(groups), int(lens.max()), dtype=torch.long, device=device)
+        width = align_keys(int(lens.max()))  # padded prompt width and capacity: see kv_cache.KEY_ALIGN
+        capacity = align_keys(max(width, *(self.schedule.capacity(int(p), max_new) for p in lens)))
+        padded = torch.zeros(len(groups), width, dtype=torch.long, device=device)
         for r, g in enumerate(groups):
             padded[r, : len(prompt_ids[g])] = torch.tensor(prompt_ids[g], device=device)
 

@@ -18,6 +18,20 @@ import torch.nn.functional as F
 from sparse_rl_megatron.rollout.kv_cache import CompressedKVCache
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+MIN_GEMM_ROWS = 4
+"""Linear layers always get at least this many rows (zero rows appended, results dropped): for 1-3 rows CPU
+BLAS (MKL) takes a matrix-vector path that rounds differently from its matrix-matrix one, so a row's logits
+would depend on how many rows decode with it (measured: ~1e-6). See also ``kv_cache.KEY_ALIGN``."""
+
+
+def _rows(module, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)`` for a row-wise module (projection, MLP, norm + head) with at least ``MIN_GEMM_ROWS`` rows."""
+    rows = x.numel() // x.shape[-1]
+    if rows >= MIN_GEMM_ROWS:
+        return module(x)
+    flat = x.reshape(rows, x.shape[-1])
+    out = module(torch.cat([flat, flat.new_zeros(MIN_GEMM_ROWS - rows, x.shape[-1])]))[:rows]
+    return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -61,12 +75,12 @@ class HFDecoder:
     def _qkv(self, attn, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         b, q_len, _ = h.shape
         shape = (b, q_len, -1, self.head_dim)
-        q = attn.q_proj(h).view(shape)
-        k = attn.k_proj(h).view(shape)
+        q = _rows(attn.q_proj, h).view(shape)
+        k = _rows(attn.k_proj, h).view(shape)
         if hasattr(attn, "q_norm"):  # qwen3: per-head RMSNorm before RoPE
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
-        v = attn.v_proj(h).view(shape).transpose(1, 2)
+        v = _rows(attn.v_proj, h).view(shape).transpose(1, 2)
         return _apply_rope(q, cos, sin), _apply_rope(k, cos, sin), v
 
     def _attend(self, q, k, v, mask) -> torch.Tensor:
@@ -75,7 +89,7 @@ class HFDecoder:
         return out.transpose(1, 2).reshape(b, q_len, -1)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.model.lm_head(self.body.norm(hidden)).float()
+        return _rows(lambda x: self.model.lm_head(self.body.norm(x)), hidden).float()
 
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor, prompt_lens: torch.Tensor, cache: CompressedKVCache) -> torch.Tensor:
@@ -93,8 +107,8 @@ class HFDecoder:
             attn = layer.self_attn
             q, k, v = self._qkv(attn, layer.input_layernorm(x), cos, sin)
             cache.prefill_write(i, k, v, q, valid)
-            x = x + attn.o_proj(self._attend(q, k, v, mask))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + _rows(attn.o_proj, self._attend(q, k, v, mask))
+            x = x + _rows(layer.mlp, layer.post_attention_layernorm(x))
         cache.finish_prefill(prompt_lens)
         last = x[torch.arange(rows, device=device), prompt_lens - 1]
         return self._logits(last)
@@ -110,7 +124,7 @@ class HFDecoder:
             attn = layer.self_attn
             q, k, v = self._qkv(attn, layer.input_layernorm(x), cos, sin)
             keys, values = cache.decode_write(i, k, v, q, mask)
-            x = x + attn.o_proj(self._attend(q, keys, values, mask))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + _rows(attn.o_proj, self._attend(q, keys, values, mask))
+            x = x + _rows(layer.mlp, layer.post_attention_layernorm(x))
         cache.finish_decode()
         return self._logits(x[:, 0])

@@ -26,6 +26,19 @@ from sparse_rl_megatron.compression import (
 )
 
 
+KEY_ALIGN = 16
+"""Attention spans over this cache (prefill width, decode key length) are padded with masked slots to a multiple
+of this: CPU attention kernels reduce over keys in SIMD blocks (16 floats with AVX-512) and round a
+partial last block differently, so without it a row's log-probs would depend on the longest row it is batched
+with (measured: ~1e-6 apart). With it a row gives the same bits in any batch, so the samples of one shard of a
+step equal the same samples of the whole step sampled at once (the rollout's work split relies on this)."""
+
+
+def align_keys(length: int) -> int:
+    """``length`` rounded up to a multiple of ``KEY_ALIGN``."""
+    return -(-length // KEY_ALIGN) * KEY_ALIGN
+
+
 class CompressedKVCache:
     """K/V (and scoring state) of a batch of sequences; see the module docstring for the layout."""
 
@@ -90,8 +103,9 @@ class CompressedKVCache:
 
     # ------------------------------------------------------------------------------------------ decode
     def decode_mask(self) -> torch.Tensor:
-        """[R, 1, 1, L] bool: which slots the new token attends (its own slot included); L = max(lens) + 1."""
-        length = int(self.lens.max()) + 1
+        """[R, 1, 1, L] bool: which slots the new token attends (its own slot included); L = max(lens) + 1
+        rounded up to ``KEY_ALIGN`` (within the capacity, itself a multiple of it)."""
+        length = min(align_keys(int(self.lens.max()) + 1), self.k.shape[3])
         return (torch.arange(length, device=self.lens.device)[None, :] <= self.lens[:, None])[:, None, None, :]
 
     def decode_write(self, layer: int, k: torch.Tensor, v: torch.Tensor, q: torch.Tensor,

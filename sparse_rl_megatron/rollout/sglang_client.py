@@ -140,11 +140,14 @@ class InProcessClient:
         return [future]
 
     def update_weights_from_tensor(self, named_tensors: list, weight_version: str) -> None:
+        self.update_weights_from_payloads(self.engine._serialize_tensors_per_rank(named_tensors, None), weight_version)
+
+    def update_weights_from_payloads(self, payloads: list, weight_version: str) -> None:
+        """Load one bucket given as one serialized payload per TP rank (TP rank r deserializes ``payloads[r]``)."""
         from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput
 
-        obj = UpdateWeightsFromTensorReqInput(
-            serialized_named_tensors=self.engine._serialize_tensors_per_rank(named_tensors, None),
-            load_format=None, flush_cache=False, weight_version=weight_version)
+        obj = UpdateWeightsFromTensorReqInput(serialized_named_tensors=payloads, load_format=None, flush_cache=False,
+                                              weight_version=weight_version)
         coro = self.engine.tokenizer_manager.update_weights_from_tensor(obj, None)
         _check("update_weights_from_tensor", self.engine.loop.run_until_complete(coro))
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sglang_ext.cpu_compat import CPU_DEFAULT_POOL_TOKENS  # noqa: F401  (the plugin's CPU default; re-exported)
 from sparse_rl_megatron.compression import CompressionConfig
 
 WEIGHT_SYNCS = ("tensor", "distributed", "disk")
-CPU_DEFAULT_POOL_TOKENS = 1 << 16
-"""KV pool of an in-process CPU engine when neither max_total_tokens nor mem_fraction_static is set."""
 DISTRIBUTED_BACKENDS = ("gloo", "nccl")
 
 
@@ -31,7 +30,9 @@ class SGLangEngineConfig:
     dtype: str = "auto"
     """Weights and KV dtype of the in-process engine (``auto``, ``float32``, ``bfloat16``, ...)."""
     tp_size: int = 1
-    """Tensor parallel size of the in-process engine."""
+    """Tensor parallel size of the in-process engine (with ``urls``: the servers', for ``distributed`` sync)."""
+    base_gpu_id: int = 0
+    """First GPU of the in-process engine: its TP ranks run on GPUs ``base_gpu_id`` .. ``+ tp_size - 1`` (CUDA)."""
     max_total_tokens: int | None = None
     """KV pool size in tokens of the in-process engine (None: SGLang sizes it from ``mem_fraction_static`` on
     GPU; on CPU, where SGLang would claim a large share of RAM, ``CPU_DEFAULT_POOL_TOKENS``)."""
@@ -52,14 +53,16 @@ class SGLangEngineConfig:
     with the servers, any node), ``disk`` (safetensors written to ``weight_sync_dir``, then reloaded)."""
     distributed_backend: str = "gloo"
     """Process-group backend of ``distributed`` sync: ``gloo`` (CPU) or ``nccl`` (GPU)."""
-    master_address: str = "127.0.0.1"
-    """Address the servers use to reach this process for ``distributed`` sync (a routable literal IP)."""
+    master_address: str = ""
+    """Address the servers use to reach this process for ``distributed`` sync (a routable literal IP; '' = this
+    host's address on the route to the first server, so every driving rank gives its own)."""
     master_port: int = 0
     """Port of the ``distributed`` rendezvous (0 = pick a free one)."""
     weight_sync_dir: str = ""
     """Directory for ``disk`` sync, visible to every server."""
-    random_seed: int = 0
-    """Seed of the in-process engine."""
+    random_seed: int | None = None
+    """Seed of the in-process engine's sampler (None: 0; in ``sparse-rl train``, the run's ``seed``). The
+    trainer's engine k uses ``random_seed + k``."""
     request_timeout_s: float = 3600.0
     """Longest an HTTP call may take."""
     startup_timeout_s: float = 900.0
@@ -69,6 +72,8 @@ class SGLangEngineConfig:
     sample up to this many times before ``generate`` fails."""
     stats_path: str = ""
     """In-process engine: the plugin appends pool-usage lines here (tests, benchmarks)."""
+    count_host_syncs: bool = False
+    """With ``stats_path``: the lines also count the plugin's host syncs per forward (tests)."""
     log_level: str = "error"
     """SGLang log level of the in-process engine."""
     extra_args: dict[str, Any] = field(default_factory=dict)
@@ -88,7 +93,7 @@ class SGLangEngineConfig:
         if self.distributed_backend not in DISTRIBUTED_BACKENDS:
             raise ValueError(f"SGLangEngineConfig.distributed_backend must be one of "
                              f"{', '.join(DISTRIBUTED_BACKENDS)}; got '{self.distributed_backend}'")
-        for name in ("tp_size", "max_resubmits"):
+        for name in ("tp_size", "max_resubmits", "base_gpu_id"):
             if getattr(self, name) < (1 if name == "tp_size" else 0):
                 raise ValueError(f"SGLangEngineConfig.{name} is out of range: {getattr(self, name)}")
         if self.max_total_tokens is not None and self.max_total_tokens < 1:
@@ -102,4 +107,5 @@ class SGLangEngineConfig:
         from sglang_ext.config import SparseKVConfig
 
         return SparseKVConfig(compression=self.compression, inner_backend=self.inner_backend,
-                              kept_digest=self.kept_digest, stats_path=self.stats_path)
+                              kept_digest=self.kept_digest, stats_path=self.stats_path,
+                              count_host_syncs=self.count_host_syncs)

@@ -15,8 +15,11 @@ returns the same :class:`Sample` fields, so the trainer and the evaluator take e
   weights it was not sampled with; a request whose weights changed mid-flight is an error.
 - **Refused retractions.** A request SGLang retracted after its first compression is refused by the plugin
   (its compressed KV cannot be rebuilt); it is resubmitted as a fresh sample (``max_resubmits``).
-- **Seeds.** ``SamplingParams.seed`` seeds SGLang's sampler per sample (in-process CPU engine only: the
-  GPU flashinfer sampler takes no seed); SGLang and the HF engine draw different tokens for the same seed.
+- **Seeds.** Each request carries a ``sampling_seed`` from ``(SamplingParams.seed, group id, index)`` (in-process
+  CPU engine), but SGLang 0.5.23 honours it only with ``enable_deterministic_inference``, which refuses any
+  attention backend outside its deterministic list, the ``sparse_kv`` plugin's included: samples are drawn from
+  the scheduler's own RNG (``random_seed``), so the same seed does not repeat them, whatever the batch or the
+  number of engines (``bench/bench_engine_shards.py``); SGLang and the HF engine draw different tokens.
 
 Weights: ``update_weights`` takes HF-named full tensors (or the learner's buckets, lists of them) and sends
 them between ``begin/end_weight_update`` (``tensor``, in-process), over a process group (``distributed``,
@@ -26,19 +29,37 @@ cache, so no KV computed with old weights survives. ``release_memory`` / ``resum
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any, Iterable, Sequence
 
 import torch
 
 from sparse_rl_megatron.compression import CompressionConfig
-from sparse_rl_megatron.rollout.engine import SamplingParams, encode_prompt
+from sparse_rl_megatron.rollout.engine import SamplingParams, check_group_ids, encode_prompt
 from sparse_rl_megatron.rollout.sample import CompressionInfo, Sample
 from sparse_rl_megatron.rollout.sampling import sample_seed
 from sparse_rl_megatron.rollout.sglang_config import CPU_DEFAULT_POOL_TOKENS, SGLangEngineConfig
 from sparse_rl_megatron.utils.config_io import to_dict
 
 _SEED_MOD = 2**31 - 1  # SGLang's sampling_seed is a 32-bit signed int
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                      "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+"""What torchrun sets for its ranks (plus every ``TORCHELASTIC_*``), hidden from the engine's processes: with
+``TORCHELASTIC_USE_AGENT_STORE=True`` inherited, a scheduler's own ``init_process_group`` only connects to a store
+it expects torchrun's agent to host at its port, which nobody does, and waits there for its full timeout."""
+
+
+@contextlib.contextmanager
+def _without_torchrun_env():
+    """Hide torchrun's variables from the processes started inside the block (spawned children copy the
+    environment when they start), then restore them for this rank."""
+    names = [k for k in os.environ if k in TORCHRUN_VARIABLES or k.startswith("TORCHELASTIC_")]
+    saved = {k: os.environ.pop(k) for k in names}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
 
 
 class SGLangRolloutEngine:
@@ -84,8 +105,8 @@ class SGLangRolloutEngine:
         c = self.config
         on_cpu = cpu_compat.apply()
         kwargs: dict[str, Any] = dict(cpu_compat.cpu_engine_kwargs()) if on_cpu else {
-            "disable_cuda_graph": True, "enable_memory_saver": c.memory_saver}
-        kwargs.update(model_path=c.model_path, dtype=c.dtype, tp_size=c.tp_size, random_seed=c.random_seed,
+            "disable_cuda_graph": True, "enable_memory_saver": c.memory_saver, "base_gpu_id": c.base_gpu_id}
+        kwargs.update(model_path=c.model_path, dtype=c.dtype, tp_size=c.tp_size, random_seed=c.random_seed or 0,
                       log_level=c.log_level, attention_backend=BACKEND_NAME, page_size=1,
                       disable_radix_cache=not c.radix_cache, weight_version=str(self.weight_version))
         for name in ("max_total_tokens", "mem_fraction_static", "max_running_requests"):
@@ -95,23 +116,28 @@ class SGLangRolloutEngine:
             kwargs["max_total_tokens"] = CPU_DEFAULT_POOL_TOKENS
         kwargs.update(c.extra_args)
         self._seeded = on_cpu
-        with scheduler_env(**{CONFIG_ENV: c.plugin_config().to_json(), "SGLANG_RETURN_ORIGINAL_LOGPROB": "1"}):
+        with _without_torchrun_env(), scheduler_env(**{CONFIG_ENV: c.plugin_config().to_json(),
+                                                       "SGLANG_RETURN_ORIGINAL_LOGPROB": "1"}):
             return InProcessClient(kwargs)
 
     # ----------------------------------------------------------------------------------------- generate
     def generate(self, prompts: Sequence[str | list[int]], n: int, sampling: SamplingParams, *,
-                 compression: CompressionConfig | None = None) -> list[Sample]:
-        """``n`` samples per prompt, group-major, ``group_id`` = prompt index. ``compression`` overrides the
-        engine's for these requests (within the server's window and B + W)."""
+                 compression: CompressionConfig | None = None, group_ids: Sequence[int] | None = None
+                 ) -> list[Sample]:
+        """``n`` samples per prompt, group-major, ``group_id`` = ``group_ids[p]`` (default: the prompt index),
+        which also picks each request's sampling seed. ``compression`` overrides the engine's for these requests
+        (within the server's window and B + W)."""
         if self._released:
             raise RuntimeError("SGLangRolloutEngine.generate called after release_memory(); call resume_memory() first")
         if n < 1:
             raise ValueError(f"generate: n must be >= 1; got {n}")
         if sampling.stop and self.tokenizer is None:
             raise ValueError("SamplingParams.stop needs a tokenizer (the engine has none); pass token ids only")
-        prompt_ids = [encode_prompt(p, i, self.tokenizer) for i, p in enumerate(prompts)]
+        gids = check_group_ids(group_ids, len(prompts))
+        prompt_ids = dict(zip(gids, (encode_prompt(p, i, self.tokenizer) for i, p in enumerate(prompts))))
+        texts = dict(zip(gids, prompts))
         overrides = to_dict(compression) if compression is not None else self._per_request
-        todo = [(g, i) for g in range(len(prompt_ids)) for i in range(n)]
+        todo = [(g, i) for g in gids for i in range(n)]
         done: dict[tuple[int, int], Sample] = {}
         for attempt in range(self.config.max_resubmits + 1):
             outs = self.client.generate([prompt_ids[g] for g, _ in todo],
@@ -122,7 +148,7 @@ class SGLangRolloutEngine:
                 if self._refused(out):
                     retry.append((g, i))
                 else:
-                    done[(g, i)] = self._sample(out, prompt_ids[g], prompts[g], g, i, sampling)
+                    done[(g, i)] = self._sample(out, prompt_ids[g], texts[g], g, i, sampling)
             if not retry:
                 break
             self.resubmitted += len(retry)
@@ -130,7 +156,7 @@ class SGLangRolloutEngine:
         else:
             raise RuntimeError(f"{len(todo)} request(s) were refused after retractions {self.config.max_resubmits + 1} "
                                "times; enlarge the KV pool or lower max_running_requests")
-        return [done[(g, i)] for g in range(len(prompt_ids)) for i in range(n)]
+        return [done[(g, i)] for g in gids for i in range(n)]
 
     def dense_logprobs(self, prompts: Sequence[Sequence[int]],
                        responses: Sequence[Sequence[int]]) -> list[torch.Tensor]:
@@ -245,6 +271,24 @@ class SGLangRolloutEngine:
         self.client.flush_cache()
         self.weight_version = version
 
+    @property
+    def takes_payloads(self) -> bool:
+        """Whether ``update_weights_from_payloads`` applies: an in-process engine with ``tensor`` sync."""
+        return not self.config.urls and self.config.weight_sync == "tensor"
+
+    def update_weights_from_payloads(self, payloads: Iterable[list], version: int) -> None:
+        """In-process engine: load buckets serialized once per TP rank (``payloads``: per bucket, a list of
+        ``tp_size`` payloads from ``sglang_weights.serialize_bucket``; TP rank r opens only the r-th). A colocated
+        engine on several GPUs gets each TP rank's payload from the learner rank on that GPU (CUDA IPC: no copy
+        through the host, none across GPUs). Lazy streams are consumed bucket by bucket."""
+        from sparse_rl_megatron.rollout.sglang_weights import push_payloads
+
+        if not self.takes_payloads:
+            raise RuntimeError("update_weights_from_payloads needs the in-process engine with weight_sync 'tensor'")
+        push_payloads(self, payloads, str(version))
+        self.client.flush_cache()
+        self.weight_version = version
+
     def update_weights_from_disk(self, model_path: str, version: int) -> None:
         """Reload every server from an HF directory visible to it."""
         from sparse_rl_megatron.rollout.sglang_weights import reload_from_disk
@@ -292,5 +336,6 @@ class CompressionView:
     def weight_version(self) -> int:
         return self.engine.weight_version
 
-    def generate(self, prompts: Sequence[str | list[int]], n: int, sampling: SamplingParams) -> list[Sample]:
-        return self.engine.generate(prompts, n, sampling, compression=self.compression)
+    def generate(self, prompts: Sequence[str | list[int]], n: int, sampling: SamplingParams, *,
+                 group_ids: Sequence[int] | None = None) -> list[Sample]:
+        return self.engine.generate(prompts, n, sampling, compression=self.compression, group_ids=group_ids)

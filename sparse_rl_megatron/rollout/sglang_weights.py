@@ -1,10 +1,14 @@
 """Pushing HF-named weights into SGLang servers: ``tensor`` (in-process), ``distributed``, or ``disk``.
 
-``tensor`` and ``distributed`` run inside SGLang's weight-update session (``begin_weight_update`` ...
+``tensor`` (and ``push_payloads``, the per-TP-rank form a colocated multi-GPU engine takes from its learner
+ranks) and ``distributed`` run inside SGLang's weight-update session (``begin_weight_update`` ...
 ``end_weight_update``, required since 0.5.x). ``distributed`` joins the servers in one process group:
 this process is rank 0 and broadcasts each bucket's tensors in order while SGLang's
 ``update_weights_from_distributed`` receives them (the call is posted first, then the broadcast runs,
-as SGLang's own tests and slime do); server i's TP ranks are ``1 + i * tp_size ...``. ``disk`` writes a
+as SGLang's own tests and slime do); a server's ranks are ``rank_offset + tp_rank`` (SGLang), so the servers'
+offsets follow each one's own TP size as it reports it (``rank_layout``). SGLang serves this call for one DP
+replica per server only, and NCCL refuses two ranks of a communicator on one GPU (an engine colocated with
+this process); both are refused, naming the alternatives (``NCCL_COLOCATED``). ``disk`` writes a
 full HF directory (one safetensors shard per bucket plus the model's config and tokenizer files) and has every
 server reload it. Buckets are streamed: only one is held at a time.
 Every update carries the new weight version, which SGLang stamps on each later response.
@@ -20,6 +24,51 @@ import torch
 
 GROUP_PREFIX = "sparse_rl_weight_sync"
 """Process-group names are this plus the rendezvous port: unique per engine, in this process and on the servers."""
+NCCL_COLOCATED = ("NCCL refuses two ranks of one communicator on one GPU, so distributed NCCL weight sync cannot "
+                  "reach an engine on this process's GPU: use weight_sync 'tensor' (in-process engine), 'disk', or "
+                  "distributed_backend 'gloo'")
+
+
+def rank_layout(sizes: list[tuple[int, int, int]]) -> tuple[list[int], int]:
+    """(rank offset of every server, world size) of the ``distributed`` group: this process is rank 0, then each
+    server's TP ranks. ``sizes``: each server's (tp_size, dp_size, pp_size) as it reports them."""
+    offsets, rank = [], 1
+    for i, (tp, dp, pp) in enumerate(sizes):
+        if dp > 1 or pp > 1:
+            raise ValueError(f"SGLang server {i} runs dp_size={dp}, pp_size={pp}: its distributed weight update "
+                             "takes one DP replica of TP ranks (rank = rank_offset + tp_rank); start one server per "
+                             "replica and list each in urls, or use weight_sync 'disk'")
+        offsets.append(rank)
+        rank += tp
+    return offsets, rank
+
+
+def server_infos(client) -> list[dict]:
+    """Each server's resolved arguments (SGLang's server info)."""
+    if hasattr(client, "engine"):   # in-process
+        return [client.engine.get_server_info()]
+    return [client._request(url, "/server_info", None, method="GET") for url in client.urls]
+
+
+def widths(info: dict) -> tuple[int, int, int]:
+    return int(info.get("tp_size") or 1), int(info.get("dp_size") or 1), int(info.get("pp_size") or 1)
+
+
+def shares_gpu(info: dict, device: int) -> bool:
+    """Does an in-process engine (same CUDA_VISIBLE_DEVICES as this process) run a rank on GPU ``device``?"""
+    tp, dp, pp = widths(info)
+    first = int(info.get("base_gpu_id") or 0)
+    step = int(info.get("gpu_id_step") or 1)
+    return device in range(first, first + tp * dp * pp * step, step)
+
+
+def _check_distributed(engine, infos: list[dict]) -> None:
+    """Refuse before any collective what cannot work: NCCL with an in-process engine on this process's GPU."""
+    if engine.config.distributed_backend != "nccl" or not hasattr(engine.client, "engine"):
+        return
+    if torch.cuda.is_available() and shares_gpu(infos[0], torch.cuda.current_device()):
+        raise RuntimeError(f"weight_sync 'distributed' (nccl): the in-process engine runs on this process's GPU "
+                           f"{torch.cuda.current_device()}; {NCCL_COLOCATED}")
 
 
 def push_weights(engine, buckets: Iterable[list[tuple[str, torch.Tensor]]], version: str) -> None:
@@ -54,6 +103,32 @@ def push_weights(engine, buckets: Iterable[list[tuple[str, torch.Tensor]]], vers
         client.call_each("end_weight_update", [{}] * client.num_servers)
 
 
+def push_payloads(engine, payloads: Iterable[list], version: str) -> None:
+    """In-process engine: load buckets already serialized once per TP rank (ForkingPickler payloads; TP rank r
+    opens only ``payloads[k][r]``: on CUDA the IPC handles of the learner rank on its own GPU), inside SGLang's
+    weight-update session."""
+    client = engine.client
+    client.call_each("begin_weight_update", [{"selector": "all"}])
+    try:
+        for per_rank in payloads:
+            client.update_weights_from_payloads(list(per_rank), version)
+    finally:
+        client.call_each("end_weight_update", [{}])
+
+
+def serialize_bucket(bucket: list[tuple[str, torch.Tensor]]) -> bytes:
+    """One TP rank's payload of a bucket for ``update_weights_from_tensor``: (name, tensor) pairs pickled with
+    ForkingPickler, so a CUDA tensor travels as an IPC handle (with its GPU's UUID, SGLang's patch of torch's
+    reductions: the receiving scheduler may number its GPUs differently) and a CPU tensor as shared memory. The
+    tensors must stay alive until the engine has loaded them."""
+    from sglang.srt.utils import MultiprocessingSerializer
+    from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
+
+    if any(t.is_cuda for _, t in bucket):  # the patch handles CUDA tensors only (it breaks CPU ones)
+        monkey_patch_torch_reductions()
+    return MultiprocessingSerializer.serialize([(n, t.detach()) for n, t in bucket])
+
+
 def reload_from_disk(client, path, version: str) -> None:
     """Every server reloads the HF directory ``path`` (visible to it) and takes weight version ``version``."""
     client.call_each("update_weights_from_disk", [{"model_path": str(path), "weight_version": version}]
@@ -66,6 +141,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def route_address(url: str) -> str:
+    """This host's address on the route to the server at ``url`` (what the server can reach it at)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url if "//" in url else f"http://{url}")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((socket.gethostbyname(parts.hostname or "127.0.0.1"), parts.port or 80))  # no packet is sent
+        return s.getsockname()[0]
+
+
 def _process_group(engine):
     """The process group with every server's TP ranks (created on first use, named after its port)."""
     if getattr(engine, "_weight_group", None) is not None:
@@ -74,16 +159,24 @@ def _process_group(engine):
 
     c = engine.config
     port = c.master_port or _free_port()
+    address = c.master_address or (route_address(c.urls[0]) if c.urls else "127.0.0.1")  # in process: this host
     name = f"{GROUP_PREFIX}_{port}"
-    world = 1 + engine.client.num_servers * c.tp_size
-    bodies = [{"master_address": c.master_address, "master_port": port, "rank_offset": 1 + i * c.tp_size,
+    infos = server_infos(engine.client)
+    _check_distributed(engine, infos)
+    offsets, world = rank_layout([widths(i) for i in infos])
+    bodies = [{"master_address": address, "master_port": port, "rank_offset": offsets[i],
                "world_size": world, "group_name": name, "backend": c.distributed_backend}
               for i in range(engine.client.num_servers)]
     pending = engine.client.submit_each("init_weights_update_group", bodies)
-    group = init_custom_process_group(backend=c.distributed_backend, init_method=f"tcp://{c.master_address}:{port}",
-                                      world_size=world, rank=0, group_name=name)
-    for future in pending:
-        future.result()
+    try:
+        group = init_custom_process_group(backend=c.distributed_backend, init_method=f"tcp://{address}:{port}",
+                                          world_size=world, rank=0, group_name=name)
+        for future in pending:
+            future.result()
+    except Exception as err:
+        if c.distributed_backend == "nccl" and "duplicate gpu" in str(err).lower():
+            raise RuntimeError(f"{NCCL_COLOCATED} ({err})") from None
+        raise
     engine._weight_group, engine._weight_group_name = group, name
     return group
 

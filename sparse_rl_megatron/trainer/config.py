@@ -62,14 +62,15 @@ LearnerSection = _section(
     LearnerConfig, ("model_path",), "LearnerSection",
     "The Megatron learner: every ``LearnerConfig`` field (see ``learner/config.py`` for their docs) except "
     "``model_path``, which is the run's.", {"model_path": "<model_path>"})
-SGLANG_FROM_ROLLOUT = ("model_path", "compression", "dtype")
-"""``SGLangEngineConfig`` fields the trainer fills in: the run's model (exported for the engine), and the rollout's
-KV compression and dtype."""
+SGLANG_FROM_ROLLOUT = ("model_path", "compression", "dtype", "tp_size", "base_gpu_id")
+"""``SGLangEngineConfig`` fields the trainer fills in: the run's model (exported for the engine), the rollout's
+KV compression and dtype, and where each engine runs (``rollout.gpus_per_engine`` GPUs from its first rank's)."""
 SGLangSection = _section(
     SGLangEngineConfig, SGLANG_FROM_ROLLOUT, "SGLangSection",
     "Options of the ``sglang`` rollout engine: every ``SGLangEngineConfig`` field (see "
-    "``rollout/sglang_config.py`` for their docs) except ``model_path``, ``compression`` and ``dtype``, which are "
-    "the run's and the rollout section's.", {"model_path": "<model_path>"})
+    "``rollout/sglang_config.py`` for their docs) except ``model_path``, ``compression``, ``dtype``, ``tp_size`` and "
+    "``base_gpu_id``, which are the run's, the rollout section's (``gpus_per_engine``) and the layout's.",
+    {"model_path": "<model_path>"})
 
 
 @dataclass
@@ -101,8 +102,11 @@ class RolloutConfig:
     """How responses are sampled (the sparse sampler pi_sparse)."""
 
     engine: str = "hf"
-    """Rollout engine (``trainer.engines.ENGINES``): ``hf`` (reference engine, in rank 0's process) or ``sglang``
-    (SGLang with the sparse_kv plugin, in-process on rank 0 or HTTP servers; options in ``sglang``)."""
+    """Rollout engine (``trainer.engines.ENGINES``): ``hf`` (reference engine, in its rank's process) or ``sglang``
+    (SGLang with the sparse_kv plugin, in-process in its rank or HTTP servers; options in ``sglang``)."""
+    gpus_per_engine: int = 1
+    """GPUs (ranks) per rollout engine: one engine per group of this many ranks on every node, in the group's
+    first rank, on the group's GPUs (SGLang's tensor-parallel size); with ``sglang.urls`` the servers' TP size."""
     prompts_per_step: int = 4
     """GRPO groups (prompts) per rollout step."""
     samples_per_prompt: int = 4
@@ -121,7 +125,7 @@ class RolloutConfig:
     """Options of an engine registered by a plugin; the built-in engines take none."""
 
     def __post_init__(self) -> None:
-        for name in ("prompts_per_step", "samples_per_prompt", "max_batch_size"):
+        for name in ("prompts_per_step", "samples_per_prompt", "max_batch_size", "gpus_per_engine"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.dtype not in ENGINE_DTYPES:
@@ -131,9 +135,21 @@ class RolloutConfig:
         elif self.sglang != SGLangSection():
             raise ValueError(f"sglang options are set, but engine is '{self.engine}' (they apply to engine sglang)")
 
-    def sglang_config(self, model_path: str) -> SGLangEngineConfig:
-        """The ``SGLangEngineConfig`` of the ``sglang`` engine serving the model at ``model_path``."""
-        return self.sglang.build(model_path=model_path, compression=self.compression, dtype=self.dtype)
+    def sglang_config(self, model_path: str, *, base_gpu_id: int = 0, urls: list[str] | None = None
+                      ) -> SGLangEngineConfig:
+        """The ``SGLangEngineConfig`` of an ``sglang`` engine serving the model at ``model_path``: in process on
+        ``gpus_per_engine`` GPUs from ``base_gpu_id``, or the servers ``urls`` (default: all of ``sglang.urls``)."""
+        config = self.sglang.build(model_path=model_path, compression=self.compression, dtype=self.dtype,
+                                   tp_size=self.gpus_per_engine, base_gpu_id=base_gpu_id)
+        return config if urls is None else dataclasses.replace(config, urls=list(urls))
+
+    def for_run(self, seed: int) -> "RolloutConfig":
+        """This section with what the run decides filled in: an ``sglang`` engine whose ``random_seed`` is unset
+        samples from the run's ``seed`` (SGLang's per-request seeds are ignored under the sparse_kv backend, so
+        without it every seed of an experiment would draw the same random numbers)."""
+        if self.engine != "sglang" or self.sglang.random_seed is not None:
+            return self
+        return dataclasses.replace(self, sglang=dataclasses.replace(self.sglang, random_seed=seed))
 
     @property
     def batch_size(self) -> int:
@@ -307,7 +323,9 @@ class TrainConfig:
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     """The GPUs and layout the recipe expects."""
     phase_timeout_s: int = 4 * 3600
-    """Longest time ranks wait for rank 0's rollout, reward or evaluation before they call it a hang."""
+    """Longest a phase that waits on the rollout engines (rollout + reward, weight sync, probe, evaluation, a
+    rank building a model) may take before the ranks call it a hang: an engine that has not answered by then
+    (less a margin to report it) fails the step on every rank, naming the engine and its rank."""
 
     def __post_init__(self) -> None:
         if self.steps < 1:

@@ -1,10 +1,11 @@
-"""How the ranks of a run cooperate: every rank runs the same loop; global rank 0 drives the rollout engine.
+"""How the ranks of a run cooperate: every rank runs the same loop; the rollout engines are spread over them.
 
-Under ``torchrun`` every rank builds the learner and calls its collectives; the in-process engine, the reward
-and the evaluation live on rank 0, which broadcasts what the others need (the scored samples). While rank 0
-generates or evaluates, the other ranks wait in a collective of a separate gloo *control group* whose timeout
-is the run's ``phase_timeout_s`` (hours), not the learner's collective timeout (minutes): a long rollout is
-not a hang, a dead rank still is. A single process is a world of one (no torchrun needed).
+Under ``torchrun`` every rank builds the learner and calls its collectives. The rollout engines live on the
+ranks ``rollout/layout.py`` names (``trainer/engine_pool.py``): each generates, scores and evaluates its share,
+and the ranks exchange what the others need (the scored samples) in a separate gloo *control group* whose
+timeout is the run's ``phase_timeout_s`` (hours), not the learner's collective timeout (minutes): a long
+rollout is not a hang, a dead rank still is. ``relay`` makes one rank's failure every rank's error, and
+``on_main`` runs what only rank 0 does (run directory, model building). A single process is a world of one.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ T = TypeVar("T")
 
 
 class MainRankFailed(RuntimeError):
-    """Raised on the other ranks when rank 0 failed in work only it does (rollout, evaluation, set-up)."""
+    """Raised on the other ranks when rank 0 failed in work only it does (set-up, building the models)."""
 
 _CONTROL: dict[str, Any] = {}
 
@@ -58,7 +59,7 @@ def world_size() -> int:
 
 
 def is_main() -> bool:
-    """True on global rank 0 (the engine's rank)."""
+    """True on global rank 0 (the run directory's owner, and the first engine's rank)."""
     return rank() == 0
 
 
@@ -104,6 +105,29 @@ def gather_objects(obj: Any) -> list[Any]:
     out: list[Any] = [None] * world_size()
     dist.all_gather_object(out, obj, group=_group())
     return out
+
+
+def relay(error: BaseException | None, error_type: type[Exception] = RuntimeError) -> None:
+    """Collective: every rank says whether its own part of a phase failed (``error``); if any rank's did, every
+    rank raises, instead of some ranks waiting for results that never come. The failing ranks raise their own
+    error; the others an ``error_type`` with the message of the lowest failing rank (which names what failed
+    and where), plus how many others failed. A ``UserError`` stays a ``UserError`` everywhere (printed once)."""
+    from sparse_rl_megatron.utils.errors import UserError
+
+    mine = None if error is None else (isinstance(error, UserError), str(error) or type(error).__name__)
+    failed = [(r, x) for r, x in enumerate(gather_objects(mine)) if x is not None]
+    if not failed:
+        return
+    if error is not None:
+        raise error
+    (_, (user, message)), more = failed[0], len(failed) - 1
+    if more:
+        message += f" (and {more} other rank(s) failed: {', '.join(str(r) for r, _ in failed[1:])})"
+    if user:
+        relayed = UserError(message)
+        relayed.relayed_from_main = True  # the failing rank prints it; the CLI of the others stays quiet
+        raise relayed
+    raise error_type(message)
 
 
 def wait_for_main() -> None:

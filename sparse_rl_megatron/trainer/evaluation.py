@@ -1,7 +1,10 @@
-"""Periodic held-out evaluation of the live policy, under dense AND sparse inference (rank 0).
+"""Periodic held-out evaluation of the live policy, under dense AND sparse inference, on every engine.
 
-Runs the ``eval`` package's ``evaluate_benchmark`` on views of the rollout engine (same live weights, KV
-compression off for ``dense``; ``eval.compression``, else the rollout's compression, for ``sparse``). Metrics
+Each data set's problems are shared out over the run's engines (equal counts; problem i is sampled as group i,
+so the result does not depend on the number of engines), each engine's rank samples and verifies its share with
+the ``eval`` package's ``sample_problems`` on a view of its engine (same live weights, KV compression off for
+``dense``; ``eval.compression``, else the rollout's compression, for ``sparse``), and every rank gets every
+problem's records, from which the metrics are computed (``benchmark_section``; rank 0 writes them). Metrics
 ``eval/<mode>/accuracy`` (mean avg@n over the data sets), ``eval/<mode>/<dataset>/accuracy`` (and per class of
 problems, ``eval/subsets.py``), ``eval/<mode>/no_answer_frac`` and ``eval/<mode>/truncated_frac`` go next to the
 training curves; the per-sample results go to ``run_dir/eval/step_<k>.<mode>.json``.
@@ -38,16 +41,32 @@ def modes(cfg: "TrainConfig") -> list[str]:
 
 def evaluate(engine, spec, reward, datasets: dict[str, "Dataset"], cfg: "TrainConfig", template: str, step: int,
              run_dir: str | Path) -> dict[str, float]:
-    """Evaluate the engine's current weights on ``datasets`` in every mode; returns ``eval/*`` metrics."""
+    """Evaluate one engine's current weights (rank 0's; None elsewhere) on ``datasets`` in every mode."""
+    from sparse_rl_megatron.trainer.engine_pool import EnginePool
+
+    pool = EnginePool.single(engine, reward, cfg.rollout.engine, spec=spec)
+    try:
+        return evaluate_pool(pool, datasets, cfg, template, step, run_dir)
+    finally:
+        pool.close()
+
+
+def evaluate_pool(pool, datasets: dict[str, "Dataset"], cfg: "TrainConfig", template: str, step: int,
+                  run_dir: str | Path) -> dict[str, float]:
+    """Evaluate the live weights of every engine of ``pool`` on its share of ``datasets``, in every mode; returns
+    ``eval/*`` metrics on every rank. Collective."""
     from sparse_rl_megatron.compression import CompressionConfig
     from sparse_rl_megatron.eval.config import BenchmarkSettings, EvalConfig
-    from sparse_rl_megatron.eval.runner import evaluate_benchmark
+    from sparse_rl_megatron.eval.runner import benchmark_section, sample_problems
     from sparse_rl_megatron.eval.subsets import subset_metrics
+    from sparse_rl_megatron.rollout.work_split import split_groups
+    from sparse_rl_megatron.trainer import distributed as D
 
     settings = BenchmarkSettings(n=cfg.eval.n, max_new_tokens=cfg.eval.max_new_tokens
                                  or cfg.rollout.sampling.max_new_tokens)
     out_dir = Path(run_dir) / EVAL_DIR
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if D.is_main():
+        out_dir.mkdir(parents=True, exist_ok=True)
     metrics: dict[str, float] = {}
     t0 = time.perf_counter()
     for mode in modes(cfg):
@@ -55,10 +74,22 @@ def evaluate(engine, spec, reward, datasets: dict[str, "Dataset"], cfg: "TrainCo
         econf = EvalConfig(model=f"live policy at step {step}", benchmarks=list(datasets), template=template,
                            compression=compression, temperature=cfg.eval.temperature, top_p=cfg.eval.top_p,
                            default=settings, seed=cfg.seed, show_progress=cfg.log.progress)
-        view = spec.with_compression(engine, compression)
         sections = {}
         for name, dataset in datasets.items():
-            sections[name] = evaluate_benchmark(name, dataset, view, reward, econf)
+            shares = split_groups([1.0] * len(dataset), pool.layout.num_engines)
+
+            def work(engine, slot, name=name, dataset=dataset, shares=shares):
+                view = pool.spec.with_compression(engine, compression)
+                one = pool.layout.num_engines == 1  # one engine: the plain call (any engine takes it)
+                return sample_problems(name, dataset, view, pool.reward, econf, None if one else shares[slot.index])
+
+            parts = pool.on_engines(work, f"evaluating {name} ({mode}) at step {step}")
+            problems = [None] * len(dataset)
+            for share, (records, _) in zip(shares, parts):
+                for i, record in zip(share, records):
+                    problems[i] = record
+            seconds = {key: max(sec[key] for _, sec in parts) for key in ("generate", "verify")}
+            sections[name] = benchmark_section(name, dataset, problems, econf, seconds)
             acc = sections[name]["metrics"][f"avg@{settings.n}"]
             metrics[f"eval/{mode}/{metric_name(name)}/accuracy"] = acc
             metrics[f"eval/{mode}/{metric_name(name)}/response_len"] = sections[name]["metrics"]["mean_response_tokens"]
@@ -69,7 +100,8 @@ def evaluate(engine, spec, reward, datasets: dict[str, "Dataset"], cfg: "TrainCo
         count = sum(m["samples"] for m in done)
         metrics[f"eval/{mode}/no_answer_frac"] = sum(m["reasons"]["no_answer"] for m in done) / count
         metrics[f"eval/{mode}/truncated_frac"] = sum(m["truncated_fraction"] * m["samples"] for m in done) / count
-        record = {"step": step, "mode": mode, "compression": compression.describe(), "benchmarks": sections}
-        (out_dir / f"step_{step}.{mode}.json").write_text(json.dumps(record, indent=1) + "\n")
+        if D.is_main():
+            record = {"step": step, "mode": mode, "compression": compression.describe(), "benchmarks": sections}
+            (out_dir / f"step_{step}.{mode}.json").write_text(json.dumps(record, indent=1) + "\n")
     metrics["time/eval_s"] = time.perf_counter() - t0
     return metrics

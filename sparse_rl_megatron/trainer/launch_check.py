@@ -3,7 +3,8 @@
     sparse-rl preflight --nnodes 2 --nproc-per-node 8 --rdzv-endpoint head:29500 --config RECIPE [key=value ...]
 
 Checks, each one line on failure (exit 2): the recipe and everything ``sparse-rl train`` checks before loading a
-model (model and data present on this node, names, TP x PP against the model and the world size); the GPU count
+model (model and data present on this node, names, TP x PP against the model and the world size, the rollout
+engines' layout, printed as the line the run prints when it starts them); the GPU count
 (``--nproc-per-node`` GPUs visible here; the recipe's ``launch.gpus``, when it states one, equal to the world
 size); the rendezvous endpoint resolvable, and reachable from the other nodes (retried while the head node
 starts). On a machine without GPUs the run uses gloo on CPU, and the GPU checks say so instead of failing.
@@ -117,8 +118,9 @@ def run(args: argparse.Namespace) -> int:
     shape = LaunchShape(args.nnodes, args.nproc_per_node)
     lines = [check_gpus(shape, visible_gpus(), cfg.learner.tensor_parallel_size, cfg.learner.pipeline_parallel_size,
                         cfg.launch.gpus)]
-    plan = preflight(cfg, shape.world_size)
+    plan = preflight(cfg, shape.world_size, ranks_per_node=shape.nproc_per_node, on_gpu=visible_gpus() > 0)
     lines.append(f"model {cfg.model_path} and data {cfg.data.dataset} ({len(plan.train_data)} problems) present")
+    lines.append(plan.layout.describe())
     if args.rdzv_endpoint:
         lines.append(check_rendezvous(args.rdzv_endpoint, args.rdzv_timeout))
     print(f"[preflight] {socket.gethostname()}: ok: " + "; ".join(lines), flush=True)

@@ -1,10 +1,11 @@
 """The Sparse-RL training loop (``sparse-rl train``), top to bottom.
 
-Per rollout step k (every rank runs it; rank 0 drives the engine, see ``distributed.py``):
-  1. rollout of n samples per prompt on the (compressed-KV) engine, reward, dense recompute of pi_old
-     (+ reference log-probs when KL is on), rejection + reweighting + advantages on the whole batch;
+Per rollout step k (every rank runs it; the engines live on the ranks of ``rollout/layout.py``):
+  1. rollout of n samples per prompt on the (compressed-KV) engines, each on its share of the groups, and reward
+     where the samples are; dense recompute of pi_old (+ reference log-probs when KL is on), rejection +
+     reweighting + advantages on the whole batch;
   2. optimizer steps on ``global_batch_size`` slices (none when correction rejected everything);
-  3. weight sync to the engine as version k, verified by the log-prob probe;
+  3. weight sync to every engine as version k, verified by the log-prob probe on each;
   4. metrics; a checkpoint every ``save_every`` steps, at the end, and when a stop is requested
      (SIGTERM / SIGUSR1 / Ctrl-C / STOP file: save, then exit 0); held-out evaluation dense and sparse.
 Set-up, resume and the services called here live in ``run.py``; the data half of a step in ``step.py``.
@@ -42,23 +43,21 @@ def _loop(cfg: TrainConfig, run: Run) -> dict[str, float]:
         run.log(0, run.evaluate(0))
     metrics: dict[str, float] = {}
     for step in range(run.step + 1, cfg.steps + 1):
-        # 1. rollout (rank 0) -> reward -> dense recompute (+ reference) -> correction, on the whole batch
+        # 1. rollout + reward (every engine, its share) -> dense recompute (+ reference) -> correction, whole batch
         hb.phase(step, "rollout")
         records = run.prompts.take(cfg.rollout.prompts_per_step) if main else None
-        batch = rollout_step(learner=run.learner, engine=run.engine, reward=run.reward, records=records,
+        batch = rollout_step(learner=run.learner, engine=run.pool, reward=None, records=records,
                              template=run.plan.template, n=cfg.rollout.samples_per_prompt,
                              sampling=cfg.rollout.sampling, correction=cfg.correction, seed=cfg.seed, step=step,
                              engine_name=cfg.rollout.engine, ref_learner=run.ref_learner)
         # 2. optimizer steps on global-batch slices (the engine lends its memory meanwhile)
         hb.phase(step, "train")
         t0 = time.perf_counter()
-        if main:
-            run.engine.release_memory()
+        run.pool.release_memory()
         train = optimizer_steps(run.learner, batch, cfg.optimizer_steps_per_rollout, cfg.log.progress and main)
         if not batch.trainable:
             run.say(f"[yellow]step {step}: correction rejected every sample; no optimizer step[/]")
-        if main:
-            run.engine.resume_memory()
+        run.pool.resume_memory()
         train["time/train_s"] = time.perf_counter() - t0
         # 3. weight sync learner -> engine (version = step), checked by the probe
         hb.phase(step, "sync")

@@ -2,8 +2,9 @@
 
 Each problem is one ``UserError`` line naming the field (or file) and the valid values: the model directory and
 its ``config.json``, the parallel layout against the model and the world size, the task, template, reward and
-engine names, the data sets (named, files, tasks: loaded here, so an empty or label-less file is caught now), an
-explicit resume checkpoint. Every rank runs it (on several nodes each checks its own files).
+engine names, where the rollout engines run (``rollout.gpus_per_engine`` against the ranks per node), the data
+sets (named, files, tasks: loaded here, so an empty or label-less file is caught now), an explicit resume
+checkpoint. Every rank runs it (on several nodes each checks its own files).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from sparse_rl_megatron.utils.errors import UserError
 
 if TYPE_CHECKING:
     from sparse_rl_megatron.data.loader import Dataset
+    from sparse_rl_megatron.rollout.layout import RolloutLayout
     from sparse_rl_megatron.tasks.base import Task
     from sparse_rl_megatron.trainer.config import TrainConfig
 
@@ -39,6 +41,33 @@ class RunPlan:
     """Held-out problems by data set name (empty: no evaluation)."""
     hf_config: dict[str, Any] | None = None
     """The model's HF config when it exists before the run (None for ``tiny`` / task models)."""
+    layout: "RolloutLayout | None" = None
+    """Where the rollout engines run (what starts, and what the start-up line says)."""
+
+
+def rollout_layout(cfg: "TrainConfig", world_size: int, ranks_per_node: int | None = None,
+                   on_gpu: bool | None = None) -> "RolloutLayout":
+    """The run's rollout engines at ``world_size`` ranks, ``ranks_per_node`` per node (default: torchrun's
+    ``LOCAL_WORLD_SIZE``, else all on one node), on GPUs or not (default: whether CUDA is available)."""
+    import os
+
+    from sparse_rl_megatron.rollout.layout import LayoutError, RolloutLayout
+    from sparse_rl_megatron.trainer.engines import ENGINES
+
+    if ranks_per_node is None:
+        ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    if on_gpu is None:
+        import torch
+
+        on_gpu = torch.cuda.is_available()
+    r = cfg.rollout
+    urls = list(r.sglang.urls) if r.engine == "sglang" else []
+    try:
+        return RolloutLayout.build(engine=r.engine, world=world_size, ranks_per_node=ranks_per_node,
+                                   gpus_per_engine=r.gpus_per_engine, groups=r.prompts_per_step, urls=urls,
+                                   on_gpu=on_gpu, tensor_parallel=ENGINES.get(r.engine).tensor_parallel)
+    except LayoutError as err:
+        raise UserError(str(err)) from None
 
 
 def _task(name: str, option: str):
@@ -98,8 +127,23 @@ def check_model(cfg: "TrainConfig", world_size: int) -> dict[str, Any] | None:
     return None if cfg.model_path == TINY_MODEL else hf_config
 
 
-def preflight(cfg: "TrainConfig", world_size: int) -> RunPlan:
-    """Check ``cfg`` against files, registries and ``world_size``; load the data. Raises ``UserError``."""
+def check_launch_layout(cfg: "TrainConfig", world_size: int, ranks_per_node: int | None = None) -> None:
+    """A recipe's ``launch.layout`` that names its rollout engines (``rollout: ...``) must say what this launch
+    starts when it is the recipe's size (``launch.gpus``): the line ``RolloutLayout`` prints on GPUs."""
+    said = cfg.launch.layout
+    if cfg.launch.gpus != world_size or "rollout:" not in said:
+        return
+    said = " ".join(said[said.index("rollout:"):].split())
+    starts = rollout_layout(cfg, world_size, ranks_per_node, on_gpu=True).describe()
+    if said != starts:
+        raise UserError(f"launch.layout says '{said}', but this launch of {world_size} GPUs starts '{starts}'; "
+                        "correct the recipe's launch.layout")
+
+
+def preflight(cfg: "TrainConfig", world_size: int, ranks_per_node: int | None = None,
+              on_gpu: bool | None = None) -> RunPlan:
+    """Check ``cfg`` against files, registries, ``world_size`` and the rollout layout (``rollout_layout``); load
+    the data. Raises ``UserError``."""
     from sparse_rl_megatron.data.templates import TEMPLATES
     from sparse_rl_megatron.rewards.registry import REWARDS
     from sparse_rl_megatron.tasks import is_task_ref
@@ -122,10 +166,12 @@ def preflight(cfg: "TrainConfig", world_size: int) -> RunPlan:
         ENGINES.check(cfg.rollout.engine, "rollout.engine")
     except UnknownNameError as err:
         raise UserError(str(err)) from None
+    layout = rollout_layout(cfg, world_size, ranks_per_node, on_gpu)
+    check_launch_layout(cfg, world_size, ranks_per_node)
     if cfg.checkpoint.resume not in ("auto", "never"):
         resolve_resume(cfg.checkpoint.resume, cfg.run_dir)
     train = _load(cfg.data.dataset, cfg, "data.dataset", "train", cfg.data.limit)
     names = cfg.eval.datasets or ([f"task:{task.name}"] if task is not None and is_task_ref(cfg.data.dataset) else [])
     evals = {name: _load(name, cfg, "eval.datasets", "heldout", cfg.eval.limit) for name in names}
     return RunPlan(task=task, template=template, reward=reward, train_data=train, eval_data=evals,
-                   hf_config=hf_config)
+                   hf_config=hf_config, layout=layout)

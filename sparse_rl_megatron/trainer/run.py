@@ -1,10 +1,11 @@
 """Set-up and tear-down of one training run, and the services the loop calls (log, save, sync, evaluate).
 
 Order of set-up (each step fails with one clear line before the costly ones start):
-preflight (every rank: config vs files, registries, world size; the data is loaded) -> process groups ->
-rank 0 takes the run-directory lock and decides fresh start (earlier outputs archived) or resume (metrics
-past the checkpoint dropped) -> models built once (tiny / task warm start) -> learner (+ reference policy when
-KL is on) -> engine and reward on rank 0 -> checkpoint loaded -> weights synced and probed.
+preflight (every rank: config vs files, registries, world size, the rollout layout; the data is loaded) ->
+process groups -> rank 0 takes the run-directory lock and decides fresh start (earlier outputs archived) or
+resume (metrics past the checkpoint dropped) -> models built once (tiny / task warm start) -> learner
+(+ reference policy when KL is on) -> every engine and its rank's reward (``engine_pool.py``) -> checkpoint
+loaded -> weights synced to every engine and probed on each.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ OUTPUTS = (CONFIG_FILE, METRICS_FILE, PLOT_FILE, "tensorboard", checkpoints.CHEC
 
 @dataclass
 class Run:
-    """A started run: everything the loop touches. Rank-0-only members are None on the other ranks."""
+    """A started run: everything the loop touches. Rank-0-only members (prompts, writer) are None elsewhere."""
 
     cfg: TrainConfig
     plan: RunPlan
@@ -39,9 +40,8 @@ class Run:
     stack: contextlib.ExitStack
     learner: Any = None
     ref_learner: Any = None
-    engine: Any = None
-    spec: Any = None
-    reward: Any = None
+    pool: Any = None
+    """The run's rollout engines as this rank sees them (``EnginePool``: its own engines and reward)."""
     prompts: Any = None
     writer: Any = None
     console: Any = None
@@ -63,16 +63,15 @@ class Run:
 
     # ----------------------------------------------------------------------------------------------- sync
     def sync(self, version: int, push: bool = True) -> dict[str, float]:
-        """Push the learner's weights to the engine as ``version`` (unless ``push`` is False), then probe."""
-        from sparse_rl_megatron.trainer.weight_sync import default_tolerance, probe_weights, sync_weights
+        """Push the learner's weights to every engine as ``version`` (unless ``push`` is False), then probe each."""
+        from sparse_rl_megatron.trainer.weight_sync import default_tolerance
 
         metrics: dict[str, float] = {}
         if push:
-            metrics.update(sync_weights(self.learner, self.engine, version, self.cfg.sync.bucket_mb))
+            metrics.update(self.pool.sync(self.learner, version, self.cfg.sync.bucket_mb))
         if self.cfg.sync.probe:
             tol = self.cfg.sync.probe_tolerance or default_tolerance(self.cfg.rollout.dtype)
-            metrics.update(probe_weights(self.learner, self.engine, self.spec, self.probe, tol,
-                                         self.cfg.rollout.engine, version))
+            metrics.update(self.pool.probe(self.learner, self.probe, tol, version))
         return metrics
 
     # ----------------------------------------------------------------------------------------------- save
@@ -83,13 +82,12 @@ class Run:
 
     # ------------------------------------------------------------------------------------------- evaluate
     def evaluate(self, step: int) -> dict[str, float]:
-        """Held-out accuracy of the live weights (rank 0 evaluates, every rank gets the metrics)."""
-        from sparse_rl_megatron.trainer.evaluation import evaluate
+        """Held-out accuracy of the live weights (every engine evaluates its share; every rank gets the metrics)."""
+        from sparse_rl_megatron.trainer.evaluation import evaluate_pool
 
         if not self.plan.eval_data:
             return {}
-        return D.on_main(lambda: evaluate(self.engine, self.spec, self.reward, self.plan.eval_data, self.cfg,
-                                          self.plan.template, step, self.run_dir))
+        return evaluate_pool(self.pool, self.plan.eval_data, self.cfg, self.plan.template, step, self.run_dir)
 
 
 def _claim_run_dir(cfg: TrainConfig, run: Run) -> tuple[str | None, dict | None, list[str]]:
@@ -118,9 +116,9 @@ def _claim_run_dir(cfg: TrainConfig, run: Run) -> tuple[str | None, dict | None,
 
 
 def _build_models(cfg: TrainConfig, run: Run) -> None:
-    """Learner (+ reference), engine and reward; rank 0 builds the model directories first."""
+    """Learner (+ reference), every engine and its rank's reward; rank 0 builds the model directories first."""
     from sparse_rl_megatron.learner import Learner
-    from sparse_rl_megatron.trainer.engines import ENGINES
+    from sparse_rl_megatron.trainer.engine_pool import EnginePool
     from sparse_rl_megatron.trainer.models import export_for_engine, prepare_model
     from sparse_rl_megatron.trainer.weight_sync import probe_sequence
 
@@ -131,18 +129,14 @@ def _build_models(cfg: TrainConfig, run: Run) -> None:
     if cfg.learner.loss.kl_coef > 0:  # the reference policy is the initial model, also after a resume
         run.ref_learner = Learner(cfg.learner_config(dirs.learner), trainable=False)
     hf_dir = dirs.engine_hf or export_for_engine(run.learner, run.run_dir)
-    run.spec = ENGINES.get(cfg.rollout.engine)
     run.probe = probe_sequence(run.learner.arch.vocab_size, cfg.sync.probe_tokens, cfg.seed)
-    if D.is_main():
-        run.engine = run.spec.build(hf_dir, cfg.rollout, cfg.log.progress)
-        if hasattr(run.engine, "shutdown"):  # an engine with servers or child processes (sglang)
-            run.stack.callback(run.engine.shutdown)
-        run.reward = run.stack.enter_context(make_reward(cfg, run.plan))
-    D.wait_for_main()
+    run.say(run.plan.layout.describe())
+    run.pool = EnginePool.start(cfg, run.plan, hf_dir, run.stack, lambda: make_reward(cfg, run.plan))
 
 
 def make_reward(cfg: TrainConfig, plan: RunPlan):
-    """Rank 0: the run's reward (a context manager: the ``math`` reward owns a verifier process pool)."""
+    """The reward of a rank that drives an engine (a context manager: the ``math`` reward owns a verifier process
+    pool, one per engine rank)."""
     from sparse_rl_megatron.rewards.registry import REWARDS
 
     factory = REWARDS.get(plan.reward)
@@ -196,8 +190,10 @@ def start_run(cfg: TrainConfig):
         # the engine serves the learner's weights from here on: pushed after a resume, probed always
         startup = run.sync(version=run.step, push=resume is not None)
         if "sync/probe_max_abs_diff" in startup:
-            run.say(f"engine '{cfg.rollout.engine}' serves the learner's weights (version {run.step}): probe "
-                    f"max |log-prob diff| {startup['sync/probe_max_abs_diff']:.2g}")
+            count = run.plan.layout.num_engines
+            run.say(f"engine '{cfg.rollout.engine}' serves the learner's weights (version {run.step}) on "
+                    f"{'all ' + str(count) + ' engines' if count > 1 else 'its engine'}: probe max |log-prob diff| "
+                    f"{startup['sync/probe_max_abs_diff']:.2g}")
         yield run
 
 

@@ -1,6 +1,7 @@
 """``sparse-rl train`` end to end on CPU: the embedded default in a fast form, stop + resume equal to an
-uninterrupted run, interrupted checkpoints ignored, the run-directory lock, and two torchrun agents (a
-localhost c10d rendezvous, TP = 2 across them) training a task model with KL on."""
+uninterrupted run, interrupted checkpoints ignored, the run-directory lock, and two torchrun agents (two "nodes"
+on a localhost c10d rendezvous, TP = 2 across them, one engine each) training a task model with KL on until one
+node's engine dies, then resuming."""
 from __future__ import annotations
 
 import json
@@ -163,19 +164,9 @@ def test_second_run_into_a_busy_run_dir_is_refused_with_the_holders_pid(tmp_path
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
-def test_two_torchrun_agents_train_a_task_at_tp2_until_the_engine_dies(tmp_path, shared_data):
-    env = {**_env(shared_data), "NNODES": "2", "NPROC_PER_NODE": "1", "RDZV_ID": f"test-{os.getpid()}",
-           "RDZV_ENDPOINT": f"127.0.0.1:{free_port()}", "PYTHON": sys.executable}
-    run_dir = tmp_path / "run"
-    # two steps train; the engine dies in the third rollout. A random model's rewards are mostly all 0 (advantage
-    # 0): weight decay moves the policy anyway, so the KL to the reference is measurable after the first step.
-    args = ["--config", RECIPE, f"run_dir={run_dir}", *SMALL, "steps=3", "checkpoint.save_every=1",
-            "plugins=[train_task_plugin]", "model_path=task:tiny_sums", "data.dataset=task:tiny_sums",
-            "eval.datasets=[]", "warm_start={lr: 0.5}", "rollout.compression.budget=12", "rollout.compression.scope=all",
-            "learner.tensor_parallel_size=2", "learner.loss.kl_coef=0.001", "learner.optim.weight_decay=0.1",
-            "learner.optim.lr_warmup_steps=0",  # the default warms up from lr 0: the first step would not move
-            "rollout.engine=flaky", "rollout.engine_options={fail_at: 3}"]
-    agents = [subprocess.Popen(["bash", str(ROOT / "launch" / "torchrun.sh"), *args], env=env, cwd=tmp_path,
+def _agents(args: list[str], env: dict, cwd: Path) -> tuple[list[int], list[str]]:
+    """Two torchrun agents (two "nodes", one rank each) running launch/torchrun.sh with ``args``."""
+    agents = [subprocess.Popen(["bash", str(ROOT / "launch" / "torchrun.sh"), *args], env=env, cwd=cwd,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
               for _ in range(2)]
     try:
@@ -184,27 +175,58 @@ def test_two_torchrun_agents_train_a_task_at_tp2_until_the_engine_dies(tmp_path,
         for agent in agents:
             if agent.poll() is None:
                 os.killpg(agent.pid, signal.SIGKILL)
+    return [agent.returncode for agent in agents], outputs
+
+
+def test_two_torchrun_agents_each_serve_their_share_at_tp2_fail_together_and_resume(tmp_path, shared_data):
+    env = {**_env(shared_data), "NNODES": "2", "NPROC_PER_NODE": "1", "RDZV_ID": f"test-{os.getpid()}",
+           "RDZV_ENDPOINT": f"127.0.0.1:{free_port()}", "PYTHON": sys.executable}
+    run_dir = tmp_path / "run"
+    # two "nodes", one rank each, the learner TP2 across them; every node's rank drives its own engine (one per
+    # rank) and scores its share of the groups. Two steps train; rank 1's engine dies in its third rollout. A random
+    # model's rewards are mostly all 0 (advantage 0): weight decay moves the policy anyway, so the KL to the reference
+    # is measurable after the first step.
+    args = ["--config", RECIPE, f"run_dir={run_dir}", *SMALL, "steps=4", "checkpoint.save_every=1",
+            "plugins=[train_task_plugin]", "model_path=task:tiny_sums", "data.dataset=task:tiny_sums",
+            "eval.datasets=[]", "warm_start={lr: 0.5}", "rollout.compression.budget=12",
+            "rollout.compression.scope=all",
+            "learner.tensor_parallel_size=2", "learner.loss.kl_coef=0.001", "learner.optim.weight_decay=0.1",
+            "learner.optim.lr_warmup_steps=0",  # the default warms up from lr 0: the first step would not move
+            "rollout.engine=flaky", "rollout.engine_options={fail_at: 3, fail_rank: 1}"]
+    codes, outputs = _agents(args, env, tmp_path)
+    layout = "rollout: 2 flaky engines on ranks 0-1 (CPU), 2 groups -> 1 per engine"
     for output in outputs:
         assert "[preflight]" in output and "TP 2 x PP 1 x DP 1 = 2 ranks" in output, output[-4000:]
+        assert layout in output.split("[preflight]", 1)[1].splitlines()[0]  # preflight says what starts
     text = "\n".join(outputs)
-    assert "TP=2 PP=1 DP=1" in text and "world 2" in text and "[heartbeat]" in text
-    # the task's model was built and warm-started with the recipe's options; its held-out split is evaluated
+    assert "TP=2 PP=1 DP=1" in text and "world 2" in text and "[heartbeat]" in text and f"\n{layout}\n" in text
+    assert "serves the learner's weights (version 0) on all 2 engines" in text
+    # the task's model was built and warm-started with the recipe's options
     assert json.loads((run_dir / "model" / "warm" / "warm_options.json").read_text()) == {"lr": 0.5}
     records = _records(run_dir)
     assert [r["step"] for r in records] == [0, 1, 2], text[-4000:]
-    assert "eval/dense/tiny_sums/accuracy" in records[0]
     for r in records[1:]:
         assert math.isfinite(r["loss/pg"]) and r["loss/kl"] > 0 and r["time/ref_s"] > 0
         assert r["sync/probe_max_abs_diff"] < 1e-3 and r["train/optimizer_steps"] == 2
     step2 = run_dir / "checkpoints" / "step_2"
     assert (step2 / "trainer_state.json").is_file()
     assert sorted(p.name for p in (step2 / "rng").iterdir()) == ["rank0.pt", "rank1.pt"]
-    # the engine's death fails both ranks (rank 1 is told instead of waiting for samples that never come); the
-    # error names the engine, the step, the rank and the checkpoint to resume from
-    assert all(agent.returncode != 0 for agent in agents)
-    assert "EngineError: rollout engine 'flaky' failed while generating step 3: ConnectionError: engine process " \
-           "is gone (simulated)" in text
-    assert "MainRankFailed: rank 0 failed: EngineError: rollout engine 'flaky' failed" in text
+    # rank 1's engine dies: both ranks fail (rank 0 is told instead of waiting for samples that never come), each
+    # with the one line naming the engine, its rank and the step, and where to resume from
+    assert codes == [1, 1] or all(c != 0 for c in codes), codes
+    error = ("EngineError: rollout engine 'flaky' #1 on rank 1 failed while generating step 3: ConnectionError: "
+             "engine process is gone (simulated)")
+    assert all(error in output for output in outputs), text[-4000:]
     for rank in (0, 1):
         assert (f"sparse-rl train: failed in the rollout of step 3 on rank {rank}; last complete checkpoint: "
                 f"{step2}; rerun the same command to resume") in text
+
+    # the same command again: resumes from step 2 on both nodes and finishes
+    codes, outputs = _agents(args, {**env, "RDZV_ENDPOINT": f"127.0.0.1:{free_port()}"}, tmp_path)
+    text = "\n".join(outputs)
+    assert codes == [0, 0], text[-4000:]
+    assert f"resuming from {step2}" in text
+    records = _records(run_dir)
+    assert [r["step"] for r in records] == [0, 1, 2, 3, 4]
+    assert records[-1]["rollout/weight_version"] == 3 and records[-1]["sync/probe_max_abs_diff"] < 1e-3
+    assert (run_dir / "checkpoints" / "step_4" / "trainer_state.json").is_file()

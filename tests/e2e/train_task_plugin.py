@@ -46,29 +46,73 @@ if "tiny_sums" not in TASKS:
 
 
 # ------------------------------------------------------------------------------------------------------------
-# ``rollout.engine: flaky``: the reference engine, except that its ``fail_at``-th rollout fails (an engine that died).
+# ``reward: parity``: 1 when the response has an even number of characters. A random model gets a mixed signal in
+# every group (non-zero advantages), so runs really train and their weights move.
+from sparse_rl_megatron.rewards.registry import REWARDS  # noqa: E402
+from sparse_rl_megatron.rewards.reward import SampleReward  # noqa: E402
+from sparse_rl_megatron.rewards.verify import Verdict  # noqa: E402
+
+
+class ParityReward(SampleReward):
+    def score(self, responses, golds, styles="boxed"):
+        return [Verdict(1.0, "correct", r) if len(r) % 2 == 0 else Verdict(0.0, "wrong", r) for r in responses]
+
+
+if "parity" not in REWARDS:
+    REWARDS.add("parity", ParityReward)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# ``rollout.engine: flaky``: the reference engine, except that on rank ``fail_rank`` (every rank if unset) its
+# ``fail_at``-th rollout fails (an engine that died) or its ``hang_at``-th one never returns (a hung engine), and
+# that on rank ``fail_start`` it does not start;
+# ``record: DIR`` writes every sample it generates to DIR/rank<r>.jsonl (what the engines sampled, for tests).
+import json as _json  # noqa: E402
+import os as _os  # noqa: E402
+import threading as _threading  # noqa: E402
+
 from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine  # noqa: E402
 from sparse_rl_megatron.trainer.engines import ENGINES, EngineSpec  # noqa: E402
 
 
 class FlakyEngine(HFRolloutEngine):
-    def __init__(self, *args, fail_at: int, **kwargs):
+    def __init__(self, *args, fail_at: int = 0, hang_at: int = 0, fail_rank: int | None = None, record: str = "",
+                 fail_start: int | None = None, **kwargs):
+        rank = int(_os.environ.get("RANK", "0"))
+        if fail_start == rank:
+            raise OSError("no GPU memory left for the engine (simulated)")
         super().__init__(*args, **kwargs)
-        self.fail_at, self.calls = fail_at, 0
+        mine = fail_rank is None or fail_rank == rank
+        self.fail_at, self.hang_at = (fail_at, hang_at) if mine else (0, 0)
+        self.calls = 0
+        self.record = Path(record) / f"rank{rank}.jsonl" if record else None
 
-    def generate(self, prompts, n, sampling):
+    def generate(self, prompts, n, sampling, **kwargs):
         self.calls += 1
         if self.calls == self.fail_at:
             raise ConnectionError("engine process is gone (simulated)")
-        return super().generate(prompts, n, sampling)
+        if self.calls == self.hang_at:
+            _threading.Event().wait()  # never set: the engine hangs
+        samples = super().generate(prompts, n, sampling, **kwargs)
+        if self.record is not None:
+            self.record.parent.mkdir(parents=True, exist_ok=True)
+            with self.record.open("a") as f:
+                for x in samples:
+                    f.write(_json.dumps({"call": self.calls, "group": x.group_id, "index": x.index_in_group,
+                                         "seed": sampling.seed, "tokens": x.response_ids,
+                                         "logprobs": x.sampler_logprobs.tolist(), "version": x.weight_version}) + "\n")
+        return samples
 
 
 def _build_flaky(model_dir, rollout, show_progress):
     import torch
 
+    options = dict(rollout.engine_options)
     return FlakyEngine(model_dir, compression=rollout.compression, dtype=getattr(torch, rollout.dtype),
                        max_batch_size=rollout.max_batch_size, show_progress=show_progress,
-                       fail_at=int(rollout.engine_options["fail_at"]))
+                       fail_at=int(options.get("fail_at", 0)), hang_at=int(options.get("hang_at", 0)),
+                       fail_rank=options.get("fail_rank"), record=str(options.get("record", "")),
+                       fail_start=options.get("fail_start"))
 
 
 if "flaky" not in ENGINES:

@@ -3,8 +3,9 @@
 Launches (each runs many checks, to pay megatron-core's import once per rank):
   single: 1 process          -> CPU compat, TP = 1 checks, NaN guard, resume, refusals
   pair:   torchrun, 2 ranks  -> TP = 2, PP = 2, DP = 2 checks, NaN guard at PP = 2, DistributedOptimizer,
-                                bf16 export at PP = 2, sequence parallel at TP = 2
-  grid:   torchrun, 4 ranks  -> TP = 2 x PP = 2 checks, TP1 checkpoint -> TP2 x PP2 -> TP1, DistributedOptimizer
+                                bf16 export at PP = 2, sequence parallel at TP = 2, a one-row batch at DP = 2
+  grid:   torchrun, 4 ranks  -> TP = 2 x PP = 2 checks, TP1 checkpoint -> TP2 x PP2 -> TP1, DistributedOptimizer,
+                                a one-row batch at TP = 2 x DP = 2
 """
 from __future__ import annotations
 
@@ -54,12 +55,14 @@ def pair_launch(mcore_refs, mcore_root) -> LaunchResult:
     work = mcore_root / "pair_work"
     work.mkdir()
     return launch("w_layouts.py", 2, [str(mcore_refs), str(work), "2x1,1x2,1x1", "nan_guard_pp2", "distopt",
-                                      "bf16_export_pp2", "sequence_parallel", "plan"], mcore_root / "pair_results")
+                                      "bf16_export_pp2", "sequence_parallel", "plan", "fewer_rows:1x1"],
+                  mcore_root / "pair_results")
 
 
 @pytest.fixture(scope="session")
 def grid_launch(mcore_refs, mcore_root, tp1_checkpoint) -> LaunchResult:
     work = mcore_root / "grid_work"
     work.mkdir()
-    return launch("w_layouts.py", 4, [str(mcore_refs), str(work), "2x2", f"reshard:{tp1_checkpoint}", "distopt"],
+    return launch("w_layouts.py", 4, [str(mcore_refs), str(work), "2x2", f"reshard:{tp1_checkpoint}", "distopt",
+                                      "fewer_rows:2x1"],
                   mcore_root / "grid_results", timeout=600)

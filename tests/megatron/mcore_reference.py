@@ -3,10 +3,12 @@
 For every model of ``mcore_spec.MODELS``: the HF checkpoint directory, logits on ``parity_ids()``, the
 log-probs of ``sequences()``, a prepared training batch, and the weights after ONE optimizer step computed
 with plain HF + ``torch.optim.AdamW`` with Megatron's semantics (no weight decay on biases and norm weights,
-global grad-norm clipping at ``clip_grad``), on the whole batch at once.
+global grad-norm clipping at ``clip_grad``), on the whole batch at once; and the same step on a batch of the one
+row ``spec.ONE_ROW`` alone (fewer rows than data-parallel ranks).
 """
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
@@ -28,7 +30,8 @@ def hf_logprobs(model, prompts, responses) -> torch.Tensor:
     return torch.stack(rows)
 
 
-def _one_step(model, prepared, ref_lp, prompts, responses) -> None:
+def _one_step(model, prepared, ref_lp, prompts, responses) -> tuple[float, float]:
+    """One AdamW step in place; returns the loss and the gradient norm before clipping."""
     from sparse_rl_megatron.algo import LossConfig, micro_batch_loss
 
     named = [(n, p) for n, p in model.named_parameters()]
@@ -41,9 +44,10 @@ def _one_step(model, prepared, ref_lp, prompts, responses) -> None:
     lp = hf_logprobs(model, prompts, responses)
     loss, _ = micro_batch_loss(lp, prepared, LossConfig(kl_coef=spec.KL_COEF), ref_log_probs=ref_lp)
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), t["clip_grad"])
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t["clip_grad"])
     opt.step()
     model.eval()
+    return float(loss), float(norm)
 
 
 def build_references(root: Path) -> Path:
@@ -80,10 +84,16 @@ def build_references(root: Path) -> Path:
             old = hf_logprobs(model, prompts, responses)
         sampler, rewards, groups, ref_lp = spec.rollout_tensors(old, mask)
         prepared = prepare_correction(old, sampler, mask, rewards, groups)
+        one = spec.one_row_prepared(prepared)
+        k = spec.ONE_ROW
+        single = copy.deepcopy(model)
+        one_loss, one_norm = _one_step(single, one, ref_lp[k:k + 1, :len(responses[k])], prompts[k:k + 1], responses[k:k + 1])
+        after_one_row = {k: v.detach().clone() for k, v in single.state_dict().items() if k in stored}
         _one_step(model, prepared, ref_lp, prompts, responses)
         after = {k: v.detach().clone() for k, v in model.state_dict().items() if k in stored}
         refs[name] = dict(path=str(path), logits=logits, old=old, prepared=prepared, ref_lp=ref_lp,
-                          hf=stored, after_step=after)
+                          hf=stored, after_step=after, after_step_one_row=after_one_row,
+                          one_row_loss=one_loss, one_row_grad_norm=one_norm)
     out = root / "ref.pt"
     torch.save(refs, out)
     return out

@@ -12,6 +12,13 @@ def test_split_rows_balances_tokens_and_covers_every_row():
     assert split_rows([1, 1], 2) == [[0], [1]]
 
 
+def test_split_rows_with_fewer_rows_than_ranks_leaves_the_last_ranks_empty():
+    # the weight-sync probe (one row) at DP = 2 used to raise "cannot split 1 rows over 2 data-parallel ranks"
+    assert split_rows([7], 2) == [[0], []]
+    assert split_rows([3, 9], 4) == [[1], [0], [], []]
+    assert split_rows([], 2) == [[], []]
+
+
 def test_padded_micro_batches_respect_rows_times_longest():
     assert plan_micro_batches([10, 9, 3, 2], [0, 1, 2, 3], 20, "padded") == [[0, 1], [2, 3]]
     assert plan_micro_batches([30, 2], [0, 1], 20, "padded") == [[0], [1]]  # over-long row alone

@@ -41,3 +41,12 @@ def test_empty_slice_still_steps_the_lr_schedule(single_launch):
     """trainer.optimize: a slice whose samples were all rejected takes no optimizer step, but the lr schedule
     moves on, so a corrected run's lr does not lag an uncorrected one's under a decaying schedule."""
     single_launch.check("empty_slice_advances_lr")
+
+
+@pytest.mark.parametrize("model", ["qwen2_tied", "qwen2_untied"])
+@pytest.mark.parametrize("fixture,layout", [("pair_launch", "tp1pp1"), ("grid_launch", "tp2pp1")])
+def test_fewer_rows_than_data_parallel_ranks(request, fixture, layout, model):
+    """A one-row batch at DP = 2 (and TP = 2 x DP = 2): the rank without a row runs a padding micro-batch; log-probs
+    equal HF's and the step equals the HF step on that row alone (it raised 'cannot split 1 rows over 2
+    data-parallel ranks' in the trainer's weight-sync probe)."""
+    request.getfixturevalue(fixture).check(f"fewer_rows_than_dp_{layout}_{model}")

@@ -51,3 +51,37 @@ def full_forward_logprobs(model, prompt_ids, response_ids) -> torch.Tensor:
         logp = torch.log_softmax(model(ids).logits[0].float(), dim=-1)
     p = len(prompt_ids)
     return logp[p - 1:-1].gather(-1, torch.tensor(response_ids)[:, None])[:, 0]
+
+
+def generate_mixed(engine, jobs: dict):
+    """One batch of requests with a compression each: ``jobs = {name: (prompt_ids, n, CompressionConfig,
+    SamplingParams)}`` -> ``{name: [Sample] * n}`` (sent together, so they decode side by side)."""
+    from sparse_rl_megatron.utils.config_io import to_dict
+
+    order = [(name, g, i) for g, name in enumerate(jobs) for i in range(jobs[name][1])]
+    prompts = [jobs[name][0] for name, _, _ in order]
+    params = [engine._sampling(jobs[name][3], g, i, 0, to_dict(jobs[name][2])) for name, g, i in order]
+    outs = engine.client.generate(prompts, params, groups=[g for _, g, _ in order])
+    result: dict = {name: [] for name in jobs}
+    for (name, g, i), out in zip(order, outs):
+        result[name].append(engine._sample(out, jobs[name][0], jobs[name][0], g, i, jobs[name][3]))
+    return result
+
+
+def resolved_server_args(model_dir, config: dict | None, **overrides):
+    """Server arguments resolved and checked exactly as ``sglang.Engine`` does before launching anything."""
+    from sglang_ext import cpu_compat
+    from sglang_ext.config import CONFIG_ENV
+
+    cpu_compat.apply()
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import ServerArgs
+
+    load_plugins()  # as sglang.Engine does first
+    kwargs = {**cpu_compat.cpu_engine_kwargs(), "model_path": str(model_dir), "attention_backend": "sparse_kv",
+              **overrides}
+    with scheduler_env(**({CONFIG_ENV: json.dumps(config)} if config is not None else {})):
+        args = ServerArgs(**kwargs)
+        args.resolve_once()
+        args.check_server_args()
+    return args

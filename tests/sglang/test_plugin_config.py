@@ -79,6 +79,17 @@ def test_launcher_adds_what_the_plugin_needs_unless_given():
     assert "--device" not in server_argv(["--model-path", "m"], on_cpu=False)
 
 
+def test_the_launcher_needs_nothing_from_the_rollout_package():
+    """The plugin owns its CPU defaults: launching a server imports the plugin, not the trainer's rollout code."""
+    import subprocess
+    import sys
+
+    code = ("import sys, sglang_ext.launch_server; "
+            "print([m for m in sys.modules if m.startswith('sparse_rl_megatron.rollout')])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
 def test_trainer_section_and_recipes():
     """``rollout.sglang`` in ``sparse-rl train``: SGLangEngineConfig's fields minus what the run gives (model,
     compression, dtype); every shipped recipe names the sglang engine and builds its config."""

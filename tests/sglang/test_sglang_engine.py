@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 from sglang_helpers import (assert_matches_reference, full_forward_logprobs, read_stats, scheduler_env,
                             teacher_forced)
 
@@ -30,7 +29,7 @@ def engine(tiny_model_dir, tmp_path_factory):
 
     stats = tmp_path_factory.mktemp("stats") / "pool.jsonl"
     config = SGLangEngineConfig(model_path=str(tiny_model_dir), compression=SERVER, dtype="float32",
-                                max_total_tokens=2048, stats_path=str(stats))
+                                max_total_tokens=2048, stats_path=str(stats), count_host_syncs=True)
     with scheduler_env():
         eng = SGLangRolloutEngine(config)
     yield eng
@@ -76,6 +75,26 @@ def test_retained_kv_read_from_the_pool_stays_within_budget(engine):
     assert max(max(x["owned_response"]) for x in lines) == limit and any(x["compressing"] for x in lines)
     # the GRPO groups' prompts were shared: at some step the tree held them while their samples decoded
     assert any(x["tree"] >= len(PROMPTS[2]) and max(x["owned"]) <= limit for x in lines)
+
+
+def test_plugin_memory_was_reserved_before_the_kv_pool(engine):
+    """SGLang's scheduler sized its KV pool after the plugin took its bytes out of the budget (for the most rows
+    the pool may get), then the backend allocated exactly the formula for the rows it got."""
+    (line,) = [x["memory"] for x in read_stats(Path(engine.config.stats_path)) if "memory" in x]
+    assert line["allocated"] == line["formula"] > 0
+    assert line["reserved"] is not None and line["reserved_rows"] >= line["rows"]
+    assert line["reserved"] >= line["allocated"]
+
+
+def test_host_syncs_per_forward(engine):
+    """The plugin's hooks cost what ``test_host_syncs`` counts in-process, here in SGLang's scheduler (rows from
+    the batch build, overlap scheduler, radix tree, scheduler-side hooks between forwards)."""
+    lines = [x for x in read_stats(Path(engine.config.stats_path)) if x.get("decode")]
+    assert all(x["host_rows"] for x in lines)
+    quiet = [x["host_syncs"] for x in lines if not x["compressing"]]
+    busy = [x["host_syncs"] for x in lines if x["compressing"]]
+    print(f"host syncs per decode forward: no compression max {max(quiet)}, compressing max {max(busy)}")
+    assert max(quiet) == 0 and max(busy) <= 1   # the kept digests: one copy per compressing step
 
 
 def _wait_idle_line(path, since: int, timeout: float = 60.0) -> dict:

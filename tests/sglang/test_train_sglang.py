@@ -1,7 +1,8 @@
-"""``sparse-rl train`` with ``rollout.engine: sglang``: SGLang's CPU engine (in-process on rank 0, strict idle and
-busy memory checks on) samples compressed rollouts for the Megatron learner, takes its weights after every step
-and serves them exactly (the post-sync probe: SGLang's dense log-probs of a fixed sequence vs the learner's within
-1e-4), and evaluates the live policy dense and sparse. One engine start for the whole run (~2 min CPU)."""
+"""``sparse-rl train`` with ``rollout.engine: sglang`` under torchrun with 2 ranks (learner DP2): two SGLang CPU
+engines, one in each rank's process (strict idle and busy memory checks on), each sample compressed rollouts of
+its share of the groups for the Megatron learner, take its weights after every step and serve them exactly (the
+post-sync probe on each engine: SGLang's dense log-probs of a fixed sequence vs the learner's within 1e-4), and
+evaluate their share of the held-out problems dense and sparse. One start per engine for the whole run (~2 min)."""
 from __future__ import annotations
 
 import json
@@ -31,16 +32,28 @@ def _env(shared_data: Path) -> dict:
             "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"}
 
 
-def _train(shared_data: Path, *args: str, timeout: int) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sparse_rl_megatron.cli", "train", *args], env=_env(shared_data),
-                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+def _train(shared_data: Path, *args: str, timeout: int, ranks: int = 1) -> subprocess.CompletedProcess:
+    launcher = [] if ranks == 1 else ["-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
+                                      "--master-port", str(_free_port())]
+    return subprocess.run([sys.executable, *launcher, "-m", "sparse_rl_megatron.cli", "train", *args],
+                          env=_env(shared_data), cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
-def test_train_with_the_sglang_engine(tmp_path, shared_data):
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_train_with_two_sglang_engines_under_torchrun(tmp_path, shared_data):
     run_dir = tmp_path / "run"
-    proc = _train(shared_data, f"run_dir={run_dir}", *TRAIN, timeout=900)
+    proc = _train(shared_data, f"run_dir={run_dir}", *TRAIN, timeout=900, ranks=2)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    assert "engine 'sglang' serves the learner's weights (version 0)" in proc.stdout
+    assert "rollout: 2 sglang engines x TP1 on ranks 0-1 (CPU), 2 groups -> 1 per engine" in proc.stdout
+    assert "TP=1 PP=1 DP=2" in proc.stdout
+    assert "engine 'sglang' serves the learner's weights (version 0) on all 2 engines" in proc.stdout
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r["step"] >= 1 and "sync/buckets" in r]
     assert [r["step"] for r in steps] == list(range(1, STEPS + 1))

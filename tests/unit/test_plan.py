@@ -61,9 +61,15 @@ def test_qwen25_7b_tp4_by_hand():
     assert (dense.bytes_per_sequence, rkv.bytes_per_sequence) == (4607 * 57_344, 640 * 57_344)
     pool = 0.85 * 80 * GIB - 2 * 7_615_616_512 / 4  # rollout TP 4: the bf16 weights split 4 ways
     per_gpu = 57_344 // 4
-    assert rkv.pool_per_gpu == pool and rkv.bytes_per_sequence_per_gpu == 640 * per_gpu
+    # the SGLang plugin on each GPU, out of the KV budget: 4096 + 1 request rows of the 32768 + 4 context;
+    # int32 tables, bf16 query rings of 28 layers x 7 query heads x alpha 8 x 128, int32 kept positions of
+    # 28 layers x 1 KV head x (B + W)
+    plugin = 4097 * 32_772 * 4 + 28 * 4097 * 7 * 8 * 128 * 2 + 28 * 4097 * 1 * 640 * 4
+    assert dense.plugin is None and rkv.plugin.total == plugin
+    assert dense.pool_per_gpu == pool and rkv.pool_per_gpu == pool - plugin
+    assert rkv.bytes_per_sequence_per_gpu == 640 * per_gpu
     assert (dense.concurrent_per_engine, rkv.concurrent_per_engine) == (int(pool // (4607 * per_gpu)),
-                                                                         int(pool // (640 * per_gpu)))
+                                                                         int((pool - plugin) // (640 * per_gpu)))
     assert dense.engines == 2 and rkv.waves == 1
 
 
@@ -98,8 +104,10 @@ def test_hf_directory_is_read(tmp_path):
                                              "1, 2, 4, 7, 14, 28"),
     (["--model", "qwen2.5-72b", "--tp", "16", "--gpus-per-node", "8"], "--tp 16 exceeds --gpus-per-node 8"),
     (["--model", "qwen2.5-7b", "--gpus", "6", "--tp", "4"], "--gpus 6 is not a multiple of --tp x --pp = 4"),
-    (["--model", "qwen2.5-7b", "--dp", "8", "--rollout-tp", "3"], "--rollout-tp 3 does not divide the 8 GPUs; "
-                                                                  "valid --rollout-tp values: 1, 2, 4, 8"),
+    (["--model", "qwen2.5-7b", "--dp", "8", "--rollout-tp", "3"], "--rollout-tp 3 does not divide the 8 GPUs of a "
+                                                                  "node (an engine's GPUs are on one node); valid "
+                                                                  "--rollout-tp values: 1, 2, 4, 8"),
+    (["--model", "qwen2.5-7b", "--gpus", "12", "--tp", "2"], "12 GPUs are not whole nodes of --gpus-per-node 8"),
     (["--model", "qwen2.5-7b", "--compression", "lru"], "--compression: unknown KV compression method 'lru'"),
     (["--model", "qwen2.5-7b", "--compression", "rkv", "--budget", "8"], "--budget must be > window"),
     (["--model", "qwen2.5-7b", "--kernels", "triton"], "--kernels: unknown kernel set 'triton'; valid names: fused, local"),
@@ -123,6 +131,9 @@ def test_exit_codes_and_output(capsys):
     assert main(["plan", "--model", "qwen2.5-7b", "--tp", "4", "--dp", "2", "--compression", "rkv"]) == 0
     out = capsys.readouterr().out
     assert "learner fits: peak 43.88 GiB of 80 GiB per GPU" in out and "| rkv B=512 W=128 |" in out
+    # what sparse-rl train starts on these GPUs, as it says it (rollout TP = the learner's TP 4 by default)
+    assert "\nrollout: 2 sglang engines x TP4 on ranks 0,4 (GPUs 0-3, 4-7), 32 groups -> 16 per engine\n" in out
+    assert "| concurrent sequences, 2 engine(s) |" in out
     assert main(["plan", "--model", "qwen2.5-72b", "--tp", "8", "--rollout-tp", "1"]) == 1
     out = capsys.readouterr().out
     # dense 72B KV: 1.4 GiB per sequence; at rollout TP 2 the pool is 0.29 GiB per GPU, at TP 4 34 GiB
@@ -176,13 +187,15 @@ def test_against_the_measured_cpu_learner_peak(cell):
 @pytest.mark.parametrize("method", ["none", "rkv"])
 def test_kv_bytes_equal_what_the_reference_engine_holds(monkeypatch, method):
     """The planner's KV bytes per sequence == the K/V tensors the HF reference engine allocates per row
-    (dense: prompt + response - 1 tokens; rkv B=16 W=8: B + W), and the peak each sample reports."""
+    (dense: prompt + response - 1 tokens; rkv B=16 W=8: B + W; rounded up to the engine's 16-slot alignment), and
+    the peak each sample reports."""
     import torch
 
     from sparse_rl_megatron.compression import CompressionConfig
     from sparse_rl_megatron.planning.kv import kv_tokens_per_sequence
     from sparse_rl_megatron.rollout.engine import SamplingParams
     from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
+    from sparse_rl_megatron.rollout.kv_cache import align_keys
     from sparse_rl_megatron.utils.tiny_models import build_tiny_model, build_tiny_tokenizer
 
     model, tok = build_tiny_model("qwen2", seed=3), build_tiny_tokenizer()
@@ -197,6 +210,16 @@ def test_kv_bytes_equal_what_the_reference_engine_holds(monkeypatch, method):
     batch = BatchShape(1, 3, len(samples[0].prompt_ids), 40)
     tokens = kv_tokens_per_sequence(batch, comp)
     assert tokens == (batch.prompt_len + 39 if method == "none" else 24)
-    rows = cache.k.shape[1]
-    assert rows == 3 and (cache.k.nbytes + cache.v.nbytes) // rows == tokens * kv_bytes_per_token(arch, "float32")
+    rows, slots = cache.k.shape[1], cache.k.shape[3]
+    assert rows == 3 and slots == align_keys(tokens)  # the engine pads its attention spans to KEY_ALIGN slots
+    assert (cache.k.nbytes + cache.v.nbytes) // (rows * slots) == kv_bytes_per_token(arch, "float32")
     assert cache.k.dtype == torch.float32 and max(s.compression.peak_kv_tokens for s in samples) == tokens
+
+
+def test_plugin_memory_follows_max_running_requests(capsys):
+    args = ["plan", "--model", "qwen2.5-7b", "--gpus", "8", "--tp", "2", "--prompts", "128", "--samples", "16",
+            "--rollout-tp", "1", "--compression", "rkv", "--budget", "512", "--buffer", "128"]
+    assert main(args) == 0 and "| sparse_kv plugin per GPU (SGLang, request rows) | - | 7.72 GiB (4,097) |" in \
+        capsys.readouterr().out
+    assert main(args + ["--max-running-requests", "1536"]) == 0
+    assert "| - | 2.90 GiB (1,537) |" in capsys.readouterr().out

@@ -28,11 +28,15 @@ def test_stub_functions_raise_when_called(monkeypatch):
 def test_apply_is_cpu_only_and_idempotent(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", "/some/where")
     monkeypatch.delenv("SGLANG_USE_CPU_ENGINE", raising=False)
+    monkeypatch.delenv(cpu_compat.TRITON_INTERPRET_ENV, raising=False)
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.setattr(cpu_compat, "cuda_available", lambda: True)
     assert cpu_compat.apply() is False and "SGLANG_USE_CPU_ENGINE" not in os.environ
+    assert cpu_compat.TRITON_INTERPRET_ENV not in os.environ   # on CUDA, Triton compiles its kernels
     monkeypatch.setattr(cpu_compat, "cuda_available", lambda: False)
     assert cpu_compat.apply() is True and cpu_compat.apply() is True
-    assert os.environ["SGLANG_USE_CPU_ENGINE"] == "1"
+    assert os.environ["SGLANG_USE_CPU_ENGINE"] == "1" and os.environ[cpu_compat.TRITON_INTERPRET_ENV] == "1"
+    monkeypatch.setenv(cpu_compat.TRITON_INTERPRET_ENV, "0")   # a user's explicit choice stays
+    assert cpu_compat.apply() is True and os.environ[cpu_compat.TRITON_INTERPRET_ENV] == "0"
     assert os.environ["PYTHONPATH"].split(os.pathsep) == [str(cpu_compat.STUB_DIR), "/some/where"]
     assert sys.path.count(str(cpu_compat.STUB_DIR)) == 1

@@ -61,6 +61,19 @@ def test_lr_decay_shorter_than_the_run_is_refused_unless_asked():
     assert OptimConfig(lr_decay_steps=None, lr_warmup_steps=5).for_run(3).lr_decay_steps == 6  # past the warm-up
 
 
+def test_engine_placement_is_the_rollout_sections_and_the_layouts():
+    cfg = from_dict(TrainConfig, {"rollout": {"engine": "sglang", "gpus_per_engine": 2,
+                                              "sglang": {"urls": ["http://a:1", "http://b:2"],
+                                                         "weight_sync": "distributed"}}})
+    sg = cfg.rollout.sglang_config("/m", base_gpu_id=4, urls=["http://b:2"])
+    assert (sg.tp_size, sg.base_gpu_id, sg.urls, sg.master_address) == (2, 4, ["http://b:2"], "")
+    assert cfg.rollout.sglang_config("/m").urls == ["http://a:1", "http://b:2"]
+    with pytest.raises(ConfigError, match=r"^rollout: RolloutConfig.gpus_per_engine must be >= 1, got 0$"):
+        from_dict(TrainConfig, {"rollout": {"gpus_per_engine": 0}})
+    with pytest.raises(ConfigError, match=r"^rollout.sglang: unknown key\(s\) tp_size"):  # it is gpus_per_engine
+        from_dict(TrainConfig, {"rollout": {"engine": "sglang", "sglang": {"tp_size": 2}}})
+
+
 def test_one_sample_per_prompt_needs_an_estimator_that_works_with_one():
     with pytest.raises(ConfigError, match=r"samples_per_prompt=1 with correction.advantage_estimator='grpo' trains on "
                                           r"zero advantages.*: reinforce"):
@@ -111,6 +124,10 @@ def test_preflight_passes_and_resolves_defaults(tmp_path):
     plan = preflight(_cfg(tmp_path), world_size=2)
     assert (plan.template, plan.reward, len(plan.train_data), plan.eval_data) == ("qwen25_chat", "math", 1, {})
     assert plan.hf_config["num_attention_heads"] == 4
+    # one engine per rank by default, on every node (two nodes of one rank here)
+    plan = preflight(_cfg(tmp_path), world_size=2, ranks_per_node=1, on_gpu=False)
+    assert plan.layout.describe() == "rollout: 2 hf engines on ranks 0-1 (CPU), 4 groups -> 2 per engine"
+    assert [s.node for s in plan.layout.slots] == [0, 1]
 
 
 @pytest.mark.parametrize("fields,world,message", [
@@ -130,6 +147,8 @@ def test_preflight_passes_and_resolves_defaults(tmp_path):
     ({"model_path": "task:nope"}, 1, r"^model_path: unknown task 'nope'; valid names:"),
     ({"warm_start": {"steps": 3}}, 1, r"^warm_start: options are only used with model_path: task:<name>"),
     ({"checkpoint.resume": "/no/ckpt"}, 1, r"^checkpoint.resume: /no/ckpt does not exist \(valid: auto, never, or"),
+    ({"rollout.gpus_per_engine": 4}, 2, r"^rollout.gpus_per_engine=4 must divide the 2 rank\(s\) per node \(an "
+                                        r"engine's GPUs are on one node\); valid: 1, 2$"),
 ])
 def test_preflight_errors_name_the_field(tmp_path, fields, world, message):
     with pytest.raises(UserError, match=message):
@@ -157,6 +176,7 @@ def test_preflight_names_bad_files(tmp_path):
 
 def test_paper_recipes_carry_the_reference_settings_and_a_consistent_layout():
     from sparse_rl_megatron.trainer.launch_check import LaunchShape, check_gpus
+    from sparse_rl_megatron.trainer.preflight import check_launch_layout, rollout_layout
 
     recipes = {p.parent.name + "/" + p.stem: load_config(TrainConfig, p) for p in RECIPES if "recipes" in p.parts}
     assert len(recipes) == 12  # Qwen2.5 1.5B / 3B / 7B x dense, rkv, snapkv, naive
@@ -174,6 +194,33 @@ def test_paper_recipes_carry_the_reference_settings_and_a_consistent_layout():
         gpus = cfg.launch.gpus
         check_gpus(LaunchShape(1, gpus), visible=gpus, tp=cfg.learner.tensor_parallel_size,
                    pp=cfg.learner.pipeline_parallel_size, expected=gpus)
+        # launch.layout says what starts: the line the trainer and `sparse-rl preflight` print, one engine per GPU
+        starts = rollout_layout(cfg, gpus, ranks_per_node=gpus, on_gpu=True)
+        assert " ".join(cfg.launch.layout.split()).endswith(starts.describe()), name
+        assert starts.num_engines == gpus and starts.describe().startswith(f"rollout: {gpus} sglang engines x TP1")
+        check_launch_layout(cfg, gpus, ranks_per_node=gpus)
         assert cfg.run_dir == f"runs/{name.replace('/', '-')}"
         sp = cfg.learner.megatron_overrides.get("sequence_parallel", False)
         assert sp == (cfg.learner.tensor_parallel_size > 1), name  # the reference's SP wherever TP allows it
+
+
+def test_a_recipe_layout_that_does_not_say_what_starts_is_refused():
+    from sparse_rl_megatron.trainer.preflight import check_launch_layout
+
+    cfg = load_config(TrainConfig, ROOT / "configs" / "recipes" / "qwen2.5-7b" / "rkv.yaml", ["rollout.gpus_per_engine=2"])
+    with pytest.raises(UserError, match=r"^launch.layout says 'rollout: 8 sglang engines x TP1 on ranks 0-7 \(GPUs "
+                                        r"0-7\), 128 groups -> 16 per engine', but this launch of 8 GPUs starts "
+                                        r"'rollout: 4 sglang engines x TP2 on ranks 0,2,4,6 \(GPUs 0-1, 2-3, 4-5, "
+                                        r"6-7\), 128 groups -> 32 per engine'; correct the recipe's launch.layout$"):
+        check_launch_layout(cfg, 8, ranks_per_node=8)
+    check_launch_layout(cfg, 16, ranks_per_node=8)  # another size: the recipe's words do not apply
+
+
+def test_sglang_engines_sample_from_the_runs_seed_unless_told():
+    cfgs = [from_dict(TrainConfig, {"seed": seed, "rollout": {"engine": "sglang"}}) for seed in (0, 7)]
+    assert [c.rollout.sglang.random_seed for c in cfgs] == [None, None]  # the recipe leaves it to the run
+    assert [c.rollout.for_run(c.seed).sglang_config("m").random_seed for c in cfgs] == [0, 7]
+    fixed = from_dict(TrainConfig, {"seed": 7, "rollout": {"engine": "sglang", "sglang": {"random_seed": 3}}})
+    assert fixed.rollout.for_run(fixed.seed).sglang_config("m").random_seed == 3
+    hf = from_dict(TrainConfig, {"seed": 7})
+    assert hf.rollout.for_run(hf.seed) is hf.rollout

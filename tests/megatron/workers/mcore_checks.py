@@ -129,6 +129,42 @@ def check_train_step(lrn, ref: dict) -> dict:
     return metrics
 
 
+def check_fewer_rows_than_dp(lrn, ref: dict) -> None:
+    """A batch of one row at DP >= 2 (the weight-sync probe, a small evaluation, the last slice of a batch): the
+    ranks without rows run a padding micro-batch, so log-probs equal HF's and one optimizer step equals the HF
+    step on that row alone, on every rank."""
+    from megatron.core import parallel_state as ps
+
+    from sparse_rl_megatron.learner import SequenceBatch, TrainBatch
+    from sparse_rl_megatron.learner.batch import split_rows
+
+    assert ps.get_data_parallel_world_size() >= 2, "the check needs data parallelism"
+    k = spec.ONE_ROW
+    prompts, responses = spec.sequences()
+    one = SequenceBatch([prompts[k]], [responses[k]])
+    assert [] in split_rows(one.lengths, ps.get_data_parallel_world_size())  # some rank really has no row
+    lp = lrn.logprobs(one)
+    n = len(responses[k])
+    assert lp.shape == (1, n), lp.shape
+    diff = (lp[0] - ref["old"][k, :n]).abs().max().item()
+    assert diff <= spec.LOGPROB_ATOL, f"one-row log-probs at DP >= 2: max |diff| to HF = {diff:.3g}"
+    same_on_all_ranks(lp)
+    prepared = spec.one_row_prepared(ref["prepared"])
+    metrics = lrn.train_step(TrainBatch(one, prepared, ref_log_probs=ref["ref_lp"][k:k + 1, :n]))
+    assert metrics["train/skipped"] == 0.0 and metrics["train/tokens"] == float(one.lengths[0]), metrics
+    # the padding rank adds nothing: loss and gradient norm are the row's own (Adam alone would hide a doubled
+    # gradient, the update is nearly scale-free)
+    for key, want in (("loss/total", ref["one_row_loss"]), ("train/grad_norm", ref["one_row_grad_norm"])):
+        assert abs(metrics[key] - want) <= 1e-5 * abs(want) + 1e-7, f"{key} = {metrics[key]!r}, HF {want!r}"
+    got = exported(lrn)
+    want = ref["after_step_one_row"]
+    worst = max((got[name] - want[name]).abs().max().item() for name in got)
+    moved = max((want[name] - ref["hf"][name]).abs().max().item() for name in got)
+    assert moved > 10 * spec.STEP_ATOL, f"reference barely moved ({moved:.3g}): the check would be vacuous"
+    assert worst <= spec.STEP_ATOL, f"one-row step at DP >= 2: max |weights - HF reference| = {worst:.3g}"
+    check_tied_copies_in_sync(lrn)
+
+
 def check_tied_copies_in_sync(lrn) -> None:
     """With tied embeddings at PP > 1 the last stage's LM head is a copy of the first stage's embedding;
     it must stay bit-identical (megatron-core all-reduces the two grads). The export only shows the first."""

@@ -47,6 +47,23 @@ TRAIN = dict(lr=LR, betas=(0.9, 0.98), eps=1e-5, weight_decay=0.1, clip_grad=1.0
 KL_COEF = 0.05
 
 
+ONE_ROW = 3  # the row of ``sequences()`` trained alone when a batch has fewer rows than DP ranks (a 7-token response)
+
+
+def one_row_prepared(prepared):
+    """Row ``ONE_ROW`` of a prepared batch as a batch of its own, ``[1, R]`` with R its response length (its
+    normalisers are its own sums, as the learner's global all-reduce computes them for a one-row batch)."""
+    import dataclasses
+
+    from sparse_rl_megatron.algo.normalisers import local_normalisers
+
+    n = len(sequences()[1][ONE_ROW])
+    one = prepared.select([ONE_ROW])
+    one = dataclasses.replace(one, **{k: getattr(one, k)[:, :n] for k in (
+        "old_log_probs", "response_mask", "loss_mask", "weights", "log_rho")})
+    return dataclasses.replace(one, normalisers=local_normalisers(one.loss_mask, one.response_mask, one.weights))
+
+
 def parity_ids() -> torch.Tensor:
     """[2, 24] token ids for the logits comparison."""
     return torch.randint(0, 250, (2, 24), generator=torch.Generator().manual_seed(1))

@@ -3,7 +3,7 @@
 usage: w_layouts.py RESULT_DIR REF_PT WORK_DIR LAYOUTS [EXTRA ...]
   LAYOUTS: comma-separated TPxPP, e.g. 2x1,1x2,1x1 (the rest of the world is data parallel)
   EXTRA:   nan_guard_pp2 | reshard:<tp1 checkpoint dir> | distopt | bf16_export_pp2 | sequence_parallel
-           | plan (the planner vs the learner, per layout)
+           | plan (the planner vs the learner, per layout) | fewer_rows:TPxPP (a one-row batch at DP >= 2)
 """
 from __future__ import annotations
 
@@ -80,6 +80,11 @@ def main() -> None:
                                lambda tp=tp, pp=pp: C.check_plan_matches_learner(refs["qwen3"], tp, pp)))
             checks.append(("plan_matches_learner_distopt", lambda: C.check_plan_matches_learner(
                 refs["qwen2_untied"], 1, 1, distributed_optimizer=True)))
+        elif extra.startswith("fewer_rows:"):
+            tp, pp = (int(x) for x in extra.split(":", 1)[1].split("x"))
+            for name in ("qwen2_tied", "qwen2_untied"):
+                checks.append((f"fewer_rows_than_dp_tp{tp}pp{pp}_{name}", lambda name=name, tp=tp, pp=pp:
+                               C.check_fewer_rows_than_dp(C.learner(refs[name], tp, pp), refs[name])))
         elif extra.startswith("reshard:"):
             tp1_ckpt = extra.split(":", 1)[1]
 

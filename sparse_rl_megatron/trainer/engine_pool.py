@@ -1,0 +1,331 @@
+"""Every rank's part in the run's rollout engines; ``rollout/layout.py`` says which engine each rank drives.
+
+Phases, each collective (every rank calls it, engine or not):
+- ``start``: each driving rank builds its engine(s) and its reward (a verification pool per engine rank);
+- ``generate``: rank 0 shares the step's groups out over the engines (``rollout/work_split.py``, balanced by
+  expected tokens; broadcast); each engine samples its groups under their global group ids (which seed them, so
+  the batch does not depend on the number of engines) and its rank scores them; every rank gets every sample,
+  in global group order;
+- ``sync``: every rank iterates the learner's export (a collective that gives every rank every bucket); each
+  driving rank hands the buckets to its engine(s), a colocated multi-GPU engine gets them per TP rank from the
+  learner ranks on its GPUs (``colocated_weights.py``);
+- ``probe``: every engine scores the probe sequence, checked against the learner per engine;
+- ``on_engines``: any other per-engine work (evaluation shares, memory release and resume).
+Engine calls run on the engine's own thread (``engine_worker.py``) and are waited for until the phase deadline
+(``phase_timeout_s`` less a margin to report); an engine that fails or hangs fails the phase on every rank
+(``distributed.relay``) with one line naming the engine and its rank.
+"""
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import torch
+
+from sparse_rl_megatron.trainer import distributed as D
+from sparse_rl_megatron.trainer.engine_worker import EngineHang, EngineWorker, Handoff
+
+if TYPE_CHECKING:
+    from sparse_rl_megatron.rollout.engine import SamplingParams
+    from sparse_rl_megatron.rollout.layout import EngineSlot, RolloutLayout
+    from sparse_rl_megatron.rollout.sample import Sample
+
+MIB = 1024 * 1024
+PHASE_REPORT_MARGIN_S = 60.0
+"""An engine call is given up this long before the phase timeout (at most), so that its rank can still tell the
+others (who wait up to the phase timeout) which engine hung..."""
+PHASE_REPORT_FRACTION = 0.1
+"""... or this fraction of the timeout, when that is shorter (short timeouts in tests)."""
+
+
+class EngineError(RuntimeError):
+    """A rollout engine failed or hung; the message names the engine, its rank and what it was doing."""
+
+
+def engine_deadline(phase_timeout_s: float) -> float:
+    """Seconds an engine call may take: the phase timeout less the margin to report a hang."""
+    return phase_timeout_s - min(PHASE_REPORT_MARGIN_S, PHASE_REPORT_FRACTION * phase_timeout_s)
+
+
+@dataclass
+class LocalEngine:
+    """One engine this rank drives."""
+
+    slot: "EngineSlot"
+    engine: Any
+    worker: EngineWorker
+    label: str
+
+
+@dataclass
+class EnginePool:
+    """This rank's engines and reward, and the collective phases over all engines (module docstring)."""
+
+    layout: "RolloutLayout"
+    name: str
+    """``rollout.engine``."""
+    deadline_s: float
+    spec: Any = None
+    local: list[LocalEngine] = field(default_factory=list)
+    reward: Any = None
+    payloads: Any = None
+    """``ColocatedPayloads`` when colocated engines load per-TP-rank payloads (this rank serializes its copy)."""
+
+    # ---------------------------------------------------------------------------------------------- start
+    @classmethod
+    def start(cls, cfg, plan, hf_dir: str, stack, make_reward: Callable[[], Any]) -> "EnginePool":
+        """Build this rank's engines (and its reward, a context manager entered on ``stack``). Collective; a
+        rank that fails to start its engine fails every rank."""
+        from sparse_rl_megatron.trainer.colocated_weights import ColocatedPayloads
+        from sparse_rl_megatron.trainer.engines import ENGINES
+        from sparse_rl_megatron.utils.errors import UserError
+
+        rank, layout = D.rank(), plan.layout
+        pool = cls(layout, cfg.rollout.engine, engine_deadline(cfg.phase_timeout_s),
+                   spec=ENGINES.get(cfg.rollout.engine))
+        stack.callback(pool.close)
+        error, label = None, f"the reward of rank {rank}"
+        rollout = cfg.rollout.for_run(cfg.seed)
+        try:
+            for slot in layout.slots_of(rank):
+                label = pool.label_of(slot)
+                engine = pool.spec.make(hf_dir, rollout, cfg.log.progress and rank == 0, slot)
+                if hasattr(engine, "shutdown"):  # an engine with servers or child processes (sglang)
+                    stack.callback(engine.shutdown)
+                pool.local.append(LocalEngine(slot, engine, EngineWorker(label), label))
+                if layout.num_engines > 1:
+                    _check_group_ids(engine, cfg.rollout.engine, layout.world)
+            if pool.local:
+                label = f"the reward of rank {rank}"
+                pool.reward = stack.enter_context(make_reward())
+        except UserError as err:
+            error = err
+        except Exception as err:  # named, then handed to every rank
+            error = EngineError(f"{label} failed to start: {type(err).__name__}: {err}")
+            error.__cause__ = err
+        D.relay(error, EngineError)
+        spec = pool.spec
+        if not layout.servers and spec.payload_sync is not None and spec.payload_sync(cfg.rollout):
+            pool.payloads = ColocatedPayloads(layout, rank, cfg.phase_timeout_s)
+        return pool
+
+    @classmethod
+    def single(cls, engine, reward, name: str, spec=None, deadline_s: float = 4 * 3600.0) -> "EnginePool":
+        """One engine on rank 0 (``engine`` there, None elsewhere) serving every rank: the form of callers that
+        build their engine themselves (``sparse-rl mismatch``, the experiment's control)."""
+        from sparse_rl_megatron.rollout.layout import RolloutLayout
+
+        world = D.world_size()
+        layout = RolloutLayout.build(engine=name, world=world, ranks_per_node=world, gpus_per_engine=world, groups=0)
+        pool = cls(layout, name, deadline_s, spec=spec, reward=reward)
+        if D.is_main():
+            slot = layout.slots[0]
+            pool.local.append(LocalEngine(slot, engine, EngineWorker(pool.label_of(slot)), pool.label_of(slot)))
+        return pool
+
+    def label_of(self, slot: "EngineSlot") -> str:
+        where = f" ({slot.url})" if slot.url else ""
+        return f"rollout engine '{self.name}' #{slot.index} on rank {slot.rank}{where}"
+
+    def close(self) -> None:
+        for local in self.local:
+            local.worker.close()
+
+    @property
+    def engines(self) -> list:
+        """This rank's engines (none on a rank that drives none)."""
+        return [local.engine for local in self.local]
+
+    # -------------------------------------------------------------------------------------- per engine
+    def on_engines(self, work: Callable[[Any, "EngineSlot"], Any], what: str) -> list[Any]:
+        """``work(engine, slot)`` for every engine of the run, each on its rank's engine thread, waited for until the
+        phase deadline; returns every engine's result, in engine order, on every rank. Collective. An engine that
+        fails or hangs raises ``EngineError`` on every rank: ``<engine> on rank <r> failed while <what>: ...``."""
+        from sparse_rl_megatron.utils.errors import UserError
+
+        deadline = time.monotonic() + self.deadline_s
+        pending, error = [], None
+        for local in self.local:
+            try:
+                pending.append((local, local.worker.submit(lambda e=local.engine, s=local.slot: work(e, s), what)))
+            except EngineHang as err:
+                error = error or EngineError(f"{local.label} cannot take part in {what}: {err}")
+        results: dict[int, Any] = {}
+        for local, future in pending:
+            try:
+                results[local.slot.index] = local.worker.wait(future, what, deadline)
+            except EngineHang:
+                error = error or EngineError(
+                    f"{local.label} did not finish {what} within {self.deadline_s:g} s (the phase timeout, "
+                    "phase_timeout_s, less the margin to report it): the engine hangs")
+            except UserError as err:
+                error = error or err
+            except Exception as err:
+                error = error or EngineError(f"{local.label} failed while {what}: {type(err).__name__}: {err}")
+                error.__cause__ = err
+        D.relay(error, EngineError)
+        merged: dict[int, Any] = {}
+        for part in D.gather_objects(results):
+            merged.update(part)
+        return [merged.get(k) for k in range(self.layout.num_engines)]
+
+    def release_memory(self) -> None:
+        """Every engine frees what it can while the learner trains (SGLang with ``memory_saver`` on CUDA)."""
+        self.on_engines(lambda engine, slot: engine.release_memory(), "releasing its memory for the learner")
+
+    def resume_memory(self) -> None:
+        self.on_engines(lambda engine, slot: engine.resume_memory(), "taking its memory back after training")
+
+    # ---------------------------------------------------------------------------------------- generate
+    def generate(self, records, template: str, n: int, sampling: "SamplingParams", step: int
+                 ) -> tuple[list["Sample"], dict[str, float]]:
+        """``n`` scored samples per record of rank 0's ``records`` (None elsewhere), from every engine; the same
+        group-major list and metrics on every rank. Collective."""
+        from sparse_rl_megatron.data.templates import render_prompt
+        from sparse_rl_megatron.rollout.repetition import repetition_metrics
+        from sparse_rl_megatron.rollout.work_split import group_cost, split_groups
+
+        t0 = time.perf_counter()
+        plan = None
+        if D.is_main():
+            tokenizer = getattr(self.local[0].engine, "tokenizer", None)
+            prompts = [render_prompt(template, r.prompt, tokenizer) for r in records]
+            lengths = [len(tokenizer(p, add_special_tokens=False)["input_ids"]) if tokenizer is not None else len(p)
+                       for p in prompts]
+            shares = split_groups([group_cost(x, n, sampling.max_new_tokens) for x in lengths], self.layout.num_engines)
+            plan = (records, prompts, shares)
+        records, prompts, shares = D.broadcast_from_main(plan)
+
+        def work(engine, slot):
+            share = shares[slot.index]
+            if not share:
+                return [], 0.0, 0.0
+            kwargs = {} if share == list(range(len(prompts))) else {"group_ids": share}  # one engine: the plain call
+            t_gen = time.perf_counter()
+            samples = engine.generate([prompts[g] for g in share], n, sampling, **kwargs)
+            t_reward = time.perf_counter()
+            if sorted((s.group_id, s.index_in_group) for s in samples) != [(g, i) for g in share for i in range(n)]:
+                raise RuntimeError(f"it returned {len(samples)} samples, not the n={n} samples of each of its "
+                                   f"{len(share)} groups")
+            for s in samples:
+                s.metadata.update(records[s.group_id].metadata())
+            self.reward.score_samples(samples)
+            return samples, t_reward - t_gen, time.perf_counter() - t_reward
+
+        shards = self.on_engines(work, f"generating step {step}")
+        samples = sorted((s for part, _, _ in shards for s in part), key=lambda s: (s.group_id, s.index_in_group))
+        gen_s = [g for part, g, _ in shards if part]
+        metrics = rollout_metrics(samples)
+        metrics.update(repetition_metrics(samples))
+        metrics.update({"time/rollout_s": max(gen_s), "time/rollout_engine_min_s": min(gen_s),
+                        "time/reward_s": max(r for _, _, r in shards), "time/rollout_phase_s": time.perf_counter() - t0,
+                        "throughput/rollout_tokens_per_s": sum(s.response_length for s in samples) / max(max(gen_s),
+                                                                                                       1e-9)})
+        return samples, metrics
+
+    # ------------------------------------------------------------------------------------- weight sync
+    def sync(self, learner, version: int, bucket_mb: int) -> dict[str, float]:
+        """Push the learner's weights to every engine as ``version``. Collective: every rank iterates the export;
+        each driving rank hands every bucket to its engine(s), one at a time."""
+        t0 = time.perf_counter()
+        deadline = time.monotonic() + self.deadline_s
+        what = f"loading the weights of version {version}"
+        feeds, error = [], None
+        payload = self.payloads is not None
+        for local in self.local:
+            handoff = Handoff()
+            load = local.engine.update_weights_from_payloads if payload else local.engine.update_weights
+            try:
+                future = local.worker.submit(lambda h=handoff, f=load: f(h.items(), version), what)
+                feeds.append((local, handoff, future))
+            except EngineHang as err:
+                error = error or EngineError(f"{local.label} cannot take part in {what}: {err}")
+        reading = [True] * len(feeds)  # False once an engine stopped reading (done, failed or hung)
+        buckets = nbytes = 0
+        for bucket in learner.export_weights(bucket_bytes=bucket_mb * MIB):
+            buckets += 1
+            nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
+            item = self.payloads.gather(bucket) if payload else bucket
+            for i, (_, handoff, future) in enumerate(feeds):
+                reading[i] = reading[i] and handoff.give(item, future, deadline)
+            if payload:
+                self.payloads.release()  # the engine has this bucket: its other ranks may drop their copies
+            del bucket, item
+        for (local, handoff, future), still in zip(feeds, reading):
+            if still:
+                handoff.close(future, deadline)
+            try:
+                local.worker.wait(future, what, deadline)
+            except EngineHang:
+                error = error or EngineError(f"{local.label} did not finish {what} within {self.deadline_s:g} s "
+                                             "(the phase timeout less the margin to report it): the engine hangs")
+            except Exception as err:
+                error = error or EngineError(f"{local.label} failed while {what}: {type(err).__name__}: {err}")
+                error.__cause__ = err
+        D.relay(error, EngineError)
+        return {"sync/seconds": time.perf_counter() - t0, "sync/buckets": float(buckets), "sync/mib": nbytes / MIB}
+
+    # ------------------------------------------------------------------------------------------- probe
+    def probe(self, learner, probe, tolerance: float, version: int) -> dict[str, float]:
+        """Every engine's dense log-probs of ``probe`` against the learner's. Collective; raises
+        ``WeightSyncError`` on every rank naming each engine (and rank) that is stale or garbled."""
+        from sparse_rl_megatron.trainer.weight_sync import WeightSyncError
+
+        learner_lp = learner.logprobs(probe)
+        mask = probe.response_mask()
+
+        def work(engine, slot):
+            served = getattr(engine, "weight_version", version)
+            if served != version:
+                return ("stale", served)
+            return ("diff", float((self.spec.dense_logprobs(engine, probe) - learner_lp).abs()[mask].max()))
+
+        results = self.on_engines(work, f"scoring the weight-sync probe (version {version})")
+        bad = []
+        for slot, (kind, value) in zip(self.layout.slots, results):
+            label = self.label_of(slot)
+            if kind == "stale":
+                bad.append(f"{label} serves weight version {value}, not {version}")
+            elif not value <= tolerance:  # NaN fails too
+                bad.append(f"{label} does not serve the learner's weights (version {version}): its dense log-probs "
+                           f"of the probe sequence differ from the learner's by up to {value:.3g} > "
+                           f"sync.probe_tolerance {tolerance:g}")
+        if bad:
+            raise WeightSyncError(bad[0] + (f" (and {len(bad) - 1} more engine(s))" if len(bad) > 1 else ""))
+        return {"sync/probe_max_abs_diff": max(v for _, v in results)}
+
+
+def _check_group_ids(engine, name: str, world: int) -> None:
+    """An engine that is one of several must take the global group ids (they seed its samples)."""
+    from sparse_rl_megatron.utils.errors import UserError
+
+    params = inspect.signature(engine.generate).parameters
+    if "group_ids" not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        raise UserError(f"rollout.engine '{name}': its generate() takes no group_ids, so it can only run as the "
+                        f"run's one engine; set rollout.gpus_per_engine={world}")
+
+
+def rollout_metrics(samples: Sequence["Sample"]) -> dict[str, float]:
+    """Rewards, lengths, compression and KV memory of a batch of samples (provenance included)."""
+    count = len(samples)
+    rewards = torch.tensor([float(s.reward or 0.0) for s in samples])
+    lengths = torch.tensor([float(s.response_length) for s in samples])
+    dense_kv = torch.tensor([float(len(s.prompt_ids) + s.response_length) for s in samples])
+    peak_kv = torch.tensor([float(s.compression.peak_kv_tokens) for s in samples])
+    groups: dict[int, list[float]] = {}
+    for s, r in zip(samples, rewards.tolist()):
+        groups.setdefault(s.group_id, []).append(r)
+    return {
+        "rollout/reward_mean": float(rewards.mean()),
+        "rollout/groups_with_signal_frac": sum(max(g) > min(g) for g in groups.values()) / len(groups),
+        "rollout/response_len_mean": float(lengths.mean()),
+        "rollout/response_len_max": float(lengths.max()),
+        "rollout/truncated_frac": sum(s.finish_reason == "length" for s in samples) / count,
+        "rollout/compression_events_mean": sum(s.compression.events for s in samples) / count,
+        "rollout/kv_tokens_peak_mean": float(peak_kv.mean()),
+        "rollout/kv_tokens_dense_mean": float(dense_kv.mean()),
+        "rollout/kv_retained_frac": float((peak_kv / dense_kv).mean()),
+        "rollout/weight_version": float(min(s.weight_version for s in samples)),
+    }
