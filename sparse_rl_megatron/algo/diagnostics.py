@@ -109,5 +109,6 @@ def rollout_diagnostics(*, log_rho: torch.Tensor, old_log_probs: torch.Tensor, s
     rho = torch.where(mask, torch.exp(log_rho.to(torch.float64)), zero)
     n_tok = int(mask.sum())
     out["sparse/entropy_sampler"] = float(nll_sparse.sum() / n_tok) if n_tok else math.nan
-    out["sparse/entropy_dense"] = float((rho * nll_old).sum() / rho.sum()) if n_tok and float(rho.sum()) > 0 else math.nan
+    weight = float(rho.sum())
+    out["sparse/entropy_dense"] = float((rho * nll_old).sum()) / weight if n_tok and weight > 0 else math.nan
     return out

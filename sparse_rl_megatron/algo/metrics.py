@@ -24,7 +24,9 @@ an inverted veto count). Keys (all floats):
 ======================================  =====================================================================
 
 ``prepare_correction`` adds ``diagnostics.rollout_diagnostics`` (the would-be veto in every mode, kept vs vetoed
-rewards, veto rate by response length, T = 1 entropies). KL direction: the tokens were sampled from pi_sparse and ``rho = pi_old / pi_sparse``, so k1 and k3 are
+rewards, veto rate by response length, T = 1 entropies).
+
+KL direction: the tokens were sampled from pi_sparse and ``rho = pi_old / pi_sparse``, so k1 and k3 are
 estimators of ``KL(pi_sparse || pi_old)`` (the direction the samples support without extra weighting; the
 same quantity slime and verl log as their mismatch KL). ``KL(pi_old || pi_sparse)`` is estimated from the
 same samples by importance weighting with rho: k1 ``E_sparse[rho log rho]`` and k3 ``E_sparse[1 - rho + rho log rho]``

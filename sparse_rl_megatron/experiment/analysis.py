@@ -158,7 +158,8 @@ def decide(table: dict, tests=TESTS) -> dict[str, dict]:
     if check.get("verdict") != "supported":
         for name in ("C1", "C2a", "C2b"):
             if name in results and "p_sign_flip" in results[name]:
-                results[name]["verdict"] = f"not testable (dense RL did not learn; would be: {results[name]['verdict']})"
+                results[name]["verdict"] = ("not testable (dense RL did not learn; would be: "
+                                            f"{results[name]['verdict']})")
     return results
 
 

@@ -55,7 +55,8 @@ def test_demonstrations_stop_early_on_the_class_only(task):
         assert r.answer == p.answer(30) != str(x27)  # the gold answer stays x_30; the early one is wrong
     # the draws are fixed by the seed; the held-out split keeps its gold solutions and names its classes
     assert [r.extra["demonstration"] for r in task.records("train")] == [r.extra["demonstration"] for r in train]
-    assert [r.extra["demonstration"] for r in task.records("train", seed=1)] != [r.extra["demonstration"] for r in train]
+    other = task.records("train", seed=1)
+    assert [r.extra["demonstration"] for r in other] != [r.extra["demonstration"] for r in train]
     held = task.records("heldout")
     assert sum(r.extra["subset"] == "odd_x_stop" for r in held) == 144  # 36 held-out problems x 4 variants
 
