@@ -14,6 +14,7 @@ import torch
 
 from sparse_rl_megatron.algo.advantages import compute_advantages
 from sparse_rl_megatron.algo.config import CORRECTION_MODES, CorrectionConfig
+from sparse_rl_megatron.algo.diagnostics import rollout_diagnostics
 from sparse_rl_megatron.algo.hooks import load_hook, run_hook_on_batch
 from sparse_rl_megatron.algo.metrics import mismatch_metrics
 from sparse_rl_megatron.algo.normalisers import GlobalNormalisers, local_normalisers
@@ -190,6 +191,10 @@ def prepare_correction(
             response_mask=response, loss_mask=loss_mask, vetoed=vetoed, weights=weights,
             weight_norm_factor=factor, ratio_lower=config.rejection_lower, ratio_upper=config.rejection_upper,
             weight_upper=config.weight_upper,
+        ))
+        metrics.update(rollout_diagnostics(
+            log_rho=log_rho, old_log_probs=old_log_probs, sampler_log_probs=sampler_log_probs, response_mask=response,
+            keep=keep, rewards=rewards, veto_threshold=config.veto_threshold,
         ))
     metrics.update(hook_metrics)
     metrics["sparse/kept_seqs"] = normalisers.kept_seqs

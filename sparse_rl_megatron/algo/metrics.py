@@ -23,6 +23,9 @@ an inverted veto count). Keys (all floats):
 ``sparse/ess``                          effective sample size fraction ``(sum w)^2 / (N sum w^2)`` of kept weights
 ======================================  =====================================================================
 
+``prepare_correction`` adds ``diagnostics.rollout_diagnostics`` (the would-be veto in every mode, kept vs vetoed
+rewards, veto rate by response length, T = 1 entropies).
+
 KL direction: the tokens were sampled from pi_sparse and ``rho = pi_old / pi_sparse``, so k1 and k3 are
 estimators of ``KL(pi_sparse || pi_old)`` (the direction the samples support without extra weighting; the
 same quantity slime and verl log as their mismatch KL). ``KL(pi_old || pi_sparse)`` is estimated from the

@@ -8,8 +8,8 @@ The digest is the sha256 hex string; a sequence without events has digest ``None
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
-import numpy as np
 import torch
 
 _LAYER_BITS = 16  # layers per event in the header; models have far fewer than 2**16 layers
@@ -32,16 +32,17 @@ class KeptDigest:
         self._hash.update(arr.astype("<i8", copy=False).tobytes())
         self.updates += 1
 
-    def update_layers(self, event: int, positions: torch.Tensor | np.ndarray) -> None:
+    def update_layers(self, event: int, positions: torch.Tensor | Any) -> None:
         """Add every layer of one event at once (same bytes as calling :meth:`update` per layer in order).
 
-        ``positions``: [L, Hkv, B] integer logical positions (a tensor, or a numpy array already on the host).
+        ``positions``: [L, Hkv, B] integer logical positions (a tensor, or an array already on the host, e.g.
+        numpy's: read as it is, with no torch call, so the SGLang plugin's host-sync count stays exact).
         """
         if positions.ndim != 3:
             raise ValueError(f"KeptDigest.update_layers: positions must be [L, Hkv, B], got {tuple(positions.shape)}")
         if isinstance(positions, torch.Tensor):
             positions = positions.detach().to(device="cpu", dtype=torch.int64).numpy()
-        data = np.ascontiguousarray(positions).astype("<i8", copy=False)
+        data = positions.astype("<i8", copy=False)  # tobytes() below writes C order whatever the strides
         for layer in range(data.shape[0]):
             self._hash.update(((event << _LAYER_BITS) + layer).to_bytes(8, "little"))
             self._hash.update(data[layer].tobytes())

@@ -1,8 +1,8 @@
 """The arms of an experiment by name (``ARMS``): each is a set of overrides of the base training recipe.
 
 The claims they test (Sparse-RL, Luo et al. 2026): naive compressed-KV rollouts degrade GRPO (``naive`` vs
-``dense``); rejection + reweighting restores it (``sparse_rl``, ``sparse_rl_snapkv``); RL beats the obvious
-alternative, more supervised training for the same CPU time (``sft``).
+``dense``, and ``naive_harsh`` at a smaller budget as a dose arm); rejection + reweighting restores it
+(``sparse_rl``, ``sparse_rl_snapkv``); RL beats the obvious alternative, more supervised training (``sft``).
 """
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ class Arm:
     """Runs again at each budget of ``experiment.budgets``."""
     supervised: bool = False
     """The supervised control (no RL run)."""
+    harsh: bool = False
+    """Runs at the dose budget ``experiment.harsh_budget`` (B_h) instead of the recipe's."""
 
 
 ARMS: Registry[Arm] = Registry("experiment arm")
@@ -35,7 +37,10 @@ ARMS.add("sparse_rl", Arm("Sparse-RL, R-KV rollouts", {"rollout": {"compression"
                                                        "correction": {"mode": "sparse_rl"}}, sweeps=True))
 ARMS.add("sparse_rl_snapkv", Arm("Sparse-RL, SnapKV rollouts", {"rollout": {"compression": {"method": "snapkv"}},
                                                                 "correction": {"mode": "sparse_rl"}}))
-ARMS.add("sft", Arm("supervised, equal CPU time", supervised=True))
+ARMS.add("naive_harsh", Arm("GRPO, R-KV rollouts at the harsher dose budget B_h, no correction",
+                            {"rollout": {"compression": {"method": "rkv"}}, "correction": {"mode": "none"}},
+                            harsh=True))
+ARMS.add("sft", Arm("supervised, equal CPU time (or experiment.control.steps)", supervised=True))
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
-"""``sparse-rl experiment --config RECIPE.yaml [--seeds ...] [--arms ...] [--budgets ...] [--out DIR] [key=value]``:
-the paper's claims as arms of ``sparse-rl train`` runs on shared warm starts, with a results table and a figure.
+"""``sparse-rl experiment --config RECIPE.yaml [--stage S] [--seeds ...] [--arms ...] [--budgets ...] [--out DIR]
+[key=value]``: the paper's claims as arms of ``sparse-rl train`` runs on shared warm starts, with results tables,
+paired statistics and figures.
 
-A re-run skips complete arms and resumes a stopped one. ``--report`` only rewrites the table and the figure
-from what is complete.
+A re-run skips complete work and resumes a stopped arm. ``--stage`` (``runner.STAGES``): ``warm``, ``budgets``
+(the budget rule), ``arms`` (default), ``study`` (compounding test, other caches), ``report`` (= ``--report``).
 """
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arms", nargs="+", help="arms in order: dense naive sparse_rl sparse_rl_snapkv sft")
     parser.add_argument("--budgets", nargs="+", help="budget sweep of the naive and sparse_rl arms")
     parser.add_argument("--out", help="experiment directory (default: the recipe's experiment.out)")
-    parser.add_argument("--report", action="store_true", help="only rewrite results and figure from complete arms")
+    parser.add_argument("--stage", default="arms", help="warm | budgets | arms (default) | study | report "
+                                                         "(sparse_rl_megatron/experiment/runner.py STAGES)")
+    parser.add_argument("--report", action="store_true", help="only rewrite results and figure (= --stage report)")
     parser.add_argument("overrides", nargs="*", help="key.path=value overrides, e.g. train.steps=5 (they may also "
                                                      "follow a list option: an item with '=' is an override)")
 
@@ -50,13 +53,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None:
         overrides.append(f"experiment.out={args.out!r}")
     cfg = load_config(ExperimentConfig, args.config, overrides)
-    if args.report:
-        from sparse_rl_megatron.experiment.results import write_report
-
-        table, figure = write_report(cfg)
-        print(f"results: {table}  figure: {figure}")
-        return 0
     from sparse_rl_megatron.experiment.runner import run_experiment
 
-    run_experiment(cfg)
+    run_experiment(cfg, stage="report" if args.report else args.stage)
     return 0

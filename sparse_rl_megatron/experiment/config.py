@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparse_rl_megatron.compression.config import CompressionConfig
 from sparse_rl_megatron.trainer.config import TrainConfig
 
 DEFAULT_ARMS = ("dense", "naive", "sparse_rl", "sparse_rl_snapkv", "sft")
@@ -28,6 +29,64 @@ class ControlConfig:
 
 
 @dataclass
+class BudgetRuleConfig:
+    """The pre-registered choice of the main KV budget B* from ``sparse-rl mismatch`` on the seeds' warm starts
+    (``budget_rule.py``): the smallest candidate whose pooled would-be veto rate and sparse / dense T = 1 reward
+    ratio pass both bounds (none passes: the largest candidate); the dose budget B_h = max(min_budget, B* // 2)."""
+
+    candidates: list[int] = field(default_factory=lambda: [6, 8, 12, 16])
+    """KV budgets tried, smallest first."""
+    max_would_veto: float = 0.2
+    """Largest pooled share of sequences the veto (rho < 1e-4) would drop."""
+    min_reward_ratio: float = 0.8
+    """Smallest (mean T = 1 reward under the budget) / (mean T = 1 reward with a dense cache)."""
+    min_budget: int = 3
+    """Smallest dose budget (above the compressor's window)."""
+    prompts: int = 32
+    """Training prompts per seed (the run's first ones; ``rollout.prompts_per_step`` of the study)."""
+    samples: int = 8
+    """Samples per prompt."""
+    seeds: list[int] | None = None
+    """The seeds pooled (None: ``experiment.seeds``); the rule is written once all of them are measured, so
+    processes measuring disjoint seeds cannot choose from a part of them."""
+
+    def __post_init__(self) -> None:
+        if not self.candidates or sorted(set(self.candidates)) != self.candidates or self.candidates[0] < 1:
+            raise ValueError(f"BudgetRuleConfig.candidates must be distinct positive budgets, smallest first, got "
+                             f"{self.candidates}")
+        if not 0 <= self.max_would_veto <= 1 or not 0 <= self.min_reward_ratio:
+            raise ValueError(f"BudgetRuleConfig needs max_would_veto in [0, 1] and min_reward_ratio >= 0, got "
+                             f"{self.max_would_veto}, {self.min_reward_ratio}")
+        if self.prompts < 1 or self.samples < 2 or self.min_budget < 1:
+            raise ValueError(f"BudgetRuleConfig needs prompts >= 1, samples >= 2, min_budget >= 1, got "
+                             f"{self.prompts}, {self.samples}, {self.min_budget}")
+
+
+@dataclass
+class StudyConfig:
+    """After the arms (``study.py``): the compounding test (``sparse-rl mismatch`` at the main budget on the warm
+    start and each arm's checkpoints) and the final models evaluated under other KV caches."""
+
+    checkpoint_steps: list[int] = field(default_factory=lambda: [75, 150])
+    """RL steps whose checkpoints are measured (step 0, the warm start, always is); they must be saved."""
+    prompts: int = 32
+    """Training prompts per measurement (the run's first ones)."""
+    samples: int = 8
+    """Samples per prompt."""
+    caches: list[CompressionConfig] = field(default_factory=list)
+    """KV caches the final models are evaluated under (greedy, the held-out problems), besides the arms' own."""
+
+    def __post_init__(self) -> None:
+        if any(k < 1 for k in self.checkpoint_steps) or self.prompts < 1 or self.samples < 2:
+            raise ValueError(f"StudyConfig needs checkpoint_steps >= 1, prompts >= 1, samples >= 2, got "
+                             f"{self.checkpoint_steps}, {self.prompts}, {self.samples}")
+        dense = [c.describe() for c in self.caches if c.is_dense]
+        if dense:
+            raise ValueError(f"StudyConfig.caches are compressed caches (dense inference is evaluated anyway), got "
+                             f"{dense}")
+
+
+@dataclass
 class ExperimentSection:
     """Which arms run, on which seeds, where."""
 
@@ -41,6 +100,15 @@ class ExperimentSection:
     """Budget sweep: the sweepable arms (naive, sparse_rl) again at each of these KV budgets."""
     control: ControlConfig = field(default_factory=ControlConfig)
     """The supervised control."""
+    harsh_budget: int | None = None
+    """KV budget B_h of the dose arm ``naive_harsh`` (with ``budgets_from_rule``: the rule's)."""
+    budgets_from_rule: bool = False
+    """Take B* (rollout and evaluation budget), B_h and the study's caches from ``<out>/budget_rule.json``,
+    written by ``--stage budgets``; the arms refuse to run without it."""
+    budget_rule: BudgetRuleConfig = field(default_factory=BudgetRuleConfig)
+    """How ``--stage budgets`` chooses B* and B_h."""
+    study: StudyConfig = field(default_factory=StudyConfig)
+    """What ``--stage study`` measures after the arms."""
 
     def __post_init__(self) -> None:
         from sparse_rl_megatron.experiment.arms import ARMS
@@ -53,6 +121,10 @@ class ExperimentSection:
             raise ValueError(f"experiment.arms and experiment.seeds must not repeat, got {self.arms}, {self.seeds}")
         if any(b < 1 for b in self.budgets):
             raise ValueError(f"experiment.budgets must be positive KV budgets, got {self.budgets}")
+        harsh = [a for a in self.arms if ARMS.get(a).harsh]
+        if harsh and not self.budgets_from_rule and (self.harsh_budget is None or self.harsh_budget < 1):
+            raise ValueError(f"experiment.harsh_budget must be a positive KV budget for the dose arm(s) {harsh} "
+                             f"(or set experiment.budgets_from_rule), got {self.harsh_budget}")
         supervised = [a for a in self.arms if ARMS.get(a).supervised]
         if supervised and self.control.steps is None:
             ref = self.control.reference_arm

@@ -19,7 +19,19 @@ PANELS = {
     "repetition rate (repeated 4-grams)": "rollout/repetition_rate",
     "KV tokens held per sequence (peak)": "rollout/kv_tokens_peak_mean",
 }
-LOG_PANELS = frozenset({"rho p1", "rho p5"})
+LOG_PANELS = frozenset({"rho p1", "rho p5", "grad norm (log scale)"})
+CLAIMS_FIGURE_FILE = "figure_claims.png"
+CLAIM_PANELS = {
+    "held-out accuracy, dense inference": "eval/dense/accuracy",
+    "held-out accuracy, sparse inference": "eval/sparse/accuracy",
+    "class odd_x_stop, dense (learning)": "eval/dense/modchain_weak/subset_odd_x_stop/accuracy",
+    "rest, dense (damage)": "eval/dense/modchain_weak/subset_rest/accuracy",
+    "train reward": "rollout/reward_mean",
+    "would-be veto (rho < 1e-4)": "sparse/would_veto_frac",
+    "T=1 entropy of the sampler (nats/token)": "sparse/entropy_sampler",
+    "grad norm (log scale)": "train/grad_norm",
+}
+"""Panels of the issue-20 figure (``figure_claims.png``)."""
 
 
 def _curve(by_seed: dict[int, list[dict]], key: str) -> tuple[list[int], list[float], list[float], list[float]]:
@@ -30,10 +42,13 @@ def _curve(by_seed: dict[int, list[dict]], key: str) -> tuple[list[int], list[fl
     return steps, mean, [min(p[s] for p in per_seed) for s in steps], [max(p[s] for p in per_seed) for s in steps]
 
 
-def draw_figure(records: dict[str, dict[int, list[dict]]], out: str | Path, what: str = "arms") -> Path | None:
-    """Draw ``records`` (``{arm: {seed: metrics records}}``) to ``out``; None when there is nothing to draw."""
+def draw_figure(records: dict[str, dict[int, list[dict]]], out: str | Path, what: str = "arms",
+                panels: dict[str, str] | None = None) -> Path | None:
+    """Draw ``records`` (``{arm: {seed: metrics records}}``) to ``out`` (``panels``: title -> metric, default
+    ``PANELS``); None when there is nothing to draw."""
     if not records:
         return None
+    panels = panels or PANELS
     import matplotlib
 
     matplotlib.use("Agg")
@@ -41,10 +56,10 @@ def draw_figure(records: dict[str, dict[int, list[dict]]], out: str | Path, what
     from matplotlib.ticker import MaxNLocator
 
     cols = 4
-    rows = (len(PANELS) + cols - 1) // cols
+    rows = (len(panels) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.3 * rows), squeeze=False)
     colours = {name: f"C{i % 10}" for i, name in enumerate(records)}
-    for ax, (title, key) in zip(axes.flat, PANELS.items()):
+    for ax, (title, key) in zip(axes.flat, panels.items()):
         for name, by_seed in records.items():
             steps, mean, low, high = _curve(by_seed, key)
             if not steps:
@@ -60,7 +75,7 @@ def draw_figure(records: dict[str, dict[int, list[dict]]], out: str | Path, what
         ax.set_xlabel("rollout step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(PANELS):]:
+    for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     handles, labels = axes.flat[1].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower right", fontsize=9, ncol=1)

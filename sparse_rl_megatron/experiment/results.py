@@ -163,5 +163,12 @@ def write_report(cfg: ExperimentConfig) -> tuple[Path, Path | None]:
         sweep = {r.name: records[r.name] for r in runs if r.spec.sweeps}
         draw_figure(sweep, out / SWEEP_FIGURE_FILE, "budget sweep")
     (out / RESULTS_MD).write_text(text)
-    figure = draw_figure({r.name: records[r.name] for r in runs if r.budget is None}, out / FIGURE_FILE, "arms")
+    main = {r.name: records[r.name] for r in runs if r.budget is None}
+    figure = draw_figure(main, out / FIGURE_FILE, "arms")
+    if main:  # the pre-registered analysis (issue 20) of whatever is complete
+        from sparse_rl_megatron.experiment.analysis_report import write_full_analysis
+        from sparse_rl_megatron.experiment.figure import CLAIM_PANELS, CLAIMS_FIGURE_FILE
+
+        write_full_analysis(cfg, main)
+        draw_figure(main, out / CLAIMS_FIGURE_FILE, "arms", CLAIM_PANELS)
     return out / RESULTS_MD, figure

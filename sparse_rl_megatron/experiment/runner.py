@@ -10,8 +10,8 @@ Layout of ``experiment.out``::
 
 An RL arm is the trainer itself (``sparse-rl train`` in a child process, so every arm starts from a clean
 process: its own process group, Megatron state and signal handlers). A stopped arm (Ctrl-C, SIGTERM) saves
-its checkpoint and the experiment stops; a re-run resumes that arm from it. The experiment directory is
-locked: a second experiment into it is refused.
+its checkpoint and the experiment stops; a re-run resumes that arm from it. Each seed directory is locked while a
+process works on it: a second process on the same seed is refused, one on other seeds runs alongside.
 """
 from __future__ import annotations
 
@@ -60,6 +60,8 @@ def arm_train_config(cfg: ExperimentConfig, run: ArmRun, seed: int, model_dir: s
     data = deep_merge(data, run.spec.overrides)
     if run.budget is not None:
         data["rollout"]["compression"]["budget"] = run.budget
+    elif run.spec.harsh and cfg.experiment.harsh_budget:  # unset (before the budget rule): refused by the runner
+        data["rollout"]["compression"]["budget"] = cfg.experiment.harsh_budget
     data.update(seed=seed, run_dir=str(seed_dir(cfg, seed) / run.name))
     if model_dir is not None:
         data.update(model_path=str(model_dir), warm_start={})
@@ -130,22 +132,53 @@ def run_rl_arm(train_cfg: TrainConfig) -> dict[str, float]:
             "steps": float(step)}
 
 
-def run_experiment(cfg: ExperimentConfig, log: Callable[[str], None] = print) -> Path:
-    """Run every (seed, arm) not yet complete, in order; then write the results and the figure. Returns the
-    experiment directory."""
+STAGES = ("arms", "warm", "budgets", "study", "report")
+"""``warm``: the seeds' warm starts; ``budgets``: + the budget rule (``budget_rule.py``); ``arms`` (default): warm
+starts + every arm + the report; ``study``: the compounding test and other caches (``study.py``) + the report;
+``report``: tables and figures of what is complete."""
+
+
+def _check_arms(cfg: ExperimentConfig) -> None:
+    from sparse_rl_megatron.experiment.arms import ARMS
+
+    harsh = [a for a in cfg.experiment.arms if ARMS.get(a).harsh]
+    if harsh and not cfg.experiment.harsh_budget:
+        raise UserError(f"experiment.harsh_budget is not set for the dose arm(s) {', '.join(harsh)}")
+
+
+def run_experiment(cfg: ExperimentConfig, log: Callable[[str], None] = print, stage: str = "arms") -> Path:
+    """Run ``stage`` (``STAGES``) for every seed: what is complete is skipped. Each seed directory is locked
+    while it runs, so two processes can take disjoint seeds of one experiment. Returns the experiment
+    directory."""
+    from sparse_rl_megatron.experiment.budget_rule import apply_budget_rule, run_budget_stage
     from sparse_rl_megatron.experiment.control import run_control
     from sparse_rl_megatron.experiment.results import write_report
     from sparse_rl_megatron.utils.run_dir import RunDirLock
 
+    if stage not in STAGES:
+        raise UserError(f"--stage must be one of {', '.join(STAGES)}, got '{stage}'")
     out = Path(cfg.experiment.out)
+    if stage in ("arms", "study", "report"):
+        cfg = apply_budget_rule(cfg)
     runs = arm_runs(cfg.experiment.arms, cfg.experiment.budgets)
-    for seed in cfg.experiment.seeds:  # every arm's recipe is valid before anything runs
-        for run in runs:
-            arm_train_config(cfg, run, seed)
-    with RunDirLock(out):
+    if stage in ("arms", "study"):
+        _check_arms(cfg)
+        for seed in cfg.experiment.seeds:  # every arm's recipe is valid before anything runs
+            for run in runs:
+                arm_train_config(cfg, run, seed)
+    out.mkdir(parents=True, exist_ok=True)
+    if stage != "report":
         (out / EXPERIMENT_FILE).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-        for seed in cfg.experiment.seeds:
-            warm = build_warm_start(cfg, seed, log)
+    warm_dirs: dict[int, Path] = {}
+    for seed in cfg.experiment.seeds if stage != "report" else []:
+        with RunDirLock(seed_dir(cfg, seed)):
+            warm = warm_dirs[seed] = build_warm_start(cfg, seed, log)
+            if stage == "study":
+                from sparse_rl_megatron.experiment.study import run_study
+
+                run_study(cfg, seed, warm, log)
+            if stage != "arms":
+                continue
             for run in runs:
                 train_cfg = arm_train_config(cfg, run, seed, warm)
                 run_dir = Path(train_cfg.run_dir)
@@ -153,7 +186,8 @@ def run_experiment(cfg: ExperimentConfig, log: Callable[[str], None] = print) ->
                     log(f"seed {seed}: arm {run.name} already complete, skipped")
                     continue
                 log(f"seed {seed}: arm {run.name} ({run.spec.description}"
-                    f"{f', budget {run.budget}' if run.budget else ''}) in {run_dir}")
+                    f"{f', budget {train_cfg.rollout.compression.budget}' if run.budget or run.spec.harsh else ''})"
+                    f" in {run_dir}")
                 if run.spec.supervised:
                     done = run_control(cfg, train_cfg, seed, warm, log)
                 else:
@@ -161,6 +195,9 @@ def run_experiment(cfg: ExperimentConfig, log: Callable[[str], None] = print) ->
                 done.update(arm=run.arm, seed=seed, rollout_kv=train_cfg.rollout.compression.describe())
                 (run_dir / ARM_DONE).write_text(json.dumps(done, indent=1) + "\n")
                 log(f"seed {seed}: arm {run.name} done in {done['cpu_seconds']:.0f} CPU s")
+    if stage == "budgets":
+        run_budget_stage(cfg, warm_dirs, log)
+    if stage in ("arms", "study", "report"):
         table, figure = write_report(cfg)
-    log(f"results: {table}  figure: {figure}")
+        log(f"results: {table}  figure: {figure}")
     return out

@@ -17,6 +17,8 @@ from sparse_rl_megatron.learner.model_provider import LAYER_SPECS
 from sparse_rl_megatron.models.arch import DEFAULT_VOCAB_MULTIPLE
 
 LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root")
+DECAYING_STYLES = ("linear", "cosine")
+"""Schedules that reach ``min_lr`` at ``lr_decay_steps`` (and stay there)."""
 PARAM_DTYPES = ("auto", "float32", "bfloat16")
 
 
@@ -32,8 +34,13 @@ class OptimConfig:
     """Linear warm-up from 0 over this many optimizer steps."""
     lr_decay_style: str = "constant"
     """Schedule after warm-up: constant, linear, cosine, inverse-square-root."""
-    lr_decay_steps: int = 1_000_000
-    """Steps over which linear/cosine decay reach ``min_lr``."""
+    lr_decay_steps: int | None = 1_000_000
+    """Optimizer steps (warm-up included) after which linear/cosine decay reach ``min_lr``; None: the run's
+    optimizer steps (``sparse-rl train`` fills it in: steps x optimizer steps per rollout), so a ``steps=``
+    override stretches the schedule instead of leaving the lr at ``min_lr``."""
+    allow_short_decay: bool = False
+    """Let a decaying schedule reach ``min_lr`` before the run's last optimizer step (``sparse-rl train``
+    refuses an ``lr_decay_steps`` shorter than the run otherwise)."""
     weight_decay: float = 0.1
     """Decoupled weight decay (not applied to biases and norm weights, as in Megatron)."""
     adam_beta1: float = 0.9
@@ -58,9 +65,27 @@ class OptimConfig:
             raise ValueError(f"OptimConfig.min_lr={self.min_lr} must be <= lr={self.lr}")
         if not (0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1):
             raise ValueError(f"OptimConfig.adam_beta1/adam_beta2 must be in [0, 1), got {self.adam_beta1}, {self.adam_beta2}")
-        if self.lr_warmup_steps < 0 or self.lr_decay_steps <= self.lr_warmup_steps:
+        if self.lr_warmup_steps < 0 or (self.lr_decay_steps is not None
+                                        and self.lr_decay_steps <= self.lr_warmup_steps):
             raise ValueError(f"OptimConfig needs 0 <= lr_warmup_steps < lr_decay_steps, got "
                              f"{self.lr_warmup_steps}, {self.lr_decay_steps}")
+
+    def for_run(self, optimizer_steps: int) -> "OptimConfig":
+        """This schedule for a run of ``optimizer_steps``: ``lr_decay_steps`` None becomes that length (at least
+        one step past the warm-up). Raises ``ValueError`` naming the field when a decaying schedule would reach
+        ``min_lr`` before the run ends, unless ``allow_short_decay``."""
+        import dataclasses
+
+        if self.lr_decay_steps is None:
+            return dataclasses.replace(self, lr_decay_steps=max(optimizer_steps, self.lr_warmup_steps + 1))
+        if (self.lr_decay_style in DECAYING_STYLES and self.lr_decay_steps < optimizer_steps
+                and not self.allow_short_decay):
+            raise ValueError(
+                f"learner.optim.lr_decay_steps={self.lr_decay_steps} ends the {self.lr_decay_style} decay before the "
+                f"run's {optimizer_steps} optimizer steps (the lr would sit at min_lr={self.min_lr} from step "
+                f"{self.lr_decay_steps + 1}); set lr_decay_steps: null (the run's length), >= {optimizer_steps}, "
+                f"or allow_short_decay: true")
+        return self
 
 
 @dataclass

@@ -140,6 +140,14 @@ class Learner:
             raise RuntimeError("this Learner was built with trainable=False (a reference policy); it cannot train")
         return train_step(self, batch)
 
+    def advance_schedule(self) -> float:
+        """Move the lr schedule one optimizer step on without training (a slice the correction emptied), so a
+        corrected run's lr follows the schedule of a run that took every step. Returns the new lr."""
+        if not self.trainable:
+            raise RuntimeError("this Learner was built with trainable=False (a reference policy); it has no schedule")
+        self.scheduler.step(increment=1)
+        return float(self.optimizer.param_groups[0]["lr"])
+
     # ------------------------------------------------------------------ weights
     def export_weights(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES, dtype: torch.dtype | None = None) -> Iterator[Bucket]:
         """Full HF-named tensors in buckets of ~``bucket_bytes`` (collective; every rank gets every bucket)."""

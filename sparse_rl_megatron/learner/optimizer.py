@@ -45,6 +45,9 @@ def build_optimizer(ddp, config: LearnerConfig):
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
     o = config.optim
+    if o.lr_decay_steps is None:
+        raise ValueError("OptimConfig.lr_decay_steps is None (the run's length): resolve it with "
+                         "OptimConfig.for_run(optimizer_steps) before building the optimizer")
     dtype = config.torch_params_dtype()
     kwargs: dict[str, Any] = dict(
         optimizer="adam", lr=o.lr, min_lr=o.min_lr, weight_decay=o.weight_decay, adam_beta1=o.adam_beta1,

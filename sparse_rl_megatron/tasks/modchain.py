@@ -21,6 +21,7 @@ from sparse_rl_megatron.data.loader import Dataset
 from sparse_rl_megatron.data.record import MathRecord
 from sparse_rl_megatron.tasks.base import SPLITS, Task
 from sparse_rl_megatron.tasks.modchain_problems import ANSWER_TOKENS, MODULUS, answer_text, make_problem, split_keys, vocabulary
+from sparse_rl_megatron.tasks.modchain_teacher import EarlyStopTeacher
 from sparse_rl_megatron.tasks.sft import SFTConfig, check_output_free, save_model_dir, supervised_finetune
 from sparse_rl_megatron.tasks.word_tokenizer import build_word_tokenizer
 
@@ -66,6 +67,9 @@ class ModChainSpec:
     """Training records per training triple."""
     model: ModChainModel = field(default_factory=ModChainModel)
     """The model recipe."""
+    teacher: EarlyStopTeacher | None = None
+    """None: perfect demonstrations; else the weaker teacher of ``modchain_teacher.py`` (records then carry
+    ``extra["subset"]`` and evaluation reports accuracy per class)."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "heldout_variants", "train_variants"):
@@ -73,6 +77,8 @@ class ModChainSpec:
                 raise ValueError(f"ModChainSpec.{name} must be >= 1, got {getattr(self, name)}")
         split_keys(self.heldout_size)  # validates heldout_size
         make_problem((0, 1, 0), self.distractors, random.Random(0))  # validates distractors
+        if self.teacher is not None:
+            self.teacher.check_early_answers_wrong(self.steps)
 
 
 class ModChainTask(Task):
@@ -115,6 +121,11 @@ class ModChainTask(Task):
                        extra={"solution": p.solution(spec.steps), "x0": x0, "a": a, "b": b})
             for v, (x0, a, b), p in rows[:limit]
         ]
+        if spec.teacher is not None:  # the demonstrations: one draw per record, in record order
+            teacher_rng = random.Random(f"{self.name}/teacher/{split}/{seed}")
+            for r, (_, key, p) in zip(records, rows):
+                r.extra["subset"] = spec.teacher.subset_of(p, spec.steps)
+                r.extra["demonstration"] = spec.teacher.demonstration(p, spec.steps, teacher_rng)
         return Dataset(name=self.name, path=f"task:{self.name}/{split}", records=records)
 
     # -------------------------------------------------------------------------------------------- model
@@ -146,12 +157,13 @@ class ModChainTask(Task):
 
     # --------------------------------------------------------------------------------------- warm start
     def sft_examples(self, tokenizer, seed: int = 0) -> list[tuple[list[int], list[int]]]:
-        """``(prompt_ids, solution_ids + [eos])`` of every training record (the solution encoded after the
-        prompt and a space, as the model continues the prompt)."""
+        """``(prompt_ids, demonstration_ids + [eos])`` of every training record (the teacher's demonstration, by
+        default the worked solution, encoded after the prompt and a space, as the model continues the prompt)."""
         out = []
         for r in self.records("train", seed=seed):
             prompt = tokenizer(r.prompt, add_special_tokens=False)["input_ids"]
-            full = tokenizer(f"{r.prompt} {r.extra['solution']}", add_special_tokens=False)["input_ids"]
+            shown = r.extra.get("demonstration", r.extra["solution"])
+            full = tokenizer(f"{r.prompt} {shown}", add_special_tokens=False)["input_ids"]
             if full[:len(prompt)] != prompt:
                 raise ValueError(f"{self.name}: the prompt of {r.source_id} does not tokenize as a prefix")
             out.append((prompt, full[len(prompt):] + [tokenizer.eos_token_id]))

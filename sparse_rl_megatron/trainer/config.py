@@ -338,6 +338,7 @@ class TrainConfig:
             raise ValueError(
                 f"TrainConfig.global_batch_size={self.global_batch_size} must divide the rollout batch "
                 f"rollout.prompts_per_step x rollout.samples_per_prompt = {rollout_batch}")
+        self.learner.optim.for_run(self.total_optimizer_steps)  # a decay shorter than the run: one line
         if (self.rollout.samples_per_prompt == 1
                 and self.correction.advantage_estimator not in SINGLE_SAMPLE_ESTIMATORS):
             raise ValueError(
@@ -350,6 +351,14 @@ class TrainConfig:
     def optimizer_steps_per_rollout(self) -> int:
         return 1 if self.global_batch_size is None else self.rollout.batch_size // self.global_batch_size
 
+    @property
+    def total_optimizer_steps(self) -> int:
+        """Optimizer steps of the whole run (rollout steps x optimizer steps per rollout, none skipped)."""
+        return self.steps * self.optimizer_steps_per_rollout
+
     def learner_config(self, model_path: str) -> LearnerConfig:
-        """The ``LearnerConfig`` of this run for the model at ``model_path``."""
-        return self.learner.build(model_path=model_path)
+        """The ``LearnerConfig`` of this run for the model at ``model_path`` (its lr schedule sized to the run:
+        ``OptimConfig.for_run``)."""
+        cfg = self.learner.build(model_path=model_path)
+        cfg.optim = cfg.optim.for_run(self.total_optimizer_steps)
+        return cfg

@@ -5,7 +5,8 @@ so the result does not depend on the number of engines), each engine's rank samp
 the ``eval`` package's ``sample_problems`` on a view of its engine (same live weights, KV compression off for
 ``dense``; ``eval.compression``, else the rollout's compression, for ``sparse``), and every rank gets every
 problem's records, from which the metrics are computed (``benchmark_section``; rank 0 writes them). Metrics
-``eval/<mode>/accuracy`` (mean avg@n over the data sets) and ``eval/<mode>/<dataset>/accuracy`` go next to the
+``eval/<mode>/accuracy`` (mean avg@n over the data sets), ``eval/<mode>/<dataset>/accuracy`` (and per class of
+problems, ``eval/subsets.py``), ``eval/<mode>/no_answer_frac`` and ``eval/<mode>/truncated_frac`` go next to the
 training curves; the per-sample results go to ``run_dir/eval/step_<k>.<mode>.json``.
 """
 from __future__ import annotations
@@ -57,6 +58,7 @@ def evaluate_pool(pool, datasets: dict[str, "Dataset"], cfg: "TrainConfig", temp
     from sparse_rl_megatron.compression import CompressionConfig
     from sparse_rl_megatron.eval.config import BenchmarkSettings, EvalConfig
     from sparse_rl_megatron.eval.runner import benchmark_section, sample_problems
+    from sparse_rl_megatron.eval.subsets import subset_metrics
     from sparse_rl_megatron.rollout.work_split import split_groups
     from sparse_rl_megatron.trainer import distributed as D
 
@@ -91,8 +93,13 @@ def evaluate_pool(pool, datasets: dict[str, "Dataset"], cfg: "TrainConfig", temp
             acc = sections[name]["metrics"][f"avg@{settings.n}"]
             metrics[f"eval/{mode}/{metric_name(name)}/accuracy"] = acc
             metrics[f"eval/{mode}/{metric_name(name)}/response_len"] = sections[name]["metrics"]["mean_response_tokens"]
+            metrics.update(subset_metrics(f"eval/{mode}/{metric_name(name)}", dataset, sections[name]))
         accs = [s["metrics"][f"avg@{settings.n}"] for s in sections.values()]
         metrics[f"eval/{mode}/accuracy"] = sum(accs) / len(accs)
+        done = [s["metrics"] for s in sections.values()]  # collapse signs: no answer, or cut at max_new_tokens
+        count = sum(m["samples"] for m in done)
+        metrics[f"eval/{mode}/no_answer_frac"] = sum(m["reasons"]["no_answer"] for m in done) / count
+        metrics[f"eval/{mode}/truncated_frac"] = sum(m["truncated_fraction"] * m["samples"] for m in done) / count
         if D.is_main():
             record = {"step": step, "mode": mode, "compression": compression.describe(), "benchmarks": sections}
             (out_dir / f"step_{step}.{mode}.json").write_text(json.dumps(record, indent=1) + "\n")

@@ -3,8 +3,9 @@
 Slices are contiguous in the group-major batch (whole GRPO groups when the slice size is a multiple of the
 group size); each is one ``Learner.train_step``, whose loss is normalised over that slice's kept tokens and
 samples (each optimizer step is its own global batch). A slice with no training token left after rejection is
-skipped (an optimizer step on nothing would still move Adam's moments and apply weight decay); a rollout whose
-every sample was rejected trains not at all, and says so in its metrics.
+skipped (an optimizer step on nothing would still move Adam's moments and apply weight decay), but the lr
+schedule still moves on one step, so a corrected run follows the same schedule as an uncorrected one; a rollout
+whose every sample was rejected trains not at all, and says so in its metrics.
 """
 from __future__ import annotations
 
@@ -27,21 +28,26 @@ def optimizer_steps(learner, batch: "RolloutBatch", num_steps: int, progress: bo
     size = len(batch.samples) // num_steps
     per_step: list[dict[str, float]] = []
     empty = 0
+    lr = None
     bar = _bar(num_steps, progress)
     for i in range(num_steps):
         rows = list(range(i * size, (i + 1) * size))
         prepared = batch.prepared.select(rows)
         if not bool(prepared.keep.any()):
             empty += 1
+            lr = learner.advance_schedule()
         else:
             seqs = SequenceBatch([batch.sequences.prompts[r] for r in rows], [batch.sequences.responses[r] for r in rows])
             ref = None if batch.ref_log_probs is None else batch.ref_log_probs[rows]
             per_step.append(learner.train_step(TrainBatch(seqs, prepared, ref)))
+            lr = per_step[-1].get("train/lr", lr)
         if bar is not None:
             bar.update(1)
     if bar is not None:
         bar.close()
     metrics = aggregate(per_step)
+    if lr is not None:  # the lr after the last slice, trained or not
+        metrics["train/lr"] = lr
     metrics.update({"train/optimizer_steps": float(len(per_step)), "train/empty_slices": float(empty),
                     "train/all_rejected": 0.0 if batch.trainable else 1.0})
     return metrics

@@ -1,6 +1,7 @@
 """``sparse-rl experiment`` end to end at tiny sizes: every arm (dense, naive, Sparse-RL R-KV and SnapKV, the
 supervised control) runs from one shared warm start and writes the metrics the figure needs; the table and the
-figure are written; a re-run skips the complete arms; a second experiment into a busy directory is refused.
+figure are written; a re-run skips the complete arms; a second experiment on a busy seed is refused; the issue-20
+stages (budget rule, dose arm, compounding test, other caches, analysis) run end to end.
 Nothing here says which arm wins (that is the experiment's job at full size)."""
 from __future__ import annotations
 
@@ -80,7 +81,54 @@ def test_a_second_experiment_into_a_busy_directory_is_refused(tmp_path):
     from sparse_rl_megatron.utils.run_dir import RunDirLock
 
     out = tmp_path / "exp"
-    with RunDirLock(out):
+    with RunDirLock(out / "seed_0"):  # one process per seed: another seed of the same experiment could run
         busy = _experiment(out)
     assert busy.returncode != 0
-    assert f"run directory {out} is in use by pid {os.getpid()}" in busy.stderr
+    assert f"run directory {out / 'seed_0'} is in use by pid {os.getpid()}" in busy.stderr
+
+
+WEAK = str(ROOT / "configs" / "experiments" / "weak_claims.yaml")
+WEAK_TINY = ["train.steps=2", "train.warm_start={steps: 5, eval_problems: 0}", "train.eval.limit=4",
+             "train.eval.every=1", "train.rollout.prompts_per_step=2", "train.rollout.samples_per_prompt=2",
+             "train.global_batch_size=2", "train.checkpoint.save_every=1", "train.learner.optim.lr_warmup_steps=0",
+             "experiment.budget_rule={candidates: [4, 6], prompts: 2, samples: 2}",
+             "experiment.study={checkpoint_steps: [1, 2], prompts: 2, samples: 2}", "experiment.seeds=[0]"]
+
+
+def _weak(out: Path, stage: str, *extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT),
+           "PYTHONWARNINGS": "ignore"}
+    cmd = [sys.executable, "-m", "sparse_rl_megatron.cli", "experiment", "--config", WEAK, "--out", str(out),
+           "--stage", stage, *WEAK_TINY, *extra]
+    return subprocess.run(cmd, env=env, cwd=out.parent, capture_output=True, text=True, timeout=900)
+
+
+def test_issue20_stages_budget_rule_dose_arm_study_and_analysis(tmp_path):
+    out = tmp_path / "weak"
+    early = _weak(out, "arms", "--arms", "dense")
+    assert early.returncode != 0 and "run the same command with --stage budgets first" in early.stderr
+    budgets = _weak(out, "budgets")
+    assert budgets.returncode == 0, budgets.stdout[-3000:] + budgets.stderr[-3000:]
+    rule = json.loads((out / "budget_rule.json").read_text())
+    assert rule["budget"] in (4, 6) and rule["harsh_budget"] == max(3, rule["budget"] // 2)
+    assert [row["budget"] for row in rule["table"]] == [4, 6]
+    arms = _weak(out, "arms", "--arms", "dense", "naive_harsh")
+    assert arms.returncode == 0, arms.stdout[-3000:] + arms.stderr[-3000:]
+    seed = out / "seed_0"
+    harsh = yaml.safe_load((seed / "naive_harsh" / "config.yaml").read_text())
+    assert harsh["rollout"]["compression"]["budget"] == rule["harsh_budget"]
+    assert harsh["eval"]["compression"]["budget"] == rule["budget"]  # the main cache, for every arm
+    keys = _keys(seed / "naive_harsh")
+    assert {"sparse/would_veto_frac", "sparse/entropy_sampler", "eval/dense/modchain_weak/subset_rest/accuracy",
+            "eval/dense/no_answer_frac"} <= keys
+    study = _weak(out, "study", "--arms", "dense", "naive_harsh")
+    assert study.returncode == 0, study.stdout[-3000:] + study.stderr[-3000:]
+    for arm in ("dense", "naive_harsh"):
+        assert (seed / arm / "study" / "mismatch_step_2.json").is_file()
+        caches = json.loads((seed / arm / "study" / "caches.json").read_text())
+        assert len(caches) == 4 and all("eval/sparse/accuracy" in m for m in caches.values())
+    assert (seed / "study" / "mismatch_step_0.json").is_file()
+    analysis = json.loads((out / "analysis.json").read_text())
+    assert set(analysis["arms"]) == {"dense", "naive_harsh"} and "compounding" in analysis
+    assert analysis["arms"]["dense"]["0"]["dense_start"] is not None
+    assert "## Tests (pre-registered" in (out / "analysis.md").read_text()

@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 RECIPE = str(ROOT / "configs" / "cpu_default.yaml")
-# The CPU default (task:modchain, R-KV B=8 + W=4 response tokens), smaller: a 4-step warm start, 2 prompts x 2
+# The CPU default (task:modchain_weak, R-KV B=12 + W=4 response tokens), smaller: a 4-step warm start, 2 prompts x 2
 # samples of 16 tokens, 2 optimizer steps per rollout, tiny evals.
 SMALL = ["warm_start={steps: 4, eval_problems: 0}", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2",
          "global_batch_size=2", "rollout.sampling.max_new_tokens=16", "eval.limit=2", "eval.max_new_tokens=8",
@@ -191,6 +191,7 @@ def test_two_torchrun_agents_each_serve_their_share_at_tp2_fail_together_and_res
             "eval.datasets=[]", "warm_start={lr: 0.5}", "rollout.compression.budget=12",
             "rollout.compression.scope=all",
             "learner.tensor_parallel_size=2", "learner.loss.kl_coef=0.001", "learner.optim.weight_decay=0.1",
+            "learner.optim.lr_warmup_steps=0",  # the default warms up from lr 0: the first step would not move
             "rollout.engine=flaky", "rollout.engine_options={fail_at: 3, fail_rank: 1}"]
     codes, outputs = _agents(args, env, tmp_path)
     layout = "rollout: 2 flaky engines on ranks 0-1 (CPU), 2 groups -> 1 per engine"

@@ -37,6 +37,12 @@ def test_full_activation_recompute_step(single_launch):
     single_launch.check("recompute_full_train")
 
 
+def test_empty_slice_still_steps_the_lr_schedule(single_launch):
+    """trainer.optimize: a slice whose samples were all rejected takes no optimizer step, but the lr schedule
+    moves on, so a corrected run's lr does not lag an uncorrected one's under a decaying schedule."""
+    single_launch.check("empty_slice_advances_lr")
+
+
 @pytest.mark.parametrize("model", ["qwen2_tied", "qwen2_untied"])
 @pytest.mark.parametrize("fixture,layout", [("pair_launch", "tp1pp1"), ("grid_launch", "tp2pp1")])
 def test_fewer_rows_than_data_parallel_ranks(request, fixture, layout, model):

@@ -110,3 +110,26 @@ def test_overrides_after_a_list_option_are_split_off_and_integers_are_checked():
     assert split_lists(args) == ({"seeds": [0, 1], "arms": ["dense", "sft"]}, ["train.steps=3"])
     with pytest.raises(UsageError, match="--budgets takes integers, got four"):
         split_lists(parser.parse_args(["--config", "x.yaml", "--budgets", "four"]))
+
+
+def test_the_budget_rule_picks_the_smallest_passing_budget_and_half_of_it_as_the_dose():
+    from sparse_rl_megatron.experiment.budget_rule import choose_budgets, study_caches
+    from sparse_rl_megatron.experiment.config import BudgetRuleConfig
+
+    def seed(veto6, veto8, r6=0.3, r8=0.3):
+        return {"dense": {"veto": 0.0, "reward": 0.3}, "rkv B=6": {"veto": veto6, "reward": r6},
+                "rkv B=8": {"veto": veto8, "reward": r8}, "rkv B=12": {"veto": 0.05, "reward": 0.3}}
+
+    rule = BudgetRuleConfig(candidates=[6, 8, 12])
+    # pooled veto at 6: (0.1 + 0.4) / 2 = 0.25 > 0.2 -> 8 (0.15 <= 0.2, ratio 1.0); B_h = max(3, 8 // 2) = 4
+    choice = choose_budgets({0: seed(0.1, 0.1), 1: seed(0.4, 0.2)}, "rkv", rule)
+    assert (choice["budget"], choice["harsh_budget"], choice["fallback_to_largest"]) == (8, 4, False)
+    assert [r["passes"] for r in choice["table"]] == [False, True, True]
+    # the reward ratio binds too: 6 has a low veto but (0.2 + 0.2) / 2 / 0.3 = 0.67 < 0.8
+    assert choose_budgets({0: seed(0.0, 0.0, r6=0.2), 1: seed(0.0, 0.0, r6=0.2)}, "rkv", rule)["budget"] == 8
+    # nothing passes: the largest candidate
+    bad = {0: {**seed(0.5, 0.5), "rkv B=12": {"veto": 0.5, "reward": 0.3}}}
+    assert choose_budgets(bad, "rkv", rule)["budget"] == 12 and choose_budgets(bad, "rkv", rule)["fallback_to_largest"]
+    caches = [c.describe() for c in study_caches(load_config(ExperimentConfig, RECIPE).train.rollout.compression, 8, 4)]
+    assert caches == ["rkv B=16 alpha=2 W=4 scope=response", "rkv B=4 alpha=2 W=4 scope=response",
+                      "snapkv B=8 alpha=2 W=4 scope=response", "streamingllm B=8 alpha=2 W=4 scope=response"]

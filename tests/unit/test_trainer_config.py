@@ -40,6 +40,27 @@ def test_learner_section_is_typed_and_checked():
         from_dict(TrainConfig, {"learner": {"batch_layout": "x"}})
 
 
+def test_lr_decay_shorter_than_the_run_is_refused_unless_asked():
+    base = {"steps": 15, "global_batch_size": 32, "rollout": {"prompts_per_step": 16, "samples_per_prompt": 8},
+            "learner": {"optim": {"lr_decay_style": "cosine", "lr_decay_steps": 60}}}
+    assert from_dict(TrainConfig, base).learner_config("m").optim.lr_decay_steps == 60  # 15 x 4: exactly the run
+    with pytest.raises(ConfigError, match=r"^learner.optim.lr_decay_steps=60 ends the cosine decay before the run's "
+                                          r"600 optimizer steps .*min_lr=0.0 from step 61.*lr_decay_steps: null"):
+        from_dict(TrainConfig, {**base, "steps": 150})
+    ok = from_dict(TrainConfig, {**base, "steps": 150, "learner": {"optim": {
+        "lr_decay_style": "cosine", "lr_decay_steps": 60, "allow_short_decay": True}}})
+    assert ok.learner_config("m").optim.lr_decay_steps == 60
+    # constant schedules never reach min_lr early; None follows the run's length (a steps= override stretches it)
+    const = from_dict(TrainConfig, {**base, "steps": 150, "learner": {"optim": {"lr_decay_steps": 60}}})
+    assert const.learner_config("m").optim.lr_decay_steps == 60
+    rel = from_dict(TrainConfig, {**base, "steps": 150, "learner": {"optim": {
+        "lr_decay_style": "cosine", "lr_decay_steps": None, "lr_warmup_steps": 10}}})
+    assert rel.learner_config("m").optim.lr_decay_steps == 600 and rel.learner.optim.lr_decay_steps is None
+    from sparse_rl_megatron.learner.config import OptimConfig
+
+    assert OptimConfig(lr_decay_steps=None, lr_warmup_steps=5).for_run(3).lr_decay_steps == 6  # past the warm-up
+
+
 def test_engine_placement_is_the_rollout_sections_and_the_layouts():
     cfg = from_dict(TrainConfig, {"rollout": {"engine": "sglang", "gpus_per_engine": 2,
                                               "sglang": {"urls": ["http://a:1", "http://b:2"],

@@ -289,6 +289,37 @@ def main() -> None:
         for name in ("config.json", "tokenizer.json", "chat_template.jinja"):
             assert (out / name).read_bytes() == (src / name).read_bytes(), name
 
+    def empty_slice_advances_lr():
+        """A slice the correction emptied takes no optimizer step but moves the lr schedule on: after 2 slices
+        (the second all rejected) of a linear decay over 4 steps, the lr is lr / 2, as after two steps."""
+        import dataclasses
+
+        from mcore_spec import learner_config, sequences
+        from sparse_rl_megatron.learner import Learner
+        from sparse_rl_megatron.rollout.sample import Sample
+        from sparse_rl_megatron.trainer.optimize import optimizer_steps
+        from sparse_rl_megatron.trainer.step import RolloutBatch
+
+        ref = refs["qwen2_tied"]
+        cfg = learner_config(ref["path"])
+        cfg.optim = dataclasses.replace(cfg.optim, lr_decay_style="linear", lr_decay_steps=4)
+        lrn = Learner(cfg)
+        prepared = ref["prepared"]
+        drop = torch.tensor([False, False, False, True, True, True])
+        prepared = dataclasses.replace(prepared, loss_mask=prepared.loss_mask & ~drop[:, None],
+                                       keep=prepared.keep & ~drop,
+                                       advantages=torch.where(drop, 0.0, prepared.advantages))
+        prompts, responses = sequences()
+        samples = [Sample(prompt_ids=p.tolist(), response_ids=r.tolist(), sampler_logprobs=torch.zeros(len(r)))
+                   for p, r in zip(prompts, responses)]
+        metrics = optimizer_steps(lrn, RolloutBatch(samples, C.sequence_batch(), prepared, ref["ref_lp"]), 2)
+        assert metrics["train/optimizer_steps"] == 1.0 and metrics["train/empty_slices"] == 1.0, metrics
+        assert lrn.steps == 1, lrn.steps
+        lr = cfg.optim.lr
+        assert abs(lrn.optimizer.param_groups[0]["lr"] - lr / 2) < 1e-12 * lr, lrn.optimizer.param_groups[0]["lr"]
+        assert abs(metrics["train/lr"] - lr / 2) < 1e-12 * lr, metrics
+
+    checks.append(("empty_slice_advances_lr", empty_slice_advances_lr))
     checks += [(f"plan_matches_learner_tp1_{name}", lambda ref=ref: C.check_plan_matches_learner(ref, 1, 1))
                for name, ref in refs.items()]
     checks.append(("plan_matches_learner_recompute",

@@ -1,0 +1,35 @@
+"""Accuracy per class of problems, for tasks whose records name their class (``MathRecord.extra["subset"]``).
+
+A task with a weaker teacher on one class (``tasks/modchain_teacher.py``) needs that class's accuracy (what RL
+learns) apart from the other's (what it damages); a data set without ``subset`` fields gives no metrics.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from sparse_rl_megatron.data.loader import Dataset
+
+SUBSET_KEY = "subset"
+"""The ``MathRecord.extra`` field naming a record's class."""
+
+
+def subset_metrics(prefix: str, dataset: Dataset, section: dict[str, Any]) -> dict[str, float]:
+    """``<prefix>/subset_<name>/accuracy`` (mean over the class's problems of the share of correct samples),
+    ``.../response_len`` (mean response tokens) and ``.../problems`` for each class of ``dataset``, from its
+    ``evaluate_benchmark`` section (whose problems are in the data set's order)."""
+    problems = section["problems"]
+    if len(problems) != len(dataset):
+        raise ValueError(f"{prefix}: {len(problems)} evaluated problems for {len(dataset)} records")
+    groups: dict[str, list[dict]] = {}
+    for record, problem in zip(dataset, problems):
+        name = record.extra.get(SUBSET_KEY)
+        if name is not None:
+            groups.setdefault(str(name), []).append(problem)
+    out: dict[str, float] = {}
+    for name, group in sorted(groups.items()):
+        samples = [s for p in group for s in p["samples"]]
+        key = f"{prefix}/subset_{name}"
+        out[f"{key}/accuracy"] = sum(p["correct"] / len(p["samples"]) for p in group) / len(group)
+        out[f"{key}/response_len"] = sum(s["response_tokens"] for s in samples) / len(samples)
+        out[f"{key}/problems"] = float(len(group))
+    return out
