@@ -37,11 +37,63 @@ RDZV_ENDPOINT="${RDZV_ENDPOINT:-127.0.0.1:29500}"
 RDZV_ID="${RDZV_ID:-sparse-rl}"
 
 echo "[launch] $(date '+%F %T') $(hostname): $NNODES node(s) x $NPROC_PER_NODE rank(s), rendezvous $RDZV_ENDPOINT ($RDZV_ID)"
+# A stop (SIGTERM: kill, scancel, pre-emption; SIGINT: Ctrl-C) is passed to the ranks, which save at the end of
+# their current step and exit 0; then this script says so in one line and exits 0. torchrun itself runs with
+# SIGTERM and SIGINT ignored: its own handling would give the ranks 30 s, kill them and exit 1 with a traceback
+# however cleanly they stopped. Its exit status is the ranks' (0 only if every rank exited 0), so a real failure
+# stays non-zero. A second Ctrl-C aborts (the ranks exit without saving; the last checkpoint stays complete).
+stop_signal=""
+torchrun_pid=""
+resender=""
+# shellcheck disable=SC2317  # run by the traps
+on_stop() {
+  if [ -z "$stop_signal" ]; then
+    echo "[launch] $(date '+%F %T') SIG$1 received: the ranks stop after their current step, with a checkpoint"
+  fi
+  stop_signal="$1"
+  if [ -n "$torchrun_pid" ]; then
+    pkill "-$1" -P "$torchrun_pid" 2>/dev/null || true  # the ranks: torchrun's children
+    if [ -z "$resender" ]; then  # again every 5 s (as TERM: a repeat changes nothing), for ranks still starting
+      (while kill -0 "$torchrun_pid" 2>/dev/null; do
+         sleep 5
+         pkill -TERM -P "$torchrun_pid" 2>/dev/null || true
+       done) &
+      resender=$!
+    fi
+  fi
+}
+trap 'on_stop TERM' TERM
+trap 'on_stop INT' INT
+preflight=0
 if [ "${SKIP_PREFLIGHT:-0}" != 1 ]; then
   "$PYTHON" -m sparse_rl_megatron.cli preflight --nnodes "$NNODES" --nproc-per-node "$NPROC_PER_NODE" \
-    --rdzv-endpoint "$RDZV_ENDPOINT" "$@"
+    --rdzv-endpoint "$RDZV_ENDPOINT" "$@" || preflight=$?
 fi
-# torchrun forwards SIGTERM/SIGINT to the ranks, which save at the next step boundary and exit 0.
-exec "$PYTHON" -m torch.distributed.run --nnodes "$NNODES" --nproc-per-node "$NPROC_PER_NODE" \
-  --rdzv-backend c10d --rdzv-endpoint "$RDZV_ENDPOINT" --rdzv-id "$RDZV_ID" \
-  --module sparse_rl_megatron.cli train "$@" log.heartbeat=true
+if [ -n "$stop_signal" ]; then
+  echo "[launch] $(date '+%F %T') stopped on request (SIG$stop_signal) before the ranks started"
+  exit 0
+fi
+[ "$preflight" = 0 ] || exit "$preflight"
+(
+  trap '' TERM INT
+  exec "$PYTHON" -m torch.distributed.run --nnodes "$NNODES" --nproc-per-node "$NPROC_PER_NODE" \
+    --rdzv-backend c10d --rdzv-endpoint "$RDZV_ENDPOINT" --rdzv-id "$RDZV_ID" --signals-to-handle SIGHUP,SIGQUIT \
+    --module sparse_rl_megatron.cli train "$@" log.heartbeat=true
+) &
+torchrun_pid=$!
+# bash runs a trap only between commands: wait again after each interruption until torchrun has ended
+while true; do
+  if wait "$torchrun_pid"; then status=0; break; else status=$?; fi
+  kill -0 "$torchrun_pid" 2>/dev/null || break
+done
+if [ -n "$resender" ]; then pkill -P "$resender" 2>/dev/null || true; kill "$resender" 2>/dev/null || true; fi
+if [ -n "$stop_signal" ]; then
+  if [ "$status" = 0 ]; then
+    echo "[launch] $(date '+%F %T') stopped on request (SIG$stop_signal): every rank saved and exited 0; run the" \
+         "same command to resume"
+  else
+    echo "[launch] $(date '+%F %T') stop requested (SIG$stop_signal), but the ranks did not all exit 0 (status" \
+         "$status); the newest complete checkpoint is the one to resume from"
+  fi
+fi
+exit "$status"

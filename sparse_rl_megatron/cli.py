@@ -43,6 +43,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown command '{argv[0]}'; valid commands: {', '.join(SUBCOMMANDS)}")
         parser.print_help()
         return 0 if argv else 2
+    from sparse_rl_megatron.utils.lifeline import end_with_parent, under_torchrun, unignore_stop_signals
+
+    if under_torchrun():  # (utils/lifeline.py)
+        end_with_parent()  # torchrun starts its ranks in sessions of their own: none may outlive it
+        unignore_stop_signals()
     name, rest = argv[0], argv[1:]
     module_name, help_text = SUBCOMMANDS[name]
     module = importlib.import_module(module_name)

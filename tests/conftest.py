@@ -35,3 +35,20 @@ def shared_data() -> pathlib.Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared data folder not found at {SHARED_DATA} (set SPARSE_RL_DATA)")
     return SHARED_DATA
+
+
+_STOP_SIGNALS = ("SIGTERM", "SIGINT")
+"""Their handlers are inherited as ignored by every process a test starts (a launcher whose SIGTERM was ignored
+on entry cannot trap it): a test that changes them restores them."""
+
+
+@pytest.fixture(autouse=True)
+def _stop_signal_handlers_restored(request):
+    import signal
+
+    before = {name: signal.getsignal(getattr(signal, name)) for name in _STOP_SIGNALS}
+    yield
+    changed = [name for name in _STOP_SIGNALS if signal.getsignal(getattr(signal, name)) != before[name]]
+    for name in changed:
+        signal.signal(getattr(signal, name), before[name])
+    assert not changed, f"{request.node.nodeid} left the handlers of {changed} changed (restored now)"

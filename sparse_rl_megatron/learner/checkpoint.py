@@ -185,21 +185,41 @@ def save_checkpoint(
     if out.exists() and not (out / META_FILE).is_file() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"{out} exists and is not a sparse-rl Megatron checkpoint; refusing to replace it")
     staging = _staging_dir(out)
-    if dist.get_rank() == 0:
+
+    def prepare():
         shutil.rmtree(staging, ignore_errors=True)  # leftovers of a save that crashed
         staging.mkdir(parents=True)
-    dist.barrier()
-    with children_die_with_us():
-        dist_checkpointing.save(_state(model, optimizer, scheduler, extra, is_loading=False), str(staging))
-    if dist.get_rank() == 0:
+
+    def finish():
         if assets_dir is not None:
             copy_hf_assets(assets_dir, staging / ASSETS_DIR)
         meta = {"format_version": FORMAT_VERSION, "arch": arch.to_dict(), "hf_config": hf_config,
                 "has_optimizer": optimizer is not None}
         (staging / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
         _commit(staging, out)
-    dist.barrier()
+
+    _on_rank0_for_all(prepare)
+    with children_die_with_us():  # a write that fails on any rank raises on every rank (megatron gathers them)
+        dist_checkpointing.save(_state(model, optimizer, scheduler, extra, is_loading=False), str(staging))
+    _on_rank0_for_all(finish)
     return out
+
+
+def _on_rank0_for_all(fn) -> None:
+    """Run ``fn`` on rank 0, then sync every rank; an ``OSError`` there (disk full, ...) is raised on every rank,
+    where the others would otherwise wait for rank 0 in the next collective."""
+    failure = None
+    if dist.get_rank() == 0:
+        try:
+            fn()
+        except OSError as err:
+            failure = err
+    box = [None if failure is None else (failure.errno, failure.strerror or str(failure))]
+    dist.broadcast_object_list(box, src=0)
+    if failure is not None:
+        raise failure
+    if box[0] is not None:
+        raise OSError(box[0][0], f"{box[0][1]} (on rank 0)")
 
 
 @cpu_compat.in_device_mode

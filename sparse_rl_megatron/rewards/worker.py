@@ -18,7 +18,11 @@ class _SoftTimeout(BaseException):
 
 def worker_main(conn, soft_timeout_s: float | None, memory_limit_bytes: int | None) -> None:
     """Worker loop: receive ``(task_id, response, gold, style)``, send ``(task_id, verdict fields)``."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the parent decides
+    # Ctrl-C reaches the whole process group, and a job's cancellation (Slurm's scancel) sends SIGTERM to every
+    # process of the job: the parent decides when its workers stop (it may still need their verdicts for the step
+    # it finishes before saving); they also stop when it is gone (the pipe closes)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if memory_limit_bytes:
         import resource
 

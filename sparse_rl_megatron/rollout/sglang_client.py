@@ -106,28 +106,85 @@ class ChildFailedHandler:
             f"above); {len(children)} engine process(es) stopped")
 
 
+def engine_processes(engine) -> list[tuple[str, Any]]:
+    """``(name, multiprocessing.Process)`` of an ``sglang.Engine``'s children: ``scheduler_<i>`` per TP x PP
+    rank and ``detokenizer``, as SGLang's own liveness watchdog lists them (SGLang 0.5.23,
+    ``Engine._launch_subprocesses``)."""
+    watchdog = getattr(engine.tokenizer_manager, "_subprocess_watchdog", None)
+    if watchdog is None or not getattr(watchdog, "_processes", None):
+        raise RuntimeError("the in-process SGLang engine lists no child processes to watch (SGLang changed?)")
+    return list(zip(watchdog._names, watchdog._processes))
+
+
 class InProcessClient:
-    """An ``sglang.Engine`` in this process (its schedulers are child processes)."""
+    """An ``sglang.Engine`` in this process (its schedulers and detokenizer are child processes).
+
+    Every call runs under a ``ProcessWatch`` of those children: if one dies (killed, out of memory, a crash)
+    the call raises ``ProcessDied`` naming it within a fraction of a second, instead of waiting for an answer
+    that never comes. SGLang's own reactions are taken back once the engine serves: its running-phase SIGQUIT
+    handler (a child's failure report) would kill this whole process tree, the trainer included, and its
+    SIGTERM handler would shut the engine down and ``sys.exit(0)`` this process in the middle of a step; here a
+    SIGQUIT is only noted (the watch reports the death) and SIGTERM goes back to the handler this process had
+    (the trainer's stop request: save at the end of the step).
+    """
 
     num_servers = 1
 
     def __init__(self, engine_kwargs: dict[str, Any]):
         import sglang
 
+        from sparse_rl_megatron.utils.process_watch import ProcessWatch
+
         handler = ChildFailedHandler() if "custom_sigquit_handler" not in engine_kwargs else None
         self.engine = sglang.Engine(**engine_kwargs, **({"custom_sigquit_handler": handler} if handler else {}))
+        self.watch = ProcessWatch("the SGLang engine", engine_processes(self.engine))
+        self.failure_reports = 0
+        """SIGQUITs received from the engine's processes (their failure reports) once it served."""
+        self._take_back_signals()
+
+    def _take_back_signals(self) -> None:
+        import signal
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return  # SGLang installs no signal handler outside the main thread either
+        previous = signal.getsignal(signal.SIGTERM)
+        tm = self.engine.tokenizer_manager
+
+        async def start_handle_loop():  # SGLang does it at the first request; inside the loop, as there
+            tm.auto_create_handle_loop()
+
+        self.engine.loop.run_until_complete(start_handle_loop())
+        for sig in (signal.SIGTERM, signal.SIGQUIT):
+            self.engine.loop.remove_signal_handler(sig)
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        signal.signal(signal.SIGQUIT, self._on_failure_report)
+
+    def _on_failure_report(self, signum, frame) -> None:
+        self.failure_reports += 1  # the watch names the process that died; a stale report changes nothing
+
+    def _wait(self, awaitable) -> Any:
+        """Run ``awaitable`` on the engine's event loop; ``ProcessDied`` if an engine process dies meanwhile."""
+        return self.engine.loop.run_until_complete(self.watch.guard(awaitable))
 
     def generate(self, input_ids: list[list[int]], sampling_params: list[dict], groups=None,
                  logprob_start_len: list[int] | None = None) -> list[dict]:
-        return self.engine.generate(input_ids=input_ids, sampling_params=sampling_params, return_logprob=True,
-                                    logprob_start_len=logprob_start_len)
+        from sglang.srt.managers.io_struct import GenerateReqInput
+
+        obj = GenerateReqInput(input_ids=input_ids, sampling_params=sampling_params, return_logprob=True,
+                               logprob_start_len=logprob_start_len)
+
+        async def first():  # what Engine.generate returns: the first (for a non-streamed request, only) answer
+            return await self.engine.tokenizer_manager.generate_request(obj, None).__anext__()
+
+        return self._wait(first())
 
     def _run(self, name: str, fields: dict) -> Any:
         from sglang.srt.managers import io_struct
 
         obj = getattr(io_struct, _REQUEST_CLASSES[name])(**fields)
         method = getattr(self.engine.tokenizer_manager, name)
-        return _check(name, self.engine.loop.run_until_complete(method(obj, None)))
+        return _check(name, self._wait(method(obj, None)))
 
     def call_each(self, name: str, per_server: list[dict]) -> list[Any]:
         return [self._run(name, per_server[0])]
@@ -149,27 +206,40 @@ class InProcessClient:
         obj = UpdateWeightsFromTensorReqInput(serialized_named_tensors=payloads, load_format=None, flush_cache=False,
                                               weight_version=weight_version)
         coro = self.engine.tokenizer_manager.update_weights_from_tensor(obj, None)
-        _check("update_weights_from_tensor", self.engine.loop.run_until_complete(coro))
+        _check("update_weights_from_tensor", self._wait(coro))
 
     def flush_cache(self) -> None:
-        self.engine.flush_cache()
+        self._wait(self.engine.tokenizer_manager.flush_cache())
 
     def release_memory(self) -> None:
-        self.engine.release_memory_occupation()
+        from sglang.srt.managers.io_struct import ReleaseMemoryOccupationReqInput
+
+        obj = ReleaseMemoryOccupationReqInput(tags=None)
+        self._wait(self.engine.tokenizer_manager.release_memory_occupation(obj, None))
 
     def resume_memory(self) -> None:
-        self.engine.resume_memory_occupation()
+        from sglang.srt.managers.io_struct import ResumeMemoryOccupationReqInput
+
+        obj = ResumeMemoryOccupationReqInput(tags=None)
+        self._wait(self.engine.tokenizer_manager.resume_memory_occupation(obj, None))
 
     def shutdown(self) -> None:
         self.engine.shutdown()
 
 
 class HttpClient:
-    """Running SGLang servers (or one router): requests are spread over them, control calls go to all."""
+    """Running SGLang servers (or one router): requests are spread over them, control calls go to all.
 
-    def __init__(self, urls: list[str], *, timeout_s: float, startup_timeout_s: float):
+    A server that stops answering fails the call after bounded retries with one line naming its URL
+    (``server_liveness.py``): ``retries`` more tries of a call that found no server, and ``/health`` checks every
+    ``health_check_s`` seconds while a call waits for it."""
+
+    def __init__(self, urls: list[str], *, timeout_s: float, startup_timeout_s: float, retries: int = 3,
+                 health_check_s: float = 30.0):
         self.urls = [u.rstrip("/") for u in urls]
         self.timeout_s = timeout_s
+        self.retries = retries
+        self.health_check_s = health_check_s
         self.num_servers = len(self.urls)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(4, 2 * len(self.urls)))
         deadline = time.monotonic() + startup_timeout_s
@@ -177,22 +247,43 @@ class HttpClient:
             self._wait_healthy(url, deadline)
 
     def _request(self, url: str, path: str, body: dict | None, *, method: str = "POST") -> Any:
+        from sparse_rl_megatron.rollout.server_liveness import with_retries
+
+        return with_retries(url, f"{method} {path}", lambda: self._request_once(url, path, body, method),
+                            self.retries)
+
+    def _request_once(self, url: str, path: str, body: dict | None, method: str) -> Any:
+        from sparse_rl_megatron.rollout.server_liveness import EngineUnreachable, NoAnswer, no_answer_reason
+
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(url + path, data=data, method=method,
                                      headers={"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 text = resp.read().decode()
-        except urllib.error.HTTPError as err:
+        except TimeoutError:  # not retried: the call may take that long at most (request_timeout_s)
+            raise EngineUnreachable(f"SGLang server {url} stopped answering: {method} {path}: no answer within "
+                                    f"{self.timeout_s:g} s (request_timeout_s)") from None
+        except Exception as err:
+            reason = no_answer_reason(err)
+            if reason is not None:
+                raise NoAnswer(reason) from None
+            if not isinstance(err, urllib.error.HTTPError):
+                raise
             detail = err.read().decode(errors="replace")[:500]
             kind = ValueError if err.code == 400 else RuntimeError  # 400: the request itself was refused
             raise kind(f"SGLang server {url}{path} answered HTTP {err.code}: {detail}") from None
-        except urllib.error.URLError as err:
-            raise RuntimeError(f"SGLang server {url}{path} is unreachable: {err.reason}") from None
         try:
             return json.loads(text) if text.strip() else None
         except json.JSONDecodeError:
             return text  # e.g. /flush_cache answers plain text
+
+    def _results(self, futures: list[concurrent.futures.Future], urls: list[str], call: str) -> list[Any]:
+        """The futures' results, in order; a server that stops answering meanwhile fails the call."""
+        from sparse_rl_megatron.rollout.server_liveness import wait_for_answers
+
+        wait_for_answers(dict(zip(futures, urls)), call, health_check_s=self.health_check_s, retries=self.retries)
+        return [f.result() for f in futures]
 
     def _wait_healthy(self, url: str, deadline: float) -> None:
         while True:
@@ -230,11 +321,10 @@ class HttpClient:
                 out["logprob_start_len"] = [logprob_start_len[j] for j in idx]
             return out
 
-        futures = [self._pool.submit(self._request, url, "/generate", body(idx))
-                   for url, idx in zip(self.urls, shards) if idx]
+        busy = [(url, idx) for url, idx in zip(self.urls, shards) if idx]
+        futures = [self._pool.submit(self._request, url, "/generate", body(idx)) for url, idx in busy]
         out: list[dict] = [None] * len(input_ids)  # type: ignore[list-item]
-        for (url, idx), fut in zip([(u, i) for u, i in zip(self.urls, shards) if i], futures):
-            result = fut.result()
+        for (url, idx), result in zip(busy, self._results(futures, [u for u, _ in busy], "POST /generate")):
             result = result if isinstance(result, list) else [result]
             for j, r in zip(idx, result):
                 out[j] = r
@@ -243,7 +333,7 @@ class HttpClient:
     def call_each(self, name: str, per_server: list[dict]) -> list[Any]:
         """POST ``/name`` to every server at once, each with its own body."""
         futures = [self._pool.submit(self._request, url, f"/{name}", body) for url, body in zip(self.urls, per_server)]
-        return [_check(name, f.result()) for f in futures]
+        return [_check(name, r) for r in self._results(futures, self.urls, f"POST /{name}")]
 
     def submit_each(self, name: str, per_server: list[dict]) -> list[concurrent.futures.Future]:
         """Like :meth:`call_each` without waiting (collective calls must run while this process joins in)."""

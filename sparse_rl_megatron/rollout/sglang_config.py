@@ -67,6 +67,13 @@ class SGLangEngineConfig:
     """Longest an HTTP call may take."""
     startup_timeout_s: float = 900.0
     """Longest to wait for HTTP servers to answer ``/health_generate``."""
+    request_retries: int = 3
+    """HTTP servers: a call that finds no server (refused, reset, 502-504) is tried this many more times (waiting
+    2, 4, 8, ... s), and a server that misses this many + 1 ``/health`` checks in a row while a call waits for it
+    has stopped answering; then the call fails with one line naming the server's URL."""
+    health_check_s: float = 30.0
+    """HTTP servers: while a call waits, each server it waits for is asked ``/health`` this often (and given as
+    long to answer)."""
     max_resubmits: int = 3
     """A request refused after a retraction (its compressed KV cannot be rebuilt) is resubmitted as a fresh
     sample up to this many times before ``generate`` fails."""
@@ -93,9 +100,11 @@ class SGLangEngineConfig:
         if self.distributed_backend not in DISTRIBUTED_BACKENDS:
             raise ValueError(f"SGLangEngineConfig.distributed_backend must be one of "
                              f"{', '.join(DISTRIBUTED_BACKENDS)}; got '{self.distributed_backend}'")
-        for name in ("tp_size", "max_resubmits", "base_gpu_id"):
+        for name in ("tp_size", "max_resubmits", "base_gpu_id", "request_retries"):
             if getattr(self, name) < (1 if name == "tp_size" else 0):
                 raise ValueError(f"SGLangEngineConfig.{name} is out of range: {getattr(self, name)}")
+        if not self.health_check_s > 0:
+            raise ValueError(f"SGLangEngineConfig.health_check_s must be > 0 seconds; got {self.health_check_s}")
         if self.max_total_tokens is not None and self.max_total_tokens < 1:
             raise ValueError(f"SGLangEngineConfig.max_total_tokens must be >= 1; got {self.max_total_tokens}")
         from sglang_ext.config import SparseKVConfig

@@ -80,7 +80,8 @@ class SGLangRolloutEngine:
             from sparse_rl_megatron.rollout.sglang_client import HttpClient
 
             self.client = HttpClient(config.urls, timeout_s=config.request_timeout_s,
-                                     startup_timeout_s=config.startup_timeout_s)
+                                     startup_timeout_s=config.startup_timeout_s, retries=config.request_retries,
+                                     health_check_s=config.health_check_s)
             self.client.align_weight_version(str(weight_version))
             self._per_request = to_dict(config.compression)
         else:

@@ -5,9 +5,12 @@ A checkpoint directory is, in the order it is written:
    loadable at any TP x PP, and itself a model directory ``sparse-rl eval`` / ``convert`` accept);
 2. ``rng/rank<r>.pt``: the python, numpy and torch RNG states of every rank (written atomically per rank);
 3. ``trainer_state.json``, LAST, by rank 0 after a barrier, atomically (tmp + rename): the rollout step, the
-   data position, the weight version, the world size. Only a directory that has it is *complete*; a kill at
-   any earlier moment leaves an incomplete directory that resume ignores (and the next save replaces).
-``resume: auto`` picks the newest complete one; the last ``keep_last`` complete ones are kept.
+   data position, the weight version, the world size, and the size of every other file (``files``, checked
+   before a resume: ``checkpoint_check.py``). Only a directory that has it is *complete*; a kill at any earlier
+   moment leaves an incomplete directory that resume skips, saying so (and the next save replaces).
+A save that cannot write (disk full, I/O error, permission) fails on every rank with one line (``SaveFailed``),
+removes what it wrote and leaves the earlier checkpoints as they were. ``resume: auto`` picks the newest intact
+one (``resume.py``); the last ``keep_last`` complete ones are kept.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from typing import Any
 
 import torch
 
-from sparse_rl_megatron.utils.errors import UserError
+from sparse_rl_megatron.utils.errors import RunFailed, UserError
 
 CHECKPOINTS_DIR = "checkpoints"
 STATE_FILE = "trainer_state.json"
@@ -106,25 +109,103 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+class SaveFailed(RunFailed):
+    """A checkpoint could not be written (disk full, I/O error, no permission); nothing of it was kept."""
+
+
 def save(run_dir: str | os.PathLike, step: int, learner, trainer_state: dict[str, Any], keep_last: int) -> Path:
-    """Write ``step_<step>`` (collective: every rank calls it), then prune to the last ``keep_last``."""
+    """Write ``step_<step>`` (collective: every rank calls it), then prune to the last ``keep_last``.
+
+    A write that fails on any rank (``OSError``: ENOSPC, EIO, EACCES, ...) fails the save on every rank with
+    ``SaveFailed`` (one line naming the error); the partial checkpoint is removed, the earlier ones are untouched
+    (they are pruned only after a save succeeded)."""
     from sparse_rl_megatron.trainer import distributed as D
 
     out = step_dir(run_dir, step)
     if D.is_main() and out.exists() and not is_complete(out):
         shutil.rmtree(out)  # an earlier, interrupted save of this step: start it over
     D.wait_for_main()
-    learner.save(out)
-    rng_dir = out / RNG_DIR
-    rng_dir.mkdir(exist_ok=True)
-    _atomic_write(rng_dir / f"rank{D.rank()}.pt", lambda f: torch.save(capture_rng(), f))
-    D.wait_for_main()
+    try:
+        _agreed(out, lambda: learner.save(out))
+        _agreed(out, lambda: _write_rng(out, D.rank()))
+        _agreed(out, lambda: _write_state(out, step, trainer_state) if D.is_main() else None)
+    except SaveFailed:
+        if D.is_main():
+            for partial in (out, out.with_name(out.name + ".saving")):  # the learner stages its files there
+                shutil.rmtree(partial, ignore_errors=True)
+        D.wait_for_main()
+        raise
     if D.is_main():
-        state = {"format_version": FORMAT_VERSION, "step": step, "world_size": D.world_size(), **trainer_state}
-        _atomic_write(out / STATE_FILE, lambda f: f.write((json.dumps(state, indent=2) + "\n").encode()))
         prune(run_dir, keep_last)
     D.wait_for_main()
     return out
+
+
+def _write_rng(out: Path, rank: int) -> None:
+    rng_dir = out / RNG_DIR
+    rng_dir.mkdir(exist_ok=True)
+    _atomic_write(rng_dir / f"rank{rank}.pt", lambda f: torch.save(capture_rng(), f))
+
+
+def _write_state(out: Path, step: int, trainer_state: dict[str, Any]) -> None:
+    """Rank 0, after every rank wrote its files: the trainer state with the size of every file (written last)."""
+    from sparse_rl_megatron.trainer import distributed as D
+    from sparse_rl_megatron.trainer.checkpoint_check import file_sizes
+
+    state = {"format_version": FORMAT_VERSION, "step": step, "world_size": D.world_size(), **trainer_state,
+             "files": file_sizes(out)}
+    _atomic_write(out / STATE_FILE, lambda f: f.write((json.dumps(state, indent=2) + "\n").encode()))
+
+
+_ERRNO_TEXT = re.compile(r"\[Errno (\d+)\] ([^\n]*)")
+
+
+def disk_error(err: BaseException) -> OSError | None:
+    """The ``OSError`` behind ``err`` (itself, its causes, or a failure megatron / torch.distributed.checkpoint
+    gathered from a writer process), else None. A gathered failure travels pickled, without its cause: megatron's
+    ``RuntimeError('Worker failure: [Errno 28] No space left on device')`` keeps only the text of the OSError."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [err]
+    while todo:
+        e = todo.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError):
+            return e
+        todo += [e.__cause__, e.__context__]
+        failures = getattr(e, "failures", None)  # torch.distributed.checkpoint's CheckpointException
+        if isinstance(failures, dict):
+            todo += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+        elif (m := _ERRNO_TEXT.search(str(e))) is not None:
+            return OSError(int(m.group(1)), m.group(2))
+    return None
+
+
+def _agreed(out: Path, write) -> None:
+    """Run this rank's part of a save step, then agree across ranks: if a write failed on a rank for a disk
+    reason, every rank raises ``SaveFailed`` (instead of the others waiting in the next collective)."""
+    from sparse_rl_megatron.trainer import distributed as D
+
+    error: BaseException | None = None
+    try:
+        write()
+    except BaseException as err:  # noqa: BLE001 - CheckpointException is a BaseException; re-raised below
+        if isinstance(err, (KeyboardInterrupt, SystemExit)):
+            raise
+        error = err
+    disk = disk_error(error) if error is not None else None
+    mine = None if error is None else (D.rank(), str(disk) if disk is not None else None)
+    failed = [x for x in D.gather_objects(mine) if x is not None]
+    disks = [(rank, text) for rank, text in failed if text is not None]
+    if disks:
+        rank, text = disks[0]
+        where = f" on rank {rank}" if D.world_size() > 1 else ""
+        raise SaveFailed(f"saving checkpoint {out} failed{where}: {text}; nothing of it was kept") from None
+    if error is not None:
+        raise error
+    if failed:
+        raise RuntimeError(f"saving checkpoint {out} failed on rank(s) {', '.join(str(r) for r, _ in failed)}")
 
 
 def prune(run_dir: str | os.PathLike, keep_last: int) -> list[Path]:

@@ -38,7 +38,7 @@ def load(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from sparse_rl_megatron.trainer import distributed as D
-    from sparse_rl_megatron.utils.errors import UserError
+    from sparse_rl_megatron.utils.errors import RunFailed, UserError
 
     cfg = load(args)
     if args.print_config:
@@ -49,12 +49,16 @@ def run(args: argparse.Namespace) -> int:
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
         return 0
     from sparse_rl_megatron.trainer.loop import train
+    from sparse_rl_megatron.trainer.signals import early_stops_noted
 
     try:
-        train(cfg)
+        with early_stops_noted():
+            train(cfg)
     except UserError as err:
-        if getattr(err, "relayed_from_main", False) or D.env_local_rank() != 0:
-            return err.exit_code  # rank 0 (or this node's first rank) prints the line
+        # a mistake in the command is every rank's: this node's first rank prints it; a failure (RunFailed) is
+        # printed by the rank it happened on; one relayed from rank 0 is printed there
+        if getattr(err, "relayed_from_main", False) or (D.env_local_rank() != 0 and not isinstance(err, RunFailed)):
+            return err.exit_code
         raise
     except KeyboardInterrupt:
         from sparse_rl_megatron.trainer.checkpoints import latest_checkpoint

@@ -78,20 +78,22 @@ def on_main(fn: Callable[[], T]) -> T:
     a ``UserError`` stays a ``UserError`` everywhere."""
     from sparse_rl_megatron.utils.errors import UserError
 
-    outcome: tuple[str, Any] | None = None
+    outcome: tuple[str, Any, int] | None = None
     error: BaseException | None = None
     if is_main():
         try:
-            outcome = ("ok", fn())
+            outcome = ("ok", fn(), 0)
         except Exception as err:  # handed to the other ranks, then re-raised here
             error = err
-            outcome = ("user_error" if isinstance(err, UserError) else "error", f"{type(err).__name__}: {err}")
-    kind, value = broadcast_from_main(outcome)
+            outcome = ("user_error" if isinstance(err, UserError) else "error", f"{type(err).__name__}: {err}",
+                       getattr(err, "exit_code", 1))
+    kind, value, code = broadcast_from_main(outcome)
     if error is not None:
         raise error
     if kind == "user_error":
         relayed = UserError(value.split(": ", 1)[1])
         relayed.relayed_from_main = True  # rank 0 prints it; the CLI of the others stays quiet
+        relayed.exit_code = code  # a failure (RunFailed: 1) is not a mistake in the command (2)
         raise relayed
     if kind == "error":
         raise MainRankFailed(f"rank 0 failed: {value}")
@@ -114,18 +116,20 @@ def relay(error: BaseException | None, error_type: type[Exception] = RuntimeErro
     and where), plus how many others failed. A ``UserError`` stays a ``UserError`` everywhere (printed once)."""
     from sparse_rl_megatron.utils.errors import UserError
 
-    mine = None if error is None else (isinstance(error, UserError), str(error) or type(error).__name__)
+    mine = None if error is None else (isinstance(error, UserError), str(error) or type(error).__name__,
+                                       getattr(error, "exit_code", 1))
     failed = [(r, x) for r, x in enumerate(gather_objects(mine)) if x is not None]
     if not failed:
         return
     if error is not None:
         raise error
-    (_, (user, message)), more = failed[0], len(failed) - 1
+    (_, (user, message, code)), more = failed[0], len(failed) - 1
     if more:
         message += f" (and {more} other rank(s) failed: {', '.join(str(r) for r, _ in failed[1:])})"
     if user:
         relayed = UserError(message)
         relayed.relayed_from_main = True  # the failing rank prints it; the CLI of the others stays quiet
+        relayed.exit_code = code  # a failure (RunFailed: 1) is not a mistake in the command (2)
         raise relayed
     raise error_type(message)
 

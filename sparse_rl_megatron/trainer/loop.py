@@ -20,6 +20,7 @@ from sparse_rl_megatron.trainer.optimize import optimizer_steps
 from sparse_rl_megatron.trainer.progress import print_step
 from sparse_rl_megatron.trainer.run import Run, exit_note, start_run
 from sparse_rl_megatron.trainer.step import rollout_step
+from sparse_rl_megatron.utils.errors import RunFailed
 
 
 def train(cfg: TrainConfig) -> dict[str, float]:
@@ -27,6 +28,8 @@ def train(cfg: TrainConfig) -> dict[str, float]:
     with start_run(cfg) as run:
         try:
             return _loop(cfg, run)
+        except RunFailed as err:  # a fault outside the code (a dead engine process, a full disk): one line
+            raise RunFailed(f"{err}; in the {run.heartbeat.where} on rank {D.rank()}; {exit_note(run)}") from None
         except Exception as err:  # name where it happened and what was kept; the traceback follows
             err.add_note(f"sparse-rl train: failed in the {run.heartbeat.where} on rank {D.rank()}; {exit_note(run)}")
             raise

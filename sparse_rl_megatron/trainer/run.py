@@ -90,9 +90,10 @@ class Run:
         return evaluate_pool(self.pool, self.plan.eval_data, self.cfg, self.plan.template, step, self.run_dir)
 
 
-def _claim_run_dir(cfg: TrainConfig, run: Run) -> tuple[str | None, dict | None, list[str]]:
-    """Rank 0: lock the run directory, choose fresh start or resume (the checkpoint and its trainer state), write
-    the resolved config."""
+def _claim_run_dir(cfg: TrainConfig, run: Run) -> tuple[Any, list[str]]:
+    """Rank 0: lock the run directory, choose fresh start or resume (the newest intact checkpoint: ``resume.py``),
+    write the resolved config."""
+    from sparse_rl_megatron.trainer.resume import choose
     from sparse_rl_megatron.utils.run_dir import RunDirLock, archive_previous_outputs
 
     lock = run.stack.enter_context(RunDirLock(run.run_dir))
@@ -100,19 +101,18 @@ def _claim_run_dir(cfg: TrainConfig, run: Run) -> tuple[str | None, dict | None,
     if lock.taken_over:
         notes.append(f"took over the lock of a run that is no longer alive (pid {lock.taken_over.get('pid')} on "
                      f"{lock.taken_over.get('host')})")
-    resume = checkpoints.resolve_resume(cfg.checkpoint.resume, run.run_dir)
-    state = None if resume is None else checkpoints.read_state(resume)
-    if resume is None:
+    choice = choose(cfg.checkpoint.resume, run.run_dir)
+    notes += choice.notes
+    if choice.path is None:
         archived = archive_previous_outputs(run.run_dir, OUTPUTS)
         if archived:
             notes.append(f"previous outputs of {run.run_dir} moved to {archived}")
     else:
-        notes.append(f"resuming from {resume}")
         old = run.run_dir / CONFIG_FILE
         if old.is_file():
-            old.replace(run.run_dir / f"{CONFIG_FILE}.before-step{state['step']}")
+            old.replace(run.run_dir / f"{CONFIG_FILE}.before-step{choice.state['step']}")
     (run.run_dir / CONFIG_FILE).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    return (None if resume is None else str(resume)), state, notes
+    return choice, notes
 
 
 def _build_models(cfg: TrainConfig, run: Run) -> None:
@@ -158,7 +158,8 @@ def start_run(cfg: TrainConfig):
     with contextlib.ExitStack() as stack:
         run = Run(cfg=cfg, plan=plan, run_dir=Path(cfg.run_dir), stack=stack, console=Console(soft_wrap=True))
         stack.callback(D.shutdown)
-        resume, state, notes = D.on_main(lambda: _claim_run_dir(cfg, run))
+        choice, notes = D.on_main(lambda: _claim_run_dir(cfg, run))
+        resume = None if choice.path is None else str(choice.path)
         for note in notes:
             run.say(note)
         run.stop = stack.enter_context(StopRequest(run.run_dir, announce=D.env_local_rank() == 0))
@@ -169,10 +170,12 @@ def start_run(cfg: TrainConfig):
         _build_models(cfg, run)
         if D.is_main():
             run.prompts = PromptOrder(plan.train_data.records, cfg.seed, cfg.data.shuffle)
-        if resume is not None:
-            run.learner.load(resume)
-            restored = checkpoints.load_rng(resume, D.rank())
-            run.step, run.resumed_from = int(state["step"]), Path(resume)
+        if resume is not None:  # an older intact checkpoint if this one does not load (resume.py)
+            from sparse_rl_megatron.trainer.resume import load as load_checkpoint
+
+            choice = load_checkpoint(run, choice)
+            state, restored = choice.state, choice.rng_restored
+            run.step, run.resumed_from = int(state["step"]), choice.path
             if D.is_main():
                 for warning in run.prompts.load_state_dict(state["data"]):
                     run.say(f"[yellow]warning[/]: {warning}")

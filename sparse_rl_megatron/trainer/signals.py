@@ -7,6 +7,7 @@ cannot signal the training processes themselves (an sbatch script traps USR1 and
 """
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 from pathlib import Path
@@ -14,6 +15,28 @@ from types import FrameType
 
 STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
 STOP_FILE = "STOP"
+_SEEN: dict[str, str] = {}
+"""The first stop signal of this process: ``early`` until a ``StopRequest`` takes it over, ``stop`` after."""
+
+
+@contextlib.contextmanager
+def early_stops_noted():
+    """Around a command: until the run installs its ``StopRequest``, a stop signal is noted (and honoured once
+    the run is set up: "stopped by SIGTERM before step 1") instead of killing the process. Once a stop was
+    requested, later stop signals are ignored to the end of the process too (a launcher repeats its request, or
+    one arrives while the stopped run exits): the process is ending as asked, not killed half-way out."""
+    def note(signum: int, frame: FrameType | None) -> None:
+        _SEEN.setdefault("early", signal.Signals(signum).name)
+
+    _SEEN.clear()
+    previous = {getattr(signal, name): signal.signal(getattr(signal, name), note) for name in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        stopped = bool(_SEEN)
+        _SEEN.clear()
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_IGN if stopped else handler)
 
 
 class StopRequest:
@@ -31,6 +54,7 @@ class StopRequest:
             raise KeyboardInterrupt  # second Ctrl-C: abort now
         if self.signal_name is None:
             self.signal_name = name
+            _SEEN.setdefault("stop", name)
             if self.announce:
                 again = " (Ctrl-C again to abort without saving)" if name == "SIGINT" else ""
                 print(f"\n{name} received: stopping at the end of the current step, after a checkpoint{again}",
@@ -53,6 +77,9 @@ class StopRequest:
         for name in STOP_SIGNALS:
             sig = getattr(signal, name)
             self._previous[sig] = signal.signal(sig, self._handle)
+        early = _SEEN.pop("early", None)
+        if early is not None:  # arrived while the command started (early_stops_noted)
+            self._handle(getattr(signal, early), None)
         return self
 
     def __exit__(self, *exc) -> None:

@@ -3,7 +3,8 @@
 Commands print a ``UserError`` as one line (``sparse-rl <command>: error: <message>``, exit status 2) instead
 of a traceback (``cli.py``). The message names the option, field or file and, where there is a choice, the
 valid values. ``utils.config_io.ConfigError`` is one. A ``UsageError`` is a bad command-line option: the CLI
-prints the command's usage line before it, as argparse does for the errors it finds itself.
+prints the command's usage line before it, as argparse does for the errors it finds itself. A ``RunFailed`` is a
+fault of the run's environment (a dead process, a damaged file), printed the same way with exit status 1.
 """
 from __future__ import annotations
 
@@ -14,6 +15,14 @@ class UserError(Exception):
     """Something the user asked for cannot be done as asked; the message says what to change."""
 
     exit_code = 2
+
+
+class RunFailed(UserError):
+    """The run cannot go on for a reason outside the code: an engine process died, an engine server stopped
+    answering, a checkpoint is damaged, the disk is full. Printed as one line like a ``UserError`` (the message
+    says what failed, where, and what was kept), but exit status 1: a failure, not a mistake in the command."""
+
+    exit_code = 1
 
 
 class UsageError(UserError):

@@ -67,24 +67,32 @@ def test_good_settings_pass(tiny_model_dir):
 
 _PROBE = textwrap.dedent("""
     import sys
-    import time
+
     from sparse_rl_megatron.compression import CompressionConfig
     from sparse_rl_megatron.rollout.engine import SamplingParams
     from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
     from sparse_rl_megatron.rollout.sglang_engine import SGLangRolloutEngine
+    from sparse_rl_megatron.utils.process_watch import ProcessDied
 
     if __name__ == "__main__":
         config = SGLangEngineConfig(model_path=sys.argv[1], dtype="float32", max_total_tokens=1024,
                                     compression=CompressionConfig(method="rkv", budget=8, window=2, buffer=4))
-        with SGLangRolloutEngine(config) as engine:
+        engine = SGLangRolloutEngine(config)
+        try:
             engine.generate([[5, 17, 42]], 2, SamplingParams(max_new_tokens=20, ignore_eos=True))
-            engine.client.flush_cache()  # the idle check after this must find every slot free
-            time.sleep(10)  # the scheduler checks when it next idles: give it the time before shutting it down
-        print("PROBE FINISHED")
+        except ProcessDied as err:  # the checker can fire before the last outputs reach this process
+            print(err, flush=True)
+        # No flush_cache: a flush resets SGLang's allocator and would hide the leaked slots from a check that has
+        # not run yet. The scheduler checks as soon as it idles after the requests end, and the strict checker's
+        # error ends it: stay until then.
+        print(engine.client.watch.wait(float(sys.argv[2])), flush=True)
+        engine.shutdown()
 """)
 
-
-PROBE_TIMEOUT_S = 180
+LEAK_REPORT = "memory leak detected"
+"""What SGLang's strict idle checker raises with (``invariant_checker._report_leak``), logged by the scheduler."""
+PROBE_TIMEOUT_S = 300
+"""Bound on the probe: engine start (~25 s CPU, minutes on a loaded machine), one generate, the checker."""
 
 
 def test_strict_checker_catches_a_deliberately_broken_free(tiny_model_dir, tmp_path):
@@ -92,28 +100,28 @@ def test_strict_checker_catches_a_deliberately_broken_free(tiny_model_dir, tmp_p
 
     script = tmp_path / "probe.py"
     script.write_text(_PROBE)
+    log_path = tmp_path / "probe.log"
     # the idle checker alone (the busy one, on in the other tests, would stop it one step earlier)
     with scheduler_env(**{FAULT_ENV: "skip_free", "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "0"}):
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
-        log_path = tmp_path / "probe.log"
         with open(log_path, "w") as log_file:
-            # its own session: after the checker fires, SGLang's processes of the probe may linger (the failure
-            # report reaches the probe only while its event loop turns), so the whole group is stopped at the end
-            proc = subprocess.Popen([sys.executable, str(script), str(tiny_model_dir)], env=env, stdout=log_file,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
-            try:
-                proc.wait(timeout=PROBE_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                pass
-            finally:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait()
+            # its own session: everything it started is stopped at the end, however far it got
+            proc = subprocess.Popen([sys.executable, str(script), str(tiny_model_dir), str(PROBE_TIMEOUT_S)],
+                                    env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        proc.wait(timeout=PROBE_TIMEOUT_S)  # it ends once the checker's error has ended the scheduler
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
     log = log_path.read_text()
-    # the scheduler's strict idle checker raised on the slots the broken free left behind
-    assert "memory leak detected" in log, log[-3000:]
+    # the scheduler's strict idle checker raised on the slots the broken free left behind, and the engine's
+    # process watch saw the scheduler end
+    assert LEAK_REPORT in log and "the SGLang engine's process scheduler_0 (pid " in log, log[-3000:]
 
 
 def test_forced_retraction_ends_compressed_and_correct_or_refused(tiny_model_dir, hf_model):

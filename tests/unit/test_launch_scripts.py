@@ -38,13 +38,14 @@ FAKE_SCONTROL = """#!/usr/bin/env bash
 case "$1" in show) echo localhost ;; requeue) echo "requeue $2" >> "$FAKE_LOG" ;; esac
 """
 FAKE_TORCHRUN = """#!/usr/bin/env bash
+trap 'echo "TERM" >> "$FAKE_LOG"' TERM   # as launch/torchrun.sh: the ranks stop at their step's end
 echo "NNODES=$NNODES NPROC_PER_NODE=$NPROC_PER_NODE RDZV_ENDPOINT=$RDZV_ENDPOINT RDZV_ID=$RDZV_ID ARGS=$*" >> "$FAKE_LOG"
 until [ -f "$FAKE_RUN_DIR/STOP" ]; do sleep 0.1; done   # a run that stops at its next step boundary
 echo "stopped" >> "$FAKE_LOG"
 """
 
 
-def test_sbatch_time_limit_signal_stops_the_run_and_requeues(tmp_path):
+def _start_sbatch(tmp_path):
     fake_root, bin_dir, run_dir, log = tmp_path / "root", tmp_path / "bin", tmp_path / "run", tmp_path / "log"
     for path, text in ((bin_dir / "srun", FAKE_SRUN), (bin_dir / "scontrol", FAKE_SCONTROL),
                        (fake_root / "launch" / "torchrun.sh", FAKE_TORCHRUN)):
@@ -60,6 +61,11 @@ def test_sbatch_time_limit_signal_stops_the_run_and_requeues(tmp_path):
     while not (log.is_file() and "ARGS=" in log.read_text()):
         assert job.poll() is None and time.monotonic() < deadline, job.communicate()[0]
         time.sleep(0.1)
+    return job, run_dir, log
+
+
+def test_sbatch_time_limit_signal_stops_the_run_and_requeues(tmp_path):
+    job, run_dir, log = _start_sbatch(tmp_path)
     job.send_signal(signal.SIGUSR1)  # what --signal=B:USR1@300 does 300 s before the time limit
     output = job.communicate(timeout=60)[0]
     assert job.returncode == 0, output
@@ -68,3 +74,14 @@ def test_sbatch_time_limit_signal_stops_the_run_and_requeues(tmp_path):
     assert lines[0].endswith(f"ARGS=run_dir={run_dir} steps=7")
     assert lines[1:] == ["stopped", "requeue 42"]
     assert (run_dir / "STOP").is_file() and "time limit near" in output
+
+
+def test_sbatch_sigterm_stops_the_run_with_exit_0_and_one_line(tmp_path):
+    job, run_dir, log = _start_sbatch(tmp_path)
+    job.send_signal(signal.SIGTERM)  # scancel: the batch shell too gets SIGTERM
+    output = job.communicate(timeout=60)[0]
+    assert job.returncode == 0, output
+    assert log.read_text().splitlines()[1:] == ["TERM", "stopped"]  # told, stopped at its step's end, not requeued
+    stops = [x for x in output.splitlines() if "stopped on request" in x]
+    assert len(stops) == 1 and stops[0].endswith("stopped on request (SIGTERM) after a checkpoint; submit the job "
+                                                 "again to continue from it"), output

@@ -154,7 +154,7 @@ def test_worker_timer_is_disarmed_before_error_handling(monkeypatch):
         return real(response, gold, style)
 
     monkeypatch.setattr(verify, "check_answer", fake_check)
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGALRM)}
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM)}  # worker_main's
     parent, child = Pipe()
     parent.send((7, "raise", "1", "boxed"))
     parent.send(None)

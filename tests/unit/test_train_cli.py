@@ -61,3 +61,27 @@ def test_corrupt_model_config_names_the_file(files, capsys):
                  f"data.dataset={files / 'data.jsonl'}"]) == 2
     err = capsys.readouterr().err
     assert f"sparse-rl train: error: {files / 'model' / 'config.json'} is not valid JSON" in err
+
+
+@pytest.mark.parametrize("local_rank,relayed,printed", [("0", False, True), ("1", False, True), ("1", True, False),
+                                                         ("0", True, False)])
+def test_a_run_failure_is_one_line_printed_by_the_rank_it_happened_on(files, capsys, monkeypatch, local_rank,
+                                                                      relayed, printed):
+    from sparse_rl_megatron.trainer import loop
+    from sparse_rl_megatron.utils.errors import RunFailed, UserError
+
+    def failing_train(cfg):
+        if relayed:  # what every other rank raises when rank 0 failed (distributed.on_main)
+            err = UserError("the SGLang engine's process scheduler_0 (pid 7) was killed by signal SIGKILL")
+            err.relayed_from_main, err.exit_code = True, 1
+            raise err
+        raise RunFailed("saving checkpoint run/checkpoints/step_2 failed on rank 1: [Errno 28] No space left on device")
+
+    monkeypatch.setattr(loop, "train", failing_train)
+    monkeypatch.setenv("LOCAL_RANK", local_rank)
+    code = main(["train", f"run_dir={files / 'run'}", f"model_path={files / 'model'}",
+                 f"data.dataset={files / 'data.jsonl'}", "eval.datasets=[]"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == (1 if printed else 0), err
+    if printed:
+        assert err[0].startswith("sparse-rl train: error: saving checkpoint run/checkpoints/step_2 failed")

@@ -90,6 +90,25 @@ def test_stop_request_by_signal_file_and_second_ctrl_c(tmp_path, capsys):
             os.kill(os.getpid(), signal.SIGINT)
 
 
+def test_a_stop_during_start_up_is_honoured_and_later_ones_do_not_kill_the_ending_process(tmp_path):
+    from sparse_rl_megatron.trainer.signals import early_stops_noted
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
+    try:
+        with early_stops_noted():
+            pass
+        assert {s: signal.getsignal(s) for s in before} == before  # no stop: handlers as they were
+        with early_stops_noted():
+            os.kill(os.getpid(), signal.SIGTERM)  # while the run sets up: noted, this process lives
+            with StopRequest(tmp_path, announce=False) as stop:
+                assert stop.reason == "SIGTERM"  # taken over: the run stops at its first step boundary
+        os.kill(os.getpid(), signal.SIGTERM)  # a repeat (a launcher's) while the stopped run exits: ignored
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
 def test_aggregate_over_optimizer_steps():
     out = aggregate([{"loss/pg": 1.0, "train/grad_norm": 2.0, "train/step": 1, "train/skipped": 0, "train/tokens": 10},
                      {"loss/pg": 3.0, "train/grad_norm": 4.0, "train/step": 2, "train/skipped": 1, "train/tokens": 5}])

@@ -1,0 +1,94 @@
+"""Checkpoints verified before use (``checkpoint_check.py``, ``resume.choose``) and a failed save's one line
+(``checkpoints.disk_error``), on checkpoint directories laid out as ``checkpoints.save`` writes them (learner
+files, per-rank RNG files, then ``trainer_state.json`` with every other file's size). The full path, with a real
+learner and a failing writer, runs in ``tests/e2e/test_train_faults.py``."""
+from __future__ import annotations
+
+import errno
+import json
+from pathlib import Path
+
+import pytest
+from torch.distributed.checkpoint.api import CheckpointException, _wrap_exception
+
+from sparse_rl_megatron.trainer import checkpoints as C
+from sparse_rl_megatron.trainer.checkpoint_check import file_sizes, problem
+from sparse_rl_megatron.trainer.resume import choose
+from sparse_rl_megatron.utils.errors import RunFailed
+
+SHARD = "__0_0.distcp"
+
+
+def _checkpoint(run_dir: Path, step: int, *, state: bool = True) -> Path:
+    out = C.step_dir(run_dir, step)
+    (out / "rng").mkdir(parents=True)
+    (out / SHARD).write_bytes(bytes(range(256)) * 40)
+    (out / ".metadata").write_bytes(b"m" * 300)
+    (out / "sparse_rl_checkpoint.json").write_text("{}")
+    (out / "rng" / "rank0.pt").write_bytes(b"r" * 50)
+    if state:
+        record = {"format_version": C.FORMAT_VERSION, "step": step, "world_size": 1, "files": file_sizes(out)}
+        (out / C.STATE_FILE).write_text(json.dumps(record))
+    return out
+
+
+def test_an_intact_checkpoint_passes_and_is_resumed(tmp_path):
+    for step in (1, 2):
+        _checkpoint(tmp_path, step)
+    assert problem(C.step_dir(tmp_path, 2), C.FORMAT_VERSION) is None
+    choice = choose("auto", tmp_path)
+    assert choice.path == C.step_dir(tmp_path, 2) and choice.state["step"] == 2
+    assert choice.notes == [f"resuming from {C.step_dir(tmp_path, 2)}"]
+    assert choose("never", tmp_path).path is None
+
+
+def test_damaged_and_incomplete_checkpoints_are_named_and_the_newest_intact_one_is_resumed(tmp_path):
+    for step in (1, 2, 3, 4):
+        _checkpoint(tmp_path, step, state=step != 3)
+    shard = C.step_dir(tmp_path, 4) / SHARD
+    shard.write_bytes(shard.read_bytes()[:1000])  # truncated (a copy cut short, a disk that filled up)
+    choice = choose("auto", tmp_path)
+    assert choice.path == C.step_dir(tmp_path, 2)
+    assert choice.notes == [
+        f"checkpoint {C.step_dir(tmp_path, 4)} cannot be used: {SHARD} has 1000 bytes, 10240 were saved (truncated)",
+        f"checkpoint {C.step_dir(tmp_path, 3)} cannot be used: it is incomplete (no trainer_state.json: its save was "
+        "interrupted, or the file was removed)",
+        f"resuming from {C.step_dir(tmp_path, 2)}, the newest intact checkpoint: step 3 to 4 will be redone"]
+    (C.step_dir(tmp_path, 2) / "rng" / "rank0.pt").unlink()
+    (C.step_dir(tmp_path, 1) / C.STATE_FILE).write_text("{not json")
+    with pytest.raises(RunFailed) as err:  # none intact: one line naming each, and how to go on
+        choose("auto", tmp_path)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"no intact checkpoint in {tmp_path / 'checkpoints'} (step_4: ")
+    assert "step_2: rng/rank0.pt is missing; step_1: its trainer_state.json cannot be read (" in message
+    assert message.endswith("start over with checkpoint.resume=never (earlier outputs are archived)")
+
+
+def test_a_run_whose_only_checkpoint_was_interrupted_starts_over_saying_so(tmp_path):
+    _checkpoint(tmp_path, 1, state=False)
+    choice = choose("auto", tmp_path)
+    assert choice.path is None and choice.notes[-1] == "no checkpoint was ever complete: starting from step 0"
+
+
+def test_an_explicit_damaged_checkpoint_is_refused_in_one_line(tmp_path):
+    path = _checkpoint(tmp_path, 5)
+    (path / ".metadata").write_bytes(b"m" * 301)
+    with pytest.raises(RunFailed, match=r"^checkpoint.resume: .*step_5 cannot be used: \.metadata has 301 bytes, "
+                                        r"300 were saved \(it was changed\)$"):
+        choose(str(path), tmp_path)
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EIO, errno.EACCES])
+def test_the_disk_error_behind_a_failed_save_is_found(code):
+    disk = OSError(code, "simulated")
+    try:  # how megatron's writer reports it: a RuntimeError from the OSError, gathered by torch.distributed.checkpoint
+        raise RuntimeError("Worker failure") from disk
+    except RuntimeError as worker:
+        gathered = CheckpointException("write", {0: _wrap_exception(worker)})
+    assert C.disk_error(gathered) is disk and C.disk_error(disk) is disk
+    # gathered from another process (pickled): only the text of the OSError is left
+    pickled = CheckpointException("write", {0: (RuntimeError(f"Worker failure: {disk}"), None)})
+    found = C.disk_error(pickled)
+    assert isinstance(found, OSError) and found.errno == code and str(found) == str(disk)
+    assert C.disk_error(CheckpointException("write", {})) is None and C.disk_error(ValueError("x")) is None
+    assert issubclass(C.SaveFailed, RunFailed) and C.SaveFailed.exit_code == 1
