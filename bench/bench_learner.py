@@ -32,6 +32,10 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_kit.part_learner import random_batch, train_batch  # noqa: E402  (the GPU kit's batches)
+
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 # bf16 dense peak of one H200 (the device kind this project may be lent), for MFU on CUDA.
@@ -75,27 +79,6 @@ def write_model(out: Path, vocab: int, hidden: int, intermediate: int, layers: i
     return out
 
 
-def make_batch(rows: int, prompt_len: int, response_len: int, vocab: int):
-    from sparse_rl_megatron.learner import SequenceBatch
-
-    g = torch.Generator().manual_seed(0)
-    return SequenceBatch([torch.randint(0, vocab, (prompt_len,), generator=g) for _ in range(rows)],
-                         [torch.randint(0, vocab, (response_len,), generator=g) for _ in range(rows)])
-
-
-def train_batch(learner, seqs):
-    from sparse_rl_megatron.algo import prepare_correction
-    from sparse_rl_megatron.learner import TrainBatch
-
-    old = learner.logprobs(seqs)
-    mask = seqs.response_mask()
-    g = torch.Generator().manual_seed(1)
-    sampler = torch.where(mask, old + 0.05 * torch.randn(old.shape, generator=g), torch.zeros(()))
-    rewards = (torch.arange(len(seqs)) % 2).float()
-    groups = torch.arange(len(seqs)) // 4
-    return TrainBatch(seqs, prepare_correction(old, sampler, mask, rewards, groups))
-
-
 def learner_for(args, model_dir: str, tp: int, pp: int, chunk: int):
     from sparse_rl_megatron.learner import Learner, LearnerConfig
 
@@ -111,7 +94,7 @@ def worker_throughput(args) -> None:
     torch.set_num_threads(1)
     tp, pp = (int(x) for x in args.layout.split("x"))
     learner = learner_for(args, args.model_dir, tp, pp, args.chunk)
-    seqs = make_batch(args.rows, args.prompt_len, args.response_len, learner.arch.vocab_size)
+    seqs = random_batch(args.rows, args.prompt_len, args.response_len, learner.arch.vocab_size)
     tokens = sum(seqs.lengths)
     batch = train_batch(learner, seqs)  # also the warm-up of the forward path
     learner.train_step(batch)  # warm-up of the backward path
@@ -141,8 +124,8 @@ def worker_throughput(args) -> None:
 def worker_memory(args) -> None:
     torch.set_num_threads(1)
     learner = learner_for(args, args.model_dir, 1, 1, args.chunk)
-    small = make_batch(1, 16, 16, learner.arch.vocab_size)
-    seqs = make_batch(1, 16, args.mem_tokens, learner.arch.vocab_size)
+    small = random_batch(1, 16, 16, learner.arch.vocab_size)
+    seqs = random_batch(1, 16, args.mem_tokens, learner.arch.vocab_size)
     learner.logprobs(small)  # warm-up: lazy allocations (and Adam's moments) outside the measured call
     if args.train:
         from sparse_rl_megatron.learner import TrainBatch

@@ -64,7 +64,7 @@ def test_bench_default_batch_counts_the_head_on_response_tokens(bench):
     a = _arch(vocab_size=args.vocab, hidden_size=args.hidden, num_layers=args.layers,
               num_attention_heads=args.heads, num_query_groups=args.kv_heads, head_dim=args.hidden // args.heads,
               ffn_hidden_size=args.intermediate)
-    seqs = bench.make_batch(args.rows, args.prompt_len, args.response_len, args.vocab)
+    seqs = bench.random_batch(args.rows, args.prompt_len, args.response_len, args.vocab)
     fed, scored = seqs.lengths, int(seqs.response_mask().sum())
     assert (sum(fed), scored) == (4080, 3072)
     head = 2 * args.vocab * args.hidden

@@ -3,6 +3,9 @@ the whole suite runs in one session): the tiny model's seed, the strict memory c
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 from pathlib import Path
 
 import torch
@@ -85,3 +88,12 @@ def resolved_server_args(model_dir, config: dict | None, **overrides):
         args.resolve_once()
         args.check_server_args()
     return args
+
+
+def kill_session(proc: subprocess.Popen) -> None:
+    """SIGKILL to everything in ``proc``'s session (started with ``start_new_session=True``), then reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()

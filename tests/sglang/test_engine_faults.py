@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from sglang_helpers import STRICT_MEMORY_CHECKS, read_stats, scheduler_env
+from sglang_helpers import STRICT_MEMORY_CHECKS, kill_session, read_stats, scheduler_env
 
 from sparse_rl_megatron.compression import CompressionConfig
 from sparse_rl_megatron.rollout.engine import SamplingParams
@@ -140,8 +140,4 @@ def test_http_server_that_stops_answering_mid_generate_fails_the_call_naming_its
             engine.generate([[5, 17, 42]], 1, SamplingParams(max_new_tokens=4))  # by its retries or its checks
         engine.shutdown()
     finally:
-        try:
-            os.killpg(server.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        server.wait()
+        kill_session(server)

@@ -10,15 +10,14 @@
 """
 from __future__ import annotations
 
-import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
 
 import pytest
-from sglang_helpers import assert_matches_reference, scheduler_env, teacher_forced
+from sglang_helpers import (assert_matches_reference, kill_session, resolved_server_args, scheduler_env,
+                            teacher_forced)
 
 from sparse_rl_megatron.compression import CompressionConfig
 from sparse_rl_megatron.rollout.engine import SamplingParams
@@ -26,24 +25,6 @@ from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
 from sparse_rl_megatron.utils.config_io import ConfigError, to_dict
 
 RKV = {"method": "rkv", "budget": 8, "window": 2, "buffer": 4}
-
-
-def _start_args(model_dir, config: dict | None, **overrides):
-    """Resolve and check server arguments exactly as ``sglang.Engine`` does before launching anything."""
-    from sglang_ext import cpu_compat
-    from sglang_ext.config import CONFIG_ENV
-
-    cpu_compat.apply()
-    from sglang.srt.plugins import load_plugins
-    from sglang.srt.server_args import ServerArgs
-
-    load_plugins()  # as sglang.Engine does first
-    kwargs = {**cpu_compat.cpu_engine_kwargs(), "model_path": str(model_dir), "attention_backend": "sparse_kv",
-              **overrides}
-    with scheduler_env(**({CONFIG_ENV: json.dumps(config)} if config is not None else {})):
-        args = ServerArgs(**kwargs)
-        args.resolve_once()
-        args.check_server_args()
 
 
 @pytest.mark.parametrize("config,overrides,message", [
@@ -57,12 +38,12 @@ def _start_args(model_dir, config: dict | None, **overrides):
 ])
 def test_bad_settings_are_refused_at_start_in_one_line(tiny_model_dir, config, overrides, message):
     with pytest.raises(ConfigError) as err:
-        _start_args(tiny_model_dir, config, **overrides)
+        resolved_server_args(tiny_model_dir, config, **overrides)
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
 def test_good_settings_pass(tiny_model_dir):
-    _start_args(tiny_model_dir, {"compression": RKV, "kept_digest": True})
+    resolved_server_args(tiny_model_dir, {"compression": RKV, "kept_digest": True})
 
 
 _PROBE = textwrap.dedent("""
@@ -113,11 +94,7 @@ def test_strict_checker_catches_a_deliberately_broken_free(tiny_model_dir, tmp_p
     except subprocess.TimeoutExpired:
         pass
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+        kill_session(proc)
     log = log_path.read_text()
     # the scheduler's strict idle checker raised on the slots the broken free left behind, and the engine's
     # process watch saw the scheduler end
