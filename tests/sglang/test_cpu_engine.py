@@ -3,6 +3,7 @@ that match a full HF forward pass of the same tiny model (the contract the compr
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 import torch
@@ -20,11 +21,16 @@ def engine_and_model(tmp_path_factory):
     trace = tmp_path_factory.mktemp("trace") / "plugin.txt"
     os.environ["SPARSE_RL_PLUGIN_TRACE"] = str(trace)
     kwargs = cpu_compat.cpu_engine_kwargs() if not torch.cuda.is_available() else {}
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGQUIT)}
     engine = sgl.Engine(model_path=str(model_dir), dtype="float32", max_total_tokens=2048,
                         disable_radix_cache=True, random_seed=0, log_level="error", **kwargs)
+    # SGLang's bare engine installs its SIGTERM handler at the first request: here, not inside a test
+    engine.generate(input_ids=[[5, 6, 7]], sampling_params={"max_new_tokens": 1})
     yield engine, build_tiny_model(seed=3, init_std=0.2), trace
     engine.shutdown()
     os.environ.pop("SPARSE_RL_PLUGIN_TRACE", None)
+    for s, h in handlers.items():
+        signal.signal(s, h)
 
 
 def test_plugin_is_loaded_in_the_scheduler_process(engine_and_model):
