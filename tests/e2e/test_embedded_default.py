@@ -42,7 +42,7 @@ def test_the_embedded_default_runs_from_nothing_and_writes_its_outputs(tmp_path)
     warm = json.loads((run_dir / "model" / "warm" / "warm_start.json").read_text())
     assert warm["sft/steps"] == 20 and warm["sft/loss_last"] < warm["sft/loss_first"]
     # progress, the plot and the before/after held-out accuracy, dense and sparse
-    assert "sparse-rl train:" in out.stdout and "KV rkv B=12" in out.stdout and "step 2/2" in out.stdout
+    assert "sparse-rl train:" in out.stdout and "KV rkv B=16" in out.stdout and "step 2/2" in out.stdout
     for mode in ("dense", "sparse"):
         assert re.search(rf"^held-out accuracy \({mode}\): step 0 \d\.\d{{3}} -> step 2 \d\.\d{{3}}$", out.stdout,
                          re.MULTILINE), out.stdout[-3000:]
@@ -64,7 +64,7 @@ def test_the_embedded_default_runs_from_nothing_and_writes_its_outputs(tmp_path)
         assert 0.0 <= r["sparse/rho_p1"] and r["sync/probe_max_abs_diff"] < 1e-3
         assert 0.0 <= r["sparse/would_veto_frac"] <= 1.0 and r["sparse/entropy_sampler"] > 0
     sparse_eval = json.loads((run_dir / "eval" / "step_2.sparse.json").read_text())
-    assert sparse_eval["compression"].startswith("rkv B=12")
+    assert sparse_eval["compression"].startswith("rkv B=16")
     assert len(sparse_eval["benchmarks"]["task:modchain_weak"]["problems"]) == 16
     # the final checkpoint
     state = json.loads((run_dir / "checkpoints" / "step_2" / "trainer_state.json").read_text())

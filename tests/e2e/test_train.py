@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 RECIPE = str(ROOT / "configs" / "cpu_default.yaml")
 # The CPU default (task:modchain_weak, R-KV), smaller: a 4-step warm start, 2 prompts x 2 samples of 16 tokens
-# (B = 8, so that they compress: the default's B + W = 16 would be reached only by the last token), 2 optimizer
+# (B = 8, so that they compress: the default's B + W = 20 is more than a response), 2 optimizer
 # steps per rollout, tiny evals.
 SMALL = ["warm_start={steps: 4, eval_problems: 0}", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2",
          "global_batch_size=2", "rollout.sampling.max_new_tokens=16", "rollout.compression.budget=8", "eval.limit=2",
