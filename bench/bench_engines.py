@@ -58,6 +58,8 @@ def worker(args: argparse.Namespace) -> None:
     run_dir = Path(args.out).parent / f"run-{args.worker}"
     cfg = load_config(TrainConfig, ROOT / "configs" / "cpu_default.yaml", [
         f"run_dir={run_dir}", "warm_start={steps: 4, eval_problems: 0}", f"steps={args.steps}",
+        # the task and cache bench/README.md records (the default's before issue 20), not whatever it is now
+        "model_path=task:modchain", "data.dataset=task:modchain", "rollout.compression.budget=8",
         f"rollout.prompts_per_step={args.prompts}", f"rollout.samples_per_prompt={args.samples}",
         f"global_batch_size={args.prompts * args.samples // 4}", f"rollout.gpus_per_engine={3 - args.worker}",
         f"rollout.sampling.max_new_tokens={args.max_new_tokens}", "eval.at_start=false", "log.progress=false",
