@@ -4,7 +4,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sglang_ext.cpu_compat import CPU_DEFAULT_POOL_TOKENS  # noqa: F401  (the plugin's CPU default; re-exported)
 from sparse_rl_megatron.compression import CompressionConfig
 
 WEIGHT_SYNCS = ("tensor", "distributed", "disk")
@@ -35,7 +34,7 @@ class SGLangEngineConfig:
     """First GPU of the in-process engine: its TP ranks run on GPUs ``base_gpu_id`` .. ``+ tp_size - 1`` (CUDA)."""
     max_total_tokens: int | None = None
     """KV pool size in tokens of the in-process engine (None: SGLang sizes it from ``mem_fraction_static`` on
-    GPU; on CPU, where SGLang would claim a large share of RAM, ``CPU_DEFAULT_POOL_TOKENS``)."""
+    GPU; on CPU, where SGLang would claim a large share of RAM, ``sglang_ext.cpu_compat.CPU_DEFAULT_POOL_TOKENS``)."""
     mem_fraction_static: float | None = None
     """Fraction of device memory for weights + KV pool (None: SGLang's default)."""
     max_running_requests: int | None = None

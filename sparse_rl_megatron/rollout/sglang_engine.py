@@ -39,7 +39,7 @@ from sparse_rl_megatron.compression import CompressionConfig
 from sparse_rl_megatron.rollout.engine import SamplingParams, check_group_ids, encode_prompt
 from sparse_rl_megatron.rollout.sample import CompressionInfo, Sample
 from sparse_rl_megatron.rollout.sampling import sample_seed
-from sparse_rl_megatron.rollout.sglang_config import CPU_DEFAULT_POOL_TOKENS, SGLangEngineConfig
+from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
 from sparse_rl_megatron.utils.config_io import to_dict
 
 _SEED_MOD = 2**31 - 1  # SGLang's sampling_seed is a 32-bit signed int
@@ -114,7 +114,7 @@ class SGLangRolloutEngine:
             if getattr(c, name) is not None:
                 kwargs[name] = getattr(c, name)
         if on_cpu and c.max_total_tokens is None and c.mem_fraction_static is None:
-            kwargs["max_total_tokens"] = CPU_DEFAULT_POOL_TOKENS
+            kwargs["max_total_tokens"] = cpu_compat.CPU_DEFAULT_POOL_TOKENS
         kwargs.update(c.extra_args)
         self._seeded = on_cpu
         with _without_torchrun_env(), scheduler_env(**{CONFIG_ENV: c.plugin_config().to_json(),

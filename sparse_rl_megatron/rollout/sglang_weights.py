@@ -15,6 +15,7 @@ Every update carries the new weight version, which SGLang stamps on each later r
 """
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 from pathlib import Path
@@ -71,6 +72,16 @@ def _check_distributed(engine, infos: list[dict]) -> None:
                            f"{torch.cuda.current_device()}; {NCCL_COLOCATED}")
 
 
+@contextlib.contextmanager
+def _weight_update_session(client):
+    """SGLang's weight-update session on every server of ``client``: begun, and ended whatever happens inside."""
+    client.call_each("begin_weight_update", [{"selector": "all"}] * client.num_servers)
+    try:
+        yield
+    finally:
+        client.call_each("end_weight_update", [{}] * client.num_servers)
+
+
 def push_weights(engine, buckets: Iterable[list[tuple[str, torch.Tensor]]], version: str) -> None:
     c = engine.config
     if c.weight_sync == "disk":
@@ -81,8 +92,7 @@ def push_weights(engine, buckets: Iterable[list[tuple[str, torch.Tensor]]], vers
             shutil.rmtree(previous, ignore_errors=True)  # one model copy on disk at a time
         return
     client = engine.client
-    client.call_each("begin_weight_update", [{"selector": "all"}] * client.num_servers)
-    try:
+    with _weight_update_session(client):
         if c.weight_sync == "tensor":
             for bucket in buckets:
                 client.update_weights_from_tensor(bucket, version)
@@ -99,8 +109,6 @@ def push_weights(engine, buckets: Iterable[list[tuple[str, torch.Tensor]]], vers
                     torch.distributed.broadcast(tensor.detach().to(device).contiguous(), src=0, group=group)
                 for future in pending:
                     future.result()
-    finally:
-        client.call_each("end_weight_update", [{}] * client.num_servers)
 
 
 def push_payloads(engine, payloads: Iterable[list], version: str) -> None:
@@ -108,12 +116,9 @@ def push_payloads(engine, payloads: Iterable[list], version: str) -> None:
     opens only ``payloads[k][r]``: on CUDA the IPC handles of the learner rank on its own GPU), inside SGLang's
     weight-update session."""
     client = engine.client
-    client.call_each("begin_weight_update", [{"selector": "all"}])
-    try:
+    with _weight_update_session(client):
         for per_rank in payloads:
             client.update_weights_from_payloads(list(per_rank), version)
-    finally:
-        client.call_each("end_weight_update", [{}])
 
 
 def serialize_bucket(bucket: list[tuple[str, torch.Tensor]]) -> bytes:
