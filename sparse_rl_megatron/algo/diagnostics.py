@@ -29,6 +29,7 @@ import math
 
 import torch
 
+from sparse_rl_megatron.algo.rejection import sequence_veto
 from sparse_rl_megatron.algo.validation import as_bool_mask, check_2d, check_per_sample, check_same_shape
 
 WOULD_VETO_THRESHOLD = 1e-4
@@ -53,12 +54,9 @@ def _mean_where(values: torch.Tensor, select: torch.Tensor) -> float:
 
 
 def would_veto(log_rho: torch.Tensor, response_mask: torch.Tensor, threshold: float | None) -> torch.Tensor:
-    """``[B]`` bool: some response token has ``rho_t < threshold`` (None / 0: ``WOULD_VETO_THRESHOLD``).
-    Compared in log space, like ``rejection.sequence_veto``."""
-    threshold = threshold or WOULD_VETO_THRESHOLD
-    if not 0 < threshold < 1:
-        raise ValueError(f"veto threshold must be in (0, 1), got {threshold}")
-    return (as_bool_mask(response_mask) & (log_rho < math.log(threshold))).any(dim=-1)
+    """``[B]`` bool: some response token has ``rho_t < threshold`` (None / 0: ``WOULD_VETO_THRESHOLD``): the
+    sequence veto's own check (``rejection.sequence_veto``), whatever the correction mode does with it."""
+    return sequence_veto(log_rho, response_mask, threshold or WOULD_VETO_THRESHOLD)
 
 
 def rollout_diagnostics(*, log_rho: torch.Tensor, old_log_probs: torch.Tensor, sampler_log_probs: torch.Tensor,
