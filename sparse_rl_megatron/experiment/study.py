@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from sparse_rl_megatron.experiment.config import ExperimentConfig
+from sparse_rl_megatron.trainer.checkpoints import step_dir
 
 STUDY_DIR = "study"
 CACHES_FILE = "caches.json"
@@ -56,7 +57,7 @@ def compounding(cfg: ExperimentConfig, seed: int, warm: Path, runs: list, log: C
         arm_dir = sdir / run.name
         for step in study.checkpoint_steps:
             out = mismatch_file(arm_dir, sdir, step)
-            ckpt = arm_dir / "checkpoints" / f"step_{step}"
+            ckpt = step_dir(arm_dir, step)
             if out.is_file():
                 continue
             if not ckpt.is_dir():
@@ -75,7 +76,7 @@ def final_model(arm_dir: Path, supervised: bool, steps: int) -> Path | None:
         return path if path.is_dir() else None
     out = arm_dir / STUDY_DIR / FINAL_HF
     if not out.is_dir():
-        ckpt = arm_dir / "checkpoints" / f"step_{steps}"
+        ckpt = step_dir(arm_dir, steps)
         if not ckpt.is_dir():
             return None
         from sparse_rl_megatron.learner.convert import export_to_hf

@@ -17,8 +17,9 @@ import json
 import os
 from pathlib import Path
 
-STATE_FILE = "trainer_state.json"  # checkpoints.STATE_FILE
-LEARNER_META = "sparse_rl_checkpoint.json"  # learner/checkpoint.py's META_FILE
+from sparse_rl_megatron.trainer.checkpoints import STATE_FILE
+from sparse_rl_megatron.utils.preflight import MEGATRON_META_FILE as LEARNER_META
+
 READ_PROBE_BYTES = 4096
 """Bytes read at the start and at the end of each recorded file: it is there and the disk gives it back."""
 

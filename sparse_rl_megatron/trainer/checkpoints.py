@@ -41,15 +41,16 @@ def is_complete(path: str | os.PathLike) -> bool:
     return (Path(path) / STATE_FILE).is_file()
 
 
+def step_dirs(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """``(step, dir)`` of every ``step_<k>`` directory (complete or not), oldest first."""
+    root = Path(run_dir) / CHECKPOINTS_DIR
+    return sorted((int(m.group(1)), p) for p in (root.iterdir() if root.is_dir() else ())
+                  if (m := _STEP_DIR.match(p.name)) and p.is_dir())
+
+
 def complete_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
     """``(step, dir)`` of every complete checkpoint, oldest first."""
-    root = Path(run_dir) / CHECKPOINTS_DIR
-    found = []
-    for child in root.iterdir() if root.is_dir() else ():
-        m = _STEP_DIR.match(child.name)
-        if m and child.is_dir() and is_complete(child):
-            found.append((int(m.group(1)), child))
-    return sorted(found)
+    return [(step, path) for step, path in step_dirs(run_dir) if is_complete(path)]
 
 
 def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
@@ -131,7 +132,9 @@ def save(run_dir: str | os.PathLike, step: int, learner, trainer_state: dict[str
         _agreed(out, lambda: _write_state(out, step, trainer_state) if D.is_main() else None)
     except SaveFailed:
         if D.is_main():
-            for partial in (out, out.with_name(out.name + ".saving")):  # the learner stages its files there
+            from sparse_rl_megatron.learner.checkpoint import _staging_dir
+
+            for partial in (out, _staging_dir(out)):  # the learner stages its files there
                 shutil.rmtree(partial, ignore_errors=True)
         D.wait_for_main()
         raise

@@ -13,7 +13,6 @@ older intact one is tried, on every rank alike; none left: ``RunFailed``.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,9 +20,6 @@ from typing import Any
 from sparse_rl_megatron.trainer import checkpoints as C
 from sparse_rl_megatron.trainer.checkpoint_check import problem, read_state_file
 from sparse_rl_megatron.utils.errors import RunFailed
-
-_STEP_DIR = re.compile(r"^step_(\d+)$")
-
 
 @dataclass
 class Choice:
@@ -37,14 +33,6 @@ class Choice:
     """Step of the newest step directory there was (to say which steps will be redone)."""
     rng_restored: bool = False
     """Set by ``load``: this rank's RNG states came from the checkpoint (False: it has none for this rank)."""
-
-
-def step_dirs(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
-    """``(step, dir)`` of every ``step_<k>`` directory (complete or not), newest first."""
-    root = Path(run_dir) / C.CHECKPOINTS_DIR
-    found = [(int(m.group(1)), p) for p in (root.iterdir() if root.is_dir() else ())
-             if (m := _STEP_DIR.match(p.name)) and p.is_dir()]
-    return sorted(found, reverse=True)
 
 
 def _resumed(path: Path, state: dict, newest: int | None, passed_over: bool) -> str:
@@ -64,7 +52,7 @@ def choose(resume: str, run_dir: str | os.PathLike, below: int | None = None) ->
         if wrong:
             raise RunFailed(f"checkpoint.resume: {path} cannot be used: {wrong}")
         return Choice(path, read_state_file(path)[0], [f"resuming from {path}"])
-    dirs = [(step, path) for step, path in step_dirs(run_dir) if below is None or step < below]
+    dirs = [(step, path) for step, path in reversed(C.step_dirs(run_dir)) if below is None or step < below]
     choice = Choice(newest=dirs[0][0] if dirs else None)
     damaged = []
     for step, path in dirs:
@@ -74,7 +62,7 @@ def choose(resume: str, run_dir: str | os.PathLike, below: int | None = None) ->
             choice.notes.append(_resumed(path, choice.state, choice.newest, passed_over=bool(choice.notes)))
             return choice
         choice.notes.append(f"checkpoint {path} cannot be used: {wrong}")
-        if (path / C.STATE_FILE).is_file():  # written last and atomically: a save that got that far completed
+        if C.is_complete(path):  # trainer_state.json, written last and atomically: a save that got that far completed
             damaged.append(f"{path.name}: {wrong}")
     if damaged:
         raise RunFailed(f"no intact checkpoint in {Path(run_dir) / C.CHECKPOINTS_DIR} ({'; '.join(damaged)}); "
