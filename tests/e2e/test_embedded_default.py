@@ -17,7 +17,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ["steps=2", "warm_start.steps=20", "warm_start.eval_problems=0", "rollout.prompts_per_step=4",
-        "rollout.samples_per_prompt=4", "global_batch_size=8", "eval.limit=16", "eval.every=1"]
+        "rollout.samples_per_prompt=4", "global_batch_size=8", "eval.limit=16", "eval.every=1",
+        "learner.optim.lr_warmup_steps=0"]  # so the recipe's decay is seen whole in 4 optimizer steps
 
 
 def test_the_embedded_default_runs_from_nothing_and_writes_its_outputs(tmp_path):
@@ -63,6 +64,11 @@ def test_the_embedded_default_runs_from_nothing_and_writes_its_outputs(tmp_path)
         assert r["rollout/compression_events_mean"] > 0 and 0.0 <= r["rollout/reward_mean"] <= 1.0
         assert 0.0 <= r["sparse/rho_p1"] and r["sync/probe_max_abs_diff"] < 1e-3
         assert 0.0 <= r["sparse/would_veto_frac"] <= 1.0 and r["sparse/entropy_sampler"] > 0
+    # the recipe's lr decays over the run's own optimizer steps (whatever steps= says) and ends at min_lr
+    optim = default["learner"]["optim"]
+    assert optim["lr_decay_style"] == "cosine" and optim["lr_decay_steps"] is None
+    lrs = [r["train/lr"] for r in records[1:]]
+    assert optim["lr"] > lrs[0] > lrs[1] and math.isclose(lrs[1], optim["min_lr"], rel_tol=1e-6), lrs
     sparse_eval = json.loads((run_dir / "eval" / "step_2.sparse.json").read_text())
     assert sparse_eval["compression"].startswith("rkv B=16")
     assert len(sparse_eval["benchmarks"]["task:modchain_weak"]["problems"]) == 16
