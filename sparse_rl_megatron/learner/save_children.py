@@ -1,9 +1,11 @@
-"""A checkpoint save killed with SIGKILL leaves no process behind.
+"""A checkpoint save killed with SIGKILL leaves no process behind, and a writer killed mid-save fails the save.
 
 megatron-core's torch_dist save forks one writer process per file, and the first save in a process starts a
 spawn ``Manager`` server (plus multiprocessing's resource tracker) just to carry the writers' results back.
 None of them watches its parent: after a SIGKILL mid-save they would live on as orphans (the writers until
-their files are written, the server and the tracker for good). ``children_die_with_us()`` wraps the save.
+their files are written, the server and the tracker for good). The other way round, megatron's saver waits for
+every writer to mark its task done (``JoinableQueue.join()``, no timeout): a writer killed before that (the OOM
+killer, a ``kill -9``) left the save, and the run, waiting forever. ``children_die_with_us()`` wraps the save.
 """
 from __future__ import annotations
 
@@ -18,6 +20,15 @@ _saver_pid: int | None = None  # this process's pid while save_checkpoint writes
 _fork_hook_lock = threading.Lock()
 _fork_hook_installed = False
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+WRITER_POLL_S = 0.2
+"""How often the watch looks at the writers' exit status during a save."""
+_WRITER_KWARGS = ("local_proc_idx", "results_queue", "count_queue")
+"""The arguments megatron hands each writer process (``write_preloaded_data_multiproc``): its index, the queue
+its result goes to and the queue whose task it marks done."""
+
+
+class WriterDied(RuntimeError):
+    """A checkpoint writer process died before it reported its result (the message says which and how)."""
 
 
 def _die_with_parent() -> None:
@@ -34,11 +45,66 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
+class _RecordingContext:
+    """A multiprocessing context whose ``Process`` also records each process with the arguments it is given
+    (multiprocessing drops them from the process object once it is started); everything else is the real one."""
+
+    def __init__(self, real, writers: list):
+        self._real, self._writers = real, writers
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def Process(self, *args, **kwargs):  # noqa: N802 - multiprocessing's name
+        child = self._real.Process(*args, **kwargs)
+        self._writers.append((child, dict(kwargs.get("kwargs") or {})))
+        return child
+
+
+class _RecordingMultiprocessing:
+    """What megatron's writer module sees as ``mp`` during a save: the real module, with recording contexts."""
+
+    def __init__(self, real, writers: list):
+        self._real, self._writers = real, writers
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def get_context(self, method=None):
+        return _RecordingContext(self._real.get_context(method), self._writers)
+
+
+def _report_dead_writers(writers: list, stop: threading.Event) -> None:
+    """Until ``stop``: a writer (a recorded process with megatron's writer arguments) that exits with a non-zero
+    status reports a ``WriterDied`` in its place and marks its task done, so megatron's saver stops waiting and
+    fails the save through its own error path (gathered on every rank). A writer that died after reporting adds
+    a second result the saver does not read, or a failure it reads first: the save fails either way, never
+    waits."""
+    from sparse_rl_megatron.utils.process_watch import describe_exit
+
+    reported: set[int] = set()
+    while not stop.wait(WRITER_POLL_S):
+        for child, args in list(writers):
+            if id(child) in reported or any(k not in args for k in _WRITER_KWARGS) or child._popen is None:
+                continue
+            code = child.exitcode
+            if code is None or code == 0:
+                continue
+            reported.add(id(child))
+            args["results_queue"].put((args["local_proc_idx"], WriterDied(
+                f"checkpoint writer process {child.pid} died ({describe_exit(code)}) before it wrote its files")))
+            try:
+                args["count_queue"].task_done()
+            except ValueError:  # it had marked its task done before it died
+                pass
+
+
 @contextlib.contextmanager
 def children_die_with_us():
     """Around megatron's ``dist_checkpointing.save``: processes forked meanwhile (the writers) die with this one
-    (``PR_SET_PDEATHSIG``, Linux), and megatron's results queue is a plain in-process queue instead of a Manager
-    server (a synchronous save puts and gets the results in this very process)."""
+    (``PR_SET_PDEATHSIG``, Linux), a writer that dies first fails the save (``WriterDied``) instead of leaving it
+    waiting, and megatron's results queue is a plain in-process queue instead of a Manager server (a synchronous
+    save puts and gets the results in this very process)."""
     global _fork_hook_installed, _saver_pid
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
@@ -48,8 +114,17 @@ def children_die_with_us():
             _fork_hook_installed = True
     if filesystem_async._results_queue is None:
         filesystem_async._results_queue = queue.Queue()
+    writers: list = []
+    stop = threading.Event()
+    watch = threading.Thread(target=_report_dead_writers, args=(writers, stop), name="checkpoint-writer-watch",
+                             daemon=True)
+    real_mp, filesystem_async.mp = filesystem_async.mp, _RecordingMultiprocessing(filesystem_async.mp, writers)
     _saver_pid = os.getpid()
+    watch.start()
     try:
         yield
     finally:
         _saver_pid = None
+        filesystem_async.mp = real_mp
+        stop.set()
+        watch.join()

@@ -161,33 +161,65 @@ def _write_state(out: Path, step: int, trainer_state: dict[str, Any]) -> None:
 
 
 _ERRNO_TEXT = re.compile(r"\[Errno (\d+)\] ([^\n]*)")
+_WRITER_DIED_TEXT = re.compile(r"checkpoint writer process \d+ died \([^)]*\) before it wrote its files")
+
+
+def _behind(err: BaseException):
+    """``(exception, rank)`` for ``err``, its causes, and the failures megatron / torch.distributed.checkpoint
+    gathered from writer processes and ranks (``rank``: the rank a gathered failure came from, else None; a
+    gathered failure travels pickled, without its cause)."""
+    seen: set[int] = set()
+    todo: list[tuple[BaseException | None, int | None]] = [(err, None)]
+    while todo:
+        e, rank = todo.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e, rank
+        todo += [(e.__cause__, rank), (e.__context__, rank)]
+        failures = getattr(e, "failures", None)  # torch.distributed.checkpoint's CheckpointException
+        if isinstance(failures, dict):
+            todo += [(f[0] if isinstance(f, tuple) else f, r if isinstance(r, int) else rank)
+                     for r, f in failures.items()]
+
+
+def _gathered(e: BaseException) -> bool:
+    return isinstance(getattr(e, "failures", None), dict)
 
 
 def disk_error(err: BaseException) -> OSError | None:
     """The ``OSError`` behind ``err`` (itself, its causes, or a failure megatron / torch.distributed.checkpoint
     gathered from a writer process), else None. A gathered failure travels pickled, without its cause: megatron's
     ``RuntimeError('Worker failure: [Errno 28] No space left on device')`` keeps only the text of the OSError."""
-    seen: set[int] = set()
-    todo: list[BaseException | None] = [err]
-    while todo:
-        e = todo.pop(0)
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
+    for e, _ in _behind(err):
         if isinstance(e, OSError):
             return e
-        todo += [e.__cause__, e.__context__]
-        failures = getattr(e, "failures", None)  # torch.distributed.checkpoint's CheckpointException
-        if isinstance(failures, dict):
-            todo += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
-        elif (m := _ERRNO_TEXT.search(str(e))) is not None:
+        if not _gathered(e) and (m := _ERRNO_TEXT.search(str(e))) is not None:
             return OSError(int(m.group(1)), m.group(2))
     return None
 
 
+def save_failure(err: BaseException) -> tuple[int | None, str] | None:
+    """Why a save failed, in one line, where the reason is outside the program: a disk error (``disk_error``)
+    or a writer process that died (``learner.save_children.WriterDied``: killed, e.g. by the OOM killer), with
+    the rank it happened on where megatron gathered it from another rank (else None); None for anything else (a
+    bug: the error itself is raised)."""
+    for e, rank in _behind(err):
+        if isinstance(e, OSError):
+            return rank, str(e)
+        if _gathered(e):
+            continue
+        if (m := _ERRNO_TEXT.search(str(e))) is not None:
+            return rank, str(OSError(int(m.group(1)), m.group(2)))
+        if (m := _WRITER_DIED_TEXT.search(str(e))) is not None:
+            return rank, m.group(0)
+    return None
+
+
 def _agreed(out: Path, write) -> None:
-    """Run this rank's part of a save step, then agree across ranks: if a write failed on a rank for a disk
-    reason, every rank raises ``SaveFailed`` (instead of the others waiting in the next collective)."""
+    """Run this rank's part of a save step, then agree across ranks: if a write failed on a rank for a reason
+    outside the program (``save_failure``: a disk error, a killed writer), every rank raises ``SaveFailed``
+    naming the rank it happened on (instead of the others waiting in the next collective)."""
     from sparse_rl_megatron.trainer import distributed as D
 
     error: BaseException | None = None
@@ -197,12 +229,13 @@ def _agreed(out: Path, write) -> None:
         if isinstance(err, (KeyboardInterrupt, SystemExit)):
             raise
         error = err
-    disk = disk_error(error) if error is not None else None
-    mine = None if error is None else (D.rank(), str(disk) if disk is not None else None)
+    found = save_failure(error) if error is not None else None
+    mine = None if error is None else (D.rank(), found)
     failed = [x for x in D.gather_objects(mine) if x is not None]
-    disks = [(rank, text) for rank, text in failed if text is not None]
-    if disks:
-        rank, text = disks[0]
+    reasons = [(rank if origin is None else origin, text) for rank, reason in failed if reason is not None
+               for origin, text in [reason]]
+    if reasons:
+        rank, text = reasons[0]
         where = f" on rank {rank}" if D.world_size() > 1 else ""
         raise SaveFailed(f"saving checkpoint {out} failed{where}: {text}; nothing of it was kept") from None
     if error is not None:

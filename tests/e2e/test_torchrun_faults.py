@@ -4,6 +4,9 @@
   launcher exits 0 with one line (torchrun alone raised SignalException and exited 1); the re-run resumes;
 - SIGKILL of the launcher's torchrun: its ranks (each in a session of its own) end with it, and what they
   started (the reward's verifier workers, multiprocessing's helpers) with them; the run directory is free;
+- SIGKILL of rank 1's checkpoint writer processes mid-save (the OOM killer): every rank fails the save in one
+  line naming rank 1 and the writer (megatron's saver waited for it forever), the previous checkpoint intact;
+  the re-run resumes;
 - SIGKILL of one rank, for each engine (hf: rank 1; sglang: rank 0, its engine's scheduler then orphaned): the whole
   run ends within torchrun's shutdown timeout, exit status non-zero, leaving no rank, SGLang scheduler or
   detokenizer, verifier worker or helper process.
@@ -34,8 +37,9 @@ SGLANG = [*TASK, "rollout.engine=sglang", "rollout.sglang.max_total_tokens=4096"
 as child processes)."""
 
 
-def _launch(run_dir: Path, log: Path, shared_data: Path, *overrides: str) -> subprocess.Popen:
-    env = {**_env(shared_data), "NNODES": "1", "NPROC_PER_NODE": "2", "RDZV_ID": f"faults-{os.getpid()}",
+def _launch(run_dir: Path, log: Path, shared_data: Path, *overrides: str, env: dict | None = None
+            ) -> subprocess.Popen:
+    env = {**_env(shared_data), **(env or {}), "NNODES": "1", "NPROC_PER_NODE": "2", "RDZV_ID": f"faults-{os.getpid()}",
            "RDZV_ENDPOINT": f"127.0.0.1:{free_port()}", "PYTHON": sys.executable, "SKIP_PREFLIGHT": "1"}
     args = ["--config", RECIPE, f"run_dir={run_dir}", *SMALL, "checkpoint.save_every=1", *overrides]
     with open(log, "a") as out:
@@ -180,3 +184,34 @@ def test_a_killed_engine_scheduler_fails_every_rank_in_one_line_naming_it_and_th
     rank_tracebacks = [x for x in text.splitlines() if x.startswith(("[rank0]: Traceback", "[rank1]: Traceback"))]
     assert not rank_tracebacks, text[-6000:]
     assert (step1 / "trainer_state.json").is_file()
+
+
+def test_killed_checkpoint_writers_on_one_rank_fail_the_save_on_every_rank_and_the_rerun_resumes(tmp_path,
+                                                                                                  shared_data):
+    from fault_plugin import KILL_WRITER_AT_SAVE, KILL_WRITER_RANK
+
+    run_dir, log = tmp_path / "run", tmp_path / "launch.log"
+    run_dir.mkdir()
+    plugins = "plugins=[train_task_plugin,fault_plugin]"
+    launcher = _launch(run_dir, log, shared_data, *TASK, plugins, "steps=3",
+                       env={KILL_WRITER_AT_SAVE: "2", KILL_WRITER_RANK: "1"})
+    try:
+        assert launcher.wait(BOUND_S) != 0, log.read_text()[-4000:]
+        text = log.read_text()
+        step1, step2 = run_dir / "checkpoints" / "step_1", run_dir / "checkpoints" / "step_2"
+        errors = [x for x in text.splitlines() if "sparse-rl train: error: " in x]
+        assert errors and all(re.search(
+            rf"saving checkpoint {re.escape(str(step2))} failed on rank 1: checkpoint writer process \d+ died "
+            r"\(signal SIGKILL\) before it wrote its files; nothing of it was kept", x) for x in errors), text[-4000:]
+        assert not [x for x in text.splitlines() if x.startswith(("[rank0]: Traceback", "[rank1]: Traceback"))], \
+            text[-6000:]
+        assert sorted(p.name for p in step1.parent.iterdir()) == ["step_1"]
+    finally:
+        _cleanup(launcher, [])
+    launcher = _launch(run_dir, log, shared_data, *TASK, plugins, "steps=3")
+    try:
+        assert launcher.wait(BOUND_S) == 0, log.read_text()[-4000:]
+        assert f"resuming from {step1}" in log.read_text()
+        assert (run_dir / "checkpoints" / "step_3" / "trainer_state.json").is_file()
+    finally:
+        _cleanup(launcher, [])

@@ -6,11 +6,14 @@ every fault is one line, never a traceback, never a silent restart from step 0.
 - a checkpoint of another model in the run directory: named when it does not load, the next older one is used;
 - no intact checkpoint: the run stops with one line, exit status 1, nothing archived;
 - a save that finds the disk full (a writer that gets ENOSPC from the kernel): one line, the previous checkpoint
-  intact, exit status 1; the re-run resumes from it.
+  intact, exit status 1; the re-run resumes from it;
+- a save whose writer processes are killed (SIGKILL, as by the OOM killer): the same, where megatron's saver
+  waited for them forever.
 """
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -124,4 +127,21 @@ def test_a_save_on_a_full_disk_stops_the_run_and_keeps_the_previous_checkpoint(t
     assert sorted(p.name for p in step1.parent.iterdir()) == ["step_1"]  # the partial save removed
     assert problem(step1, FORMAT_VERSION) is None
     out = _ok(_run(run_dir, _env(shared_data), "steps=3"))  # space again: the re-run resumes from step 1
+    assert f"resuming from {step1}" in out and [r["step"] for r in _records(run_dir)] == [1, 2, 3]
+
+
+def test_a_save_whose_writers_are_killed_stops_the_run_and_keeps_the_previous_checkpoint(tmp_path, shared_data):
+    from fault_plugin import KILL_WRITER_AT_SAVE
+
+    run_dir = tmp_path / "run"
+    env = {**_env(shared_data), KILL_WRITER_AT_SAVE: "2"}
+    line = _one_error_line(_run(run_dir, env, "steps=3", "plugins=[fault_plugin]"))
+    step1, step2 = run_dir / "checkpoints" / "step_1", run_dir / "checkpoints" / "step_2"
+    assert re.match(rf"sparse-rl train: error: saving checkpoint {re.escape(str(step2))} failed: checkpoint writer "
+                    r"process \d+ died \(signal SIGKILL\) before it wrote its files; nothing of it was kept; in the "
+                    rf"save of step 2 on rank 0; last complete checkpoint: {re.escape(str(step1))}; rerun the same "
+                    "command to resume", line), line
+    assert sorted(p.name for p in step1.parent.iterdir()) == ["step_1"]  # the partial save removed
+    assert problem(step1, FORMAT_VERSION) is None
+    out = _ok(_run(run_dir, _env(shared_data), "steps=3"))  # the re-run resumes from step 1
     assert f"resuming from {step1}" in out and [r["step"] for r in _records(run_dir)] == [1, 2, 3]

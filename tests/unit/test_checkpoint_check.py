@@ -92,3 +92,23 @@ def test_the_disk_error_behind_a_failed_save_is_found(code):
     assert isinstance(found, OSError) and found.errno == code and str(found) == str(disk)
     assert C.disk_error(CheckpointException("write", {})) is None and C.disk_error(ValueError("x")) is None
     assert issubclass(C.SaveFailed, RunFailed) and C.SaveFailed.exit_code == 1
+
+
+def test_a_killed_writer_behind_a_failed_save_is_found_and_a_bug_is_not():
+    from sparse_rl_megatron.learner.save_children import WriterDied
+
+    died = WriterDied("checkpoint writer process 4242 died (signal SIGKILL) before it wrote its files")
+    try:  # megatron's saver reads it in the writer's place and wraps it as it wraps a writer's own failure
+        raise RuntimeError(f"Worker failure: {died}") from died
+    except RuntimeError as worker:
+        gathered = CheckpointException("write", {1: _wrap_exception(worker)})
+    # the rank it happened on is the key megatron gathered it under
+    assert C.save_failure(gathered) == (1, str(died)) and C.save_failure(died) == (None, str(died))
+    pickled = CheckpointException("write", {1: (RuntimeError(f"Worker failure: {died}"), None)})  # another rank's
+    assert C.save_failure(pickled) == (1, str(died))
+    full = CheckpointException("write", {0: (RuntimeError("Worker failure: [Errno 28] No space left on device"), None),
+                                         3: (RuntimeError(f"Worker failure: {died}"), None)})
+    assert C.save_failure(full) == (0, "[Errno 28] No space left on device")
+    assert C.save_failure(OSError(errno.ENOSPC, "No space left on device")) == (None,
+                                                                                 "[Errno 28] No space left on device")
+    assert C.save_failure(ValueError("a bug")) is None and C.save_failure(CheckpointException("write", {})) is None
