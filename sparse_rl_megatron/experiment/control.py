@@ -41,14 +41,11 @@ def run_control(cfg: ExperimentConfig, train_cfg: TrainConfig, seed: int, warm: 
     import json
     import time
 
+    from sparse_rl_megatron.experiment.saved_eval import evaluate_saved
     from sparse_rl_megatron.observability.metrics_writer import MetricsWriter
     from sparse_rl_megatron.tasks import get_task
-    from sparse_rl_megatron.trainer.engines import ENGINES
-    from sparse_rl_megatron.trainer.evaluation import evaluate
     from sparse_rl_megatron.observability.metrics_writer import METRICS_FILE
     from sparse_rl_megatron.trainer.models import WARM_METRICS, build_once
-    from sparse_rl_megatron.trainer.preflight import preflight
-    from sparse_rl_megatron.trainer.run import make_reward
 
     run_dir = Path(train_cfg.run_dir)
     steps, target_cpu = control_steps(cfg, seed, warm)
@@ -66,13 +63,7 @@ def run_control(cfg: ExperimentConfig, train_cfg: TrainConfig, seed: int, warm: 
     build_once(model, train)
     sft = json.loads((model / WARM_METRICS).read_text())
     eval_cfg = dataclasses.replace(train_cfg, model_path=str(model))
-    plan = preflight(eval_cfg, 1)
-    spec = ENGINES.get(eval_cfg.rollout.engine)
-    engine = spec.build(str(model), eval_cfg.rollout, False)
-    t_eval = time.perf_counter()
-    with make_reward(eval_cfg, plan) as reward:
-        metrics = evaluate(engine, spec, reward, plan.eval_data, eval_cfg, plan.template, cfg.train.steps, run_dir)
-    metrics["time/eval_s"] = time.perf_counter() - t_eval
+    metrics, = evaluate_saved(eval_cfg, model, cfg.train.steps, [(None, run_dir)])
     metrics.update({f"control/{k.split('/', 1)[1]}": v for k, v in sft.items()})
     (run_dir / METRICS_FILE).unlink(missing_ok=True)  # its one record (a re-run after a crash writes it again)
     writer = MetricsWriter(run_dir, tensorboard=False)

@@ -88,10 +88,7 @@ def final_model(arm_dir: Path, supervised: bool, steps: int) -> Path | None:
 def robustness(cfg: ExperimentConfig, seed: int, runs: list, log: Callable[[str], None]) -> None:
     """Every complete arm's final model under each of ``study.caches`` (greedy, the recipe's held-out set)."""
     from sparse_rl_megatron.experiment.runner import ARM_DONE, arm_train_config, seed_dir
-    from sparse_rl_megatron.trainer.engines import ENGINES
-    from sparse_rl_megatron.trainer.evaluation import evaluate
-    from sparse_rl_megatron.trainer.preflight import preflight
-    from sparse_rl_megatron.trainer.run import make_reward
+    from sparse_rl_megatron.experiment.saved_eval import evaluate_saved
 
     caches = cfg.experiment.study.caches
     if not caches:
@@ -107,16 +104,10 @@ def robustness(cfg: ExperimentConfig, seed: int, runs: list, log: Callable[[str]
             log(f"seed {seed}: {run.name} has no final model; robustness skipped")
             continue
         base = arm_train_config(cfg, run, seed, model)
-        results = {}
-        for cache in caches:
-            ecfg = dataclasses.replace(base, eval=dataclasses.replace(base.eval, modes=["sparse"], compression=cache))
-            plan = preflight(ecfg, 1)
-            spec = ENGINES.get(ecfg.rollout.engine)
-            engine = spec.build(str(model), ecfg.rollout, False)
-            work = arm_dir / STUDY_DIR / "caches" / cache.describe().replace(" ", "_").replace("=", "")
-            with make_reward(ecfg, plan) as reward:
-                results[cache.describe()] = evaluate(engine, spec, reward, plan.eval_data, ecfg, plan.template,
-                                                     cfg.train.steps, work)
+        sparse = dataclasses.replace(base, eval=dataclasses.replace(base.eval, modes=["sparse"]))
+        works = [arm_dir / STUDY_DIR / "caches" / c.describe().replace(" ", "_").replace("=", "") for c in caches]
+        metrics = evaluate_saved(sparse, model, cfg.train.steps, list(zip(caches, works)))
+        results = {cache.describe(): m for cache, m in zip(caches, metrics)}
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(results, indent=1) + "\n")
         log(f"seed {seed}: {run.name} evaluated under {len(caches)} other caches")
