@@ -125,13 +125,6 @@ class RolloutLayout:
         """The engines ``rank`` drives (none, one, or several servers)."""
         return tuple(s for s in self.slots if s.rank == rank)
 
-    def group_of(self, rank: int) -> tuple[int, ...]:
-        """The ranks that share ``rank``'s colocated engine (itself alone for servers or without an engine)."""
-        for s in self.slots:
-            if rank in s.ranks:
-                return s.ranks
-        return (rank,)
-
     def group_counts(self) -> list[int]:
         """Groups per engine in a step of equal-cost groups."""
         return [len(share) for share in split_groups([1.0] * self.groups, self.num_engines)]
