@@ -114,34 +114,22 @@ def test_no_intact_checkpoint_stops_the_run_in_one_line(base, tmp_path):
     assert not (run_dir / "archive").exists()  # nothing was moved away
 
 
-def test_a_save_on_a_full_disk_stops_the_run_and_keeps_the_previous_checkpoint(tmp_path, shared_data):
-    from fault_plugin import FULL_DISK_AT_SAVE
+@pytest.mark.parametrize("fault,reason", [
+    ("SPARSE_RL_TEST_FULL_DISK_AT_SAVE", r"\[Errno 28\] No space left on device"),
+    ("SPARSE_RL_TEST_KILL_WRITER_AT_SAVE", r"checkpoint writer process \d+ died \(signal SIGKILL\) before it wrote "
+                                           r"its files")], ids=["full-disk", "killed-writer"])
+def test_a_failed_save_stops_the_run_in_one_line_and_keeps_the_previous_checkpoint(tmp_path, shared_data, fault,
+                                                                                   reason):
+    import fault_plugin
 
+    assert fault in (fault_plugin.FULL_DISK_AT_SAVE, fault_plugin.KILL_WRITER_AT_SAVE)
     run_dir = tmp_path / "run"
-    env = {**_env(shared_data), FULL_DISK_AT_SAVE: "2"}
-    line = _one_error_line(_run(run_dir, env, "steps=3", "plugins=[fault_plugin]"))
+    line = _one_error_line(_run(run_dir, {**_env(shared_data), fault: "2"}, "steps=3", "plugins=[fault_plugin]"))
     step1, step2 = run_dir / "checkpoints" / "step_1", run_dir / "checkpoints" / "step_2"
-    assert line.startswith(f"sparse-rl train: error: saving checkpoint {step2} failed: [Errno 28] No space left on "
-                           "device; nothing of it was kept; in the save of step 2 on rank 0; last complete checkpoint: "
-                           f"{step1}; rerun the same command to resume"), line
+    assert re.match(rf"sparse-rl train: error: saving checkpoint {re.escape(str(step2))} failed: {reason}; nothing of "
+                    rf"it was kept; in the save of step 2 on rank 0; last complete checkpoint: {re.escape(str(step1))};"
+                    " rerun the same command to resume", line), line
     assert sorted(p.name for p in step1.parent.iterdir()) == ["step_1"]  # the partial save removed
     assert problem(step1, FORMAT_VERSION) is None
-    out = _ok(_run(run_dir, _env(shared_data), "steps=3"))  # space again: the re-run resumes from step 1
-    assert f"resuming from {step1}" in out and [r["step"] for r in _records(run_dir)] == [1, 2, 3]
-
-
-def test_a_save_whose_writers_are_killed_stops_the_run_and_keeps_the_previous_checkpoint(tmp_path, shared_data):
-    from fault_plugin import KILL_WRITER_AT_SAVE
-
-    run_dir = tmp_path / "run"
-    env = {**_env(shared_data), KILL_WRITER_AT_SAVE: "2"}
-    line = _one_error_line(_run(run_dir, env, "steps=3", "plugins=[fault_plugin]"))
-    step1, step2 = run_dir / "checkpoints" / "step_1", run_dir / "checkpoints" / "step_2"
-    assert re.match(rf"sparse-rl train: error: saving checkpoint {re.escape(str(step2))} failed: checkpoint writer "
-                    r"process \d+ died \(signal SIGKILL\) before it wrote its files; nothing of it was kept; in the "
-                    rf"save of step 2 on rank 0; last complete checkpoint: {re.escape(str(step1))}; rerun the same "
-                    "command to resume", line), line
-    assert sorted(p.name for p in step1.parent.iterdir()) == ["step_1"]  # the partial save removed
-    assert problem(step1, FORMAT_VERSION) is None
-    out = _ok(_run(run_dir, _env(shared_data), "steps=3"))  # the re-run resumes from step 1
+    out = _ok(_run(run_dir, _env(shared_data), "steps=3"))  # the fault gone: the re-run resumes from step 1
     assert f"resuming from {step1}" in out and [r["step"] for r in _records(run_dir)] == [1, 2, 3]
