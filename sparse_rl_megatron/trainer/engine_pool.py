@@ -143,33 +143,50 @@ class EnginePool:
         """``work(engine, slot)`` for every engine of the run, each on its rank's engine thread, waited for until the
         phase deadline; returns every engine's result, in engine order, on every rank. Collective. An engine that
         fails or hangs raises ``EngineError`` on every rank: ``<engine> on rank <r> failed while <what>: ...``."""
-        from sparse_rl_megatron.utils.errors import UserError
-
         deadline = time.monotonic() + self.deadline_s
         pending, error = [], None
         for local in self.local:
-            try:
-                pending.append((local, local.worker.submit(lambda e=local.engine, s=local.slot: work(e, s), what)))
-            except EngineHang as err:
-                error = error or EngineError(f"{local.label} cannot take part in {what}: {err}")
+            future, failed = self._submit(local, lambda e=local.engine, s=local.slot: work(e, s), what)
+            error = error or failed
+            if future is not None:
+                pending.append((local, future))
         results: dict[int, Any] = {}
         for local, future in pending:
-            try:
-                results[local.slot.index] = local.worker.wait(future, what, deadline)
-            except EngineHang:
-                error = error or EngineError(
-                    f"{local.label} did not finish {what} within {self.deadline_s:g} s (the phase timeout, "
-                    "phase_timeout_s, less the margin to report it): the engine hangs")
-            except UserError as err:
-                error = error or err
-            except Exception as err:
-                error = error or EngineError(f"{local.label} failed while {what}: {type(err).__name__}: {err}")
-                error.__cause__ = err
+            result, failed = self._outcome(local, future, what, deadline)
+            error = error or failed
+            if failed is None:
+                results[local.slot.index] = result
         D.relay(error, EngineError)
         merged: dict[int, Any] = {}
         for part in D.gather_objects(results):
             merged.update(part)
         return [merged.get(k) for k in range(self.layout.num_engines)]
+
+    @staticmethod
+    def _submit(local: LocalEngine, call: Callable[[], Any], what: str) -> tuple[Any, Exception | None]:
+        """``call`` queued on ``local``'s engine thread: ``(future, None)``, or ``(None, EngineError)`` when that
+        thread is still stuck in an earlier call."""
+        try:
+            return local.worker.submit(call, what), None
+        except EngineHang as err:
+            return None, EngineError(f"{local.label} cannot take part in {what}: {err}")
+
+    def _outcome(self, local: LocalEngine, future, what: str, deadline: float) -> tuple[Any, Exception | None]:
+        """``(result, None)`` of a submitted call once it is done, or ``(None, error)``: an ``EngineError`` naming
+        the engine when it failed or did not finish by ``deadline``; a ``UserError`` as it is."""
+        from sparse_rl_megatron.utils.errors import UserError
+
+        try:
+            return local.worker.wait(future, what, deadline), None
+        except EngineHang:
+            return None, EngineError(f"{local.label} did not finish {what} within {self.deadline_s:g} s (the phase "
+                                     "timeout, phase_timeout_s, less the margin to report it): the engine hangs")
+        except UserError as err:
+            return None, err
+        except Exception as err:
+            error = EngineError(f"{local.label} failed while {what}: {type(err).__name__}: {err}")
+            error.__cause__ = err
+            return None, error
 
     def release_memory(self) -> None:
         """Every engine frees what it can while the learner trains (SGLang with ``memory_saver`` on CUDA)."""
@@ -237,11 +254,10 @@ class EnginePool:
         for local in self.local:
             handoff = Handoff()
             load = local.engine.update_weights_from_payloads if payload else local.engine.update_weights
-            try:
-                future = local.worker.submit(lambda h=handoff, f=load: f(h.items(), version), what)
+            future, failed = self._submit(local, lambda h=handoff, f=load: f(h.items(), version), what)
+            error = error or failed
+            if future is not None:
                 feeds.append((local, handoff, future))
-            except EngineHang as err:
-                error = error or EngineError(f"{local.label} cannot take part in {what}: {err}")
         reading = [True] * len(feeds)  # False once an engine stopped reading (done, failed or hung)
         buckets = nbytes = 0
         for bucket in learner.export_weights(bucket_bytes=bucket_mb * MIB):
@@ -256,14 +272,7 @@ class EnginePool:
         for (local, handoff, future), still in zip(feeds, reading):
             if still:
                 handoff.close(future, deadline)
-            try:
-                local.worker.wait(future, what, deadline)
-            except EngineHang:
-                error = error or EngineError(f"{local.label} did not finish {what} within {self.deadline_s:g} s "
-                                             "(the phase timeout less the margin to report it): the engine hangs")
-            except Exception as err:
-                error = error or EngineError(f"{local.label} failed while {what}: {type(err).__name__}: {err}")
-                error.__cause__ = err
+            error = error or self._outcome(local, future, what, deadline)[1]
         D.relay(error, EngineError)
         return {"sync/seconds": time.perf_counter() - t0, "sync/buckets": float(buckets), "sync/mib": nbytes / MIB}
 
