@@ -1,7 +1,7 @@
 """``sparse-rl train`` with no recipe (the embedded default, ``configs/cpu_default.yaml``: task ``modchain_weak``) in
 a fast form: the same recipe with a short warm start, 2 steps of 4 prompts x 4 samples and a 16-problem held-out
 set. It checks that the default runs from nothing (no data root, no model directory) and writes what the full run
-writes, per-class accuracy included; the full run's rising accuracy (seeds 0-4) is in docs/embedded-default.md,
+writes, per-class accuracy included; the full run's rising accuracy (seeds 0-9) is in docs/embedded-default.md,
 not asserted here."""
 from __future__ import annotations
 
