@@ -111,7 +111,8 @@ def restore_rng(state: dict[str, Any]) -> None:
 
 
 class SaveFailed(RunFailed):
-    """A checkpoint could not be written (disk full, I/O error, no permission); nothing of it was kept."""
+    """A checkpoint could not be written (disk full, I/O error, no permission, a killed writer); nothing of it was
+    kept."""
 
 
 def save(run_dir: str | os.PathLike, step: int, learner, trainer_state: dict[str, Any], keep_last: int) -> Path:
@@ -237,7 +238,9 @@ def _agreed(out: Path, write) -> None:
     if reasons:
         rank, text = reasons[0]
         where = f" on rank {rank}" if D.world_size() > 1 else ""
-        raise SaveFailed(f"saving checkpoint {out} failed{where}: {text}; nothing of it was kept") from None
+        failure = SaveFailed(f"saving checkpoint {out} failed{where}: {text}; nothing of it was kept")
+        failure.relayed_from_main = D.rank() != rank  # printed once, by the rank it happened on
+        raise failure from None
     if error is not None:
         raise error
     if failed:

@@ -29,7 +29,9 @@ def train(cfg: TrainConfig) -> dict[str, float]:
         try:
             return _loop(cfg, run)
         except RunFailed as err:  # a fault outside the code (a dead engine process, a full disk): one line
-            raise RunFailed(f"{err}; in the {run.heartbeat.where} on rank {D.rank()}; {exit_note(run)}") from None
+            failure = RunFailed(f"{err}; in the {run.heartbeat.where} on rank {D.rank()}; {exit_note(run)}")
+            failure.relayed_from_main = getattr(err, "relayed_from_main", False)  # another rank prints it
+            raise failure from None
         except Exception as err:  # name where it happened and what was kept; the traceback follows
             err.add_note(f"sparse-rl train: failed in the {run.heartbeat.where} on rank {D.rank()}; {exit_note(run)}")
             raise
