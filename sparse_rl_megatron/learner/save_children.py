@@ -16,6 +16,8 @@ import signal
 import sys
 import threading
 
+from sparse_rl_megatron.utils.process_watch import describe_exit
+
 _saver_pid: int | None = None  # this process's pid while save_checkpoint writes (forked children inherit it)
 _fork_hook_lock = threading.Lock()
 _fork_hook_installed = False
@@ -46,8 +48,8 @@ def _die_with_parent() -> None:
 
 
 class _RecordingContext:
-    """A multiprocessing context whose ``Process`` also records each process with the arguments it is given
-    (multiprocessing drops them from the process object once it is started); everything else is the real one."""
+    """A multiprocessing context whose ``Process`` also records each process with megatron's writer arguments
+    (multiprocessing drops a process's arguments once it is started); everything else is the real one."""
 
     def __init__(self, real, writers: list):
         self._real, self._writers = real, writers
@@ -57,7 +59,9 @@ class _RecordingContext:
 
     def Process(self, *args, **kwargs):  # noqa: N802 - multiprocessing's name
         child = self._real.Process(*args, **kwargs)
-        self._writers.append((child, dict(kwargs.get("kwargs") or {})))
+        given = kwargs.get("kwargs") or {}
+        if all(k in given for k in _WRITER_KWARGS):
+            self._writers.append((child, {k: given[k] for k in _WRITER_KWARGS}))
         return child
 
 
@@ -74,29 +78,36 @@ class _RecordingMultiprocessing:
         return _RecordingContext(self._real.get_context(method), self._writers)
 
 
-def _report_dead_writers(writers: list, stop: threading.Event) -> None:
-    """Until ``stop``: a writer (a recorded process with megatron's writer arguments) that exits with a non-zero
-    status reports a ``WriterDied`` in its place and marks its task done, so megatron's saver stops waiting and
-    fails the save through its own error path (gathered on every rank). A writer that died after reporting adds
-    a second result the saver does not read, or a failure it reads first: the save fails either way, never
-    waits."""
-    from sparse_rl_megatron.utils.process_watch import describe_exit
+def _unfinished(count_queue) -> int:
+    """Tasks of megatron's count queue not yet marked done (one per writer that has not reported)."""
+    return count_queue._unfinished_tasks._semlock._get_value()
 
-    reported: set[int] = set()
+
+def _report_dead_writers(writers: list, stop: threading.Event) -> None:
+    """Until ``stop``: when a recorded writer exited with a non-zero status before it marked its task done, report
+    a ``WriterDied`` in its place and mark the task done, so megatron's saver stops waiting and fails the save
+    through its own error path (gathered on every rank). A writer has not marked its task done when the count
+    queue has more unfinished tasks than writers still running (one writer, one task; a running writer may have
+    marked its own already, so this never takes a live writer's task, and waits a poll for it to exit). A writer
+    that died after marking its task done had reported its result: nothing is added, the save goes on."""
+    handled: set[int] = set()
     while not stop.wait(WRITER_POLL_S):
         for child, args in list(writers):
-            if id(child) in reported or any(k not in args for k in _WRITER_KWARGS) or child._popen is None:
+            if id(child) in handled or child._popen is None:
                 continue
             code = child.exitcode
-            if code is None or code == 0:
+            if code is None:
                 continue
-            reported.add(id(child))
+            count_queue = args["count_queue"]
+            running = sum(1 for c, a in writers if a["count_queue"] is count_queue and c.exitcode is None)
+            if code == 0 or _unfinished(count_queue) <= running:
+                if code == 0 or running == 0:  # (else: a running writer may yet mark its task: look again)
+                    handled.add(id(child))
+                continue
+            handled.add(id(child))
             args["results_queue"].put((args["local_proc_idx"], WriterDied(
                 f"checkpoint writer process {child.pid} died ({describe_exit(code)}) before it wrote its files")))
-            try:
-                args["count_queue"].task_done()
-            except ValueError:  # it had marked its task done before it died
-                pass
+            count_queue.task_done()
 
 
 @contextlib.contextmanager
@@ -114,17 +125,21 @@ def children_die_with_us():
             _fork_hook_installed = True
     if filesystem_async._results_queue is None:
         filesystem_async._results_queue = queue.Queue()
+    if isinstance(filesystem_async.mp, _RecordingMultiprocessing):
+        raise RuntimeError("a checkpoint save is already in progress in this process (saves do not overlap)")
     writers: list = []
     stop = threading.Event()
     watch = threading.Thread(target=_report_dead_writers, args=(writers, stop), name="checkpoint-writer-watch",
                              daemon=True)
-    real_mp, filesystem_async.mp = filesystem_async.mp, _RecordingMultiprocessing(filesystem_async.mp, writers)
-    _saver_pid = os.getpid()
-    watch.start()
+    real_mp = filesystem_async.mp
     try:
+        filesystem_async.mp = _RecordingMultiprocessing(real_mp, writers)
+        _saver_pid = os.getpid()
+        watch.start()
         yield
     finally:
         _saver_pid = None
         filesystem_async.mp = real_mp
         stop.set()
-        watch.join()
+        if watch.ident is not None:
+            watch.join()

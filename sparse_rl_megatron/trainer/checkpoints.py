@@ -188,21 +188,10 @@ def _gathered(e: BaseException) -> bool:
     return isinstance(getattr(e, "failures", None), dict)
 
 
-def disk_error(err: BaseException) -> OSError | None:
-    """The ``OSError`` behind ``err`` (itself, its causes, or a failure megatron / torch.distributed.checkpoint
-    gathered from a writer process), else None. A gathered failure travels pickled, without its cause: megatron's
-    ``RuntimeError('Worker failure: [Errno 28] No space left on device')`` keeps only the text of the OSError."""
-    for e, _ in _behind(err):
-        if isinstance(e, OSError):
-            return e
-        if not _gathered(e) and (m := _ERRNO_TEXT.search(str(e))) is not None:
-            return OSError(int(m.group(1)), m.group(2))
-    return None
-
-
 def save_failure(err: BaseException) -> tuple[int | None, str] | None:
-    """Why a save failed, in one line, where the reason is outside the program: a disk error (``disk_error``)
-    or a writer process that died (``learner.save_children.WriterDied``: killed, e.g. by the OOM killer), with
+    """Why a save failed, in one line, where the reason is outside the program: a disk error (an ``OSError``
+    behind ``err``, or its text where megatron gathered it pickled: ``RuntimeError('Worker failure: [Errno 28] No
+    space left on device')`` keeps only the text) or a writer process that died (``learner.save_children.WriterDied``: killed, e.g. by the OOM killer), with
     the rank it happened on where megatron gathered it from another rank (else None); None for anything else (a
     bug: the error itself is raised)."""
     for e, rank in _behind(err):

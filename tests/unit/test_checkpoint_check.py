@@ -1,5 +1,5 @@
 """Checkpoints verified before use (``checkpoint_check.py``, ``resume.choose``) and a failed save's one line
-(``checkpoints.disk_error``), on checkpoint directories laid out as ``checkpoints.save`` writes them (learner
+(``checkpoints.save_failure``), on checkpoint directories laid out as ``checkpoints.save`` writes them (learner
 files, per-rank RNG files, then ``trainer_state.json`` with every other file's size). The full path, with a real
 learner and a failing writer, runs in ``tests/e2e/test_train_faults.py``."""
 from __future__ import annotations
@@ -85,12 +85,11 @@ def test_the_disk_error_behind_a_failed_save_is_found(code):
         raise RuntimeError("Worker failure") from disk
     except RuntimeError as worker:
         gathered = CheckpointException("write", {0: _wrap_exception(worker)})
-    assert C.disk_error(gathered) is disk and C.disk_error(disk) is disk
+    assert C.save_failure(gathered) == (0, str(disk)) and C.save_failure(disk) == (None, str(disk))
     # gathered from another process (pickled): only the text of the OSError is left
-    pickled = CheckpointException("write", {0: (RuntimeError(f"Worker failure: {disk}"), None)})
-    found = C.disk_error(pickled)
-    assert isinstance(found, OSError) and found.errno == code and str(found) == str(disk)
-    assert C.disk_error(CheckpointException("write", {})) is None and C.disk_error(ValueError("x")) is None
+    pickled = CheckpointException("write", {2: (RuntimeError(f"Worker failure: {disk}"), None)})
+    assert C.save_failure(pickled) == (2, str(disk))
+    assert C.save_failure(CheckpointException("write", {})) is None and C.save_failure(ValueError("x")) is None
     assert issubclass(C.SaveFailed, RunFailed) and C.SaveFailed.exit_code == 1
 
 
