@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import re
 import signal
 import sys
 import threading
@@ -31,6 +32,15 @@ its result goes to and the queue whose task it marks done."""
 
 class WriterDied(RuntimeError):
     """A checkpoint writer process died before it reported its result (the message says which and how)."""
+
+    TEXT = re.compile(r"checkpoint writer process \d+ died \([^)]*\) before it wrote its files")
+    """Its message: what ``trainer.checkpoints.save_failure`` finds, also in a failure megatron gathered as text."""
+
+    @classmethod
+    def of(cls, pid: int, how: str) -> "WriterDied":
+        """The failure of writer ``pid`` that ended ``how`` (``signal SIGKILL``, ...). (A classmethod, not an
+        ``__init__``: the exception travels pickled through megatron's results queue, rebuilt from its message.)"""
+        return cls(f"checkpoint writer process {pid} died ({how}) before it wrote its files")
 
 
 def _die_with_parent() -> None:
@@ -105,8 +115,7 @@ def _report_dead_writers(writers: list, stop: threading.Event) -> None:
                     handled.add(id(child))
                 continue
             handled.add(id(child))
-            args["results_queue"].put((args["local_proc_idx"], WriterDied(
-                f"checkpoint writer process {child.pid} died ({describe_exit(code)}) before it wrote its files")))
+            args["results_queue"].put((args["local_proc_idx"], WriterDied.of(child.pid, describe_exit(code))))
             count_queue.task_done()
 
 

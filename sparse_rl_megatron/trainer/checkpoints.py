@@ -162,7 +162,6 @@ def _write_state(out: Path, step: int, trainer_state: dict[str, Any]) -> None:
 
 
 _ERRNO_TEXT = re.compile(r"\[Errno (\d+)\] ([^\n]*)")
-_WRITER_DIED_TEXT = re.compile(r"checkpoint writer process \d+ died \([^)]*\) before it wrote its files")
 
 
 def _behind(err: BaseException):
@@ -191,9 +190,11 @@ def _gathered(e: BaseException) -> bool:
 def save_failure(err: BaseException) -> tuple[int | None, str] | None:
     """Why a save failed, in one line, where the reason is outside the program: a disk error (an ``OSError``
     behind ``err``, or its text where megatron gathered it pickled: ``RuntimeError('Worker failure: [Errno 28] No
-    space left on device')`` keeps only the text) or a writer process that died (``learner.save_children.WriterDied``: killed, e.g. by the OOM killer), with
-    the rank it happened on where megatron gathered it from another rank (else None); None for anything else (a
-    bug: the error itself is raised)."""
+    space left on device')`` keeps only the text) or a writer process that died (``save_children.WriterDied``:
+    killed, e.g. by the OOM killer), with the rank it happened on where megatron gathered it from another rank
+    (else None); None for anything else (a bug: the error itself is raised)."""
+    from sparse_rl_megatron.learner.save_children import WriterDied
+
     for e, rank in _behind(err):
         if isinstance(e, OSError):
             return rank, str(e)
@@ -201,7 +202,7 @@ def save_failure(err: BaseException) -> tuple[int | None, str] | None:
             continue
         if (m := _ERRNO_TEXT.search(str(e))) is not None:
             return rank, str(OSError(int(m.group(1)), m.group(2)))
-        if (m := _WRITER_DIED_TEXT.search(str(e))) is not None:
+        if (m := WriterDied.TEXT.search(str(e))) is not None:
             return rank, m.group(0)
     return None
 
