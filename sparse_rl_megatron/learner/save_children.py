@@ -108,12 +108,15 @@ def _report_dead_writers(writers: list, stop: threading.Event) -> None:
             code = child.exitcode
             if code is None:
                 continue
+            if code == 0:
+                handled.add(id(child))
+                continue
             count_queue = args["count_queue"]
             running = sum(1 for c, a in writers if a["count_queue"] is count_queue and c.exitcode is None)
-            if code == 0 or _unfinished(count_queue) <= running:
-                if code == 0 or running == 0:  # (else: a running writer may yet mark its task: look again)
+            if _unfinished(count_queue) <= running:  # it may have marked its task done before it died
+                if running == 0:  # it did: every task is done
                     handled.add(id(child))
-                continue
+                continue  # else a running writer may yet mark its own: look again at the next poll
             handled.add(id(child))
             args["results_queue"].put((args["local_proc_idx"], WriterDied.of(child.pid, describe_exit(code))))
             count_queue.task_done()

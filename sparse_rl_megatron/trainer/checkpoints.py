@@ -223,8 +223,8 @@ def _agreed(out: Path, write) -> None:
     found = save_failure(error) if error is not None else None
     mine = None if error is None else (D.rank(), found)
     failed = [x for x in D.gather_objects(mine) if x is not None]
-    reasons = [(rank if origin is None else origin, text) for rank, reason in failed if reason is not None
-               for origin, text in [reason]]
+    reasons = [(rank if reason[0] is None else reason[0], reason[1]) for rank, reason in failed
+               if reason is not None]  # (rank it happened on, text)
     if reasons:
         rank, text = reasons[0]
         where = f" on rank {rank}" if D.world_size() > 1 else ""

@@ -26,6 +26,7 @@ import torch
 
 from sparse_rl_megatron.trainer import distributed as D
 from sparse_rl_megatron.trainer.engine_worker import EngineHang, EngineWorker, Handoff
+from sparse_rl_megatron.utils.errors import UserError
 
 if TYPE_CHECKING:
     from sparse_rl_megatron.rollout.engine import SamplingParams
@@ -80,7 +81,6 @@ class EnginePool:
         rank that fails to start its engine fails every rank."""
         from sparse_rl_megatron.trainer.colocated_weights import ColocatedPayloads
         from sparse_rl_megatron.trainer.engines import ENGINES
-        from sparse_rl_megatron.utils.errors import UserError
 
         rank, layout = D.rank(), plan.layout
         pool = cls(layout, cfg.rollout.engine, engine_deadline(cfg.phase_timeout_s),
@@ -174,8 +174,6 @@ class EnginePool:
     def _outcome(self, local: LocalEngine, future, what: str, deadline: float) -> tuple[Any, Exception | None]:
         """``(result, None)`` of a submitted call once it is done, or ``(None, error)``: an ``EngineError`` naming
         the engine when it failed or did not finish by ``deadline``; a ``UserError`` as it is."""
-        from sparse_rl_megatron.utils.errors import UserError
-
         try:
             return local.worker.wait(future, what, deadline), None
         except EngineHang:
@@ -308,8 +306,6 @@ class EnginePool:
 
 def _check_group_ids(engine, name: str, world: int) -> None:
     """An engine that is one of several must take the global group ids (they seed its samples)."""
-    from sparse_rl_megatron.utils.errors import UserError
-
     params = inspect.signature(engine.generate).parameters
     if "group_ids" not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
         raise UserError(f"rollout.engine '{name}': its generate() takes no group_ids, so it can only run as the "
