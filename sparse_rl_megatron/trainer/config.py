@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from sparse_rl_megatron.algo.config import CorrectionConfig
 from sparse_rl_megatron.compression.config import CompressionConfig
@@ -285,6 +285,10 @@ class LaunchConfig:
 @dataclass
 class TrainConfig:
     """One ``sparse-rl train`` run."""
+
+    DERIVED_KEYS: ClassVar[dict[str, str]] = {"launch.layout": "launch.gpus"}
+    """Recipe keys written for one value of another: a recipe run at another size (``launch.gpus=1`` overridden)
+    drops its ``launch.layout`` (the start-up line says what runs) unless that is overridden too."""
 
     run_dir: str = "runs/train"
     """Where config, metrics, plots, checkpoints, eval results and built models go (one run at a time)."""
