@@ -178,7 +178,8 @@ class SyncConfig:
     probe_tokens: int = 32
     """Length of the probe sequence (half prompt, half response), drawn once from the run's seed."""
     probe_tolerance: float | None = None
-    """Largest allowed |log-prob difference| (None: 1e-3 for a float32 engine, 0.1 for 16-bit ones)."""
+    """Largest allowed MEAN |log-prob difference| over the probe's response tokens (None: 1e-3 when the engine and
+    the learner compute in float32, 0.3 when either is 16-bit; derived in ``trainer/weight_sync.py``)."""
 
     def __post_init__(self) -> None:
         if self.bucket_mb < 1:
