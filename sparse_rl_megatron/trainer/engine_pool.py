@@ -309,7 +309,9 @@ class EnginePool:
             if verdict.problem is not None:
                 bad.append(f"{label} does not serve the learner's weights (version {version}): {verdict.problem}")
         if bad:
-            raise WeightSyncError(bad[0] + (f" (and {len(bad) - 1} more engine(s))" if len(bad) > 1 else ""))
+            error = WeightSyncError(bad[0] + (f" (and {len(bad) - 1} more engine(s))" if len(bad) > 1 else ""))
+            error.relayed_from_main = not D.is_main()  # every rank found it; rank 0 prints it
+            raise error
         self.probed = {**dict([previous] if previous else []), version: current}
         return {"sync/probe_mean_abs_diff": max(v.mean_abs_diff for v in verdicts),
                 "sync/probe_max_abs_diff": max(v.max_abs_diff for v in verdicts)}
