@@ -138,3 +138,23 @@ def test_cli_prints_the_verdicts_and_exits_1_on_a_failing_task(capsys):
     assert "task:modchain_weak: FAIL" in out and "early stop: x_10                 1.000" in out
     assert main(["audit", "nosuchtask"]) == 2
     assert "unknown task 'nosuchtask'" in capsys.readouterr().err
+
+
+def test_shortcut_free_accuracy_from_an_evaluation_section():
+    from sparse_rl_megatron.eval.subsets import shortcut_free_metrics
+
+    held = get_task("modchain_weak").records("heldout", limit=16)
+    ds = Dataset(name="x", path="x", records=held)
+    # a policy that boxes x0: right exactly where the answer is the start, so 0 on the shortcut-free records
+    section = {"problems": [{"correct": int(r.answer == str(r.extra["x0"])), "samples": [{}]} for r in held]}
+    free = [r for r in held if r.extra["shortcut_free"]]
+    m = shortcut_free_metrics("eval/dense/x", ds, section)
+    assert m == {"eval/dense/x/shortcut_free_accuracy": 0.0, "eval/dense/x/shortcut_free_problems": len(free)}
+    assert sum(p["correct"] for p in section["problems"]) > 0  # while the overall accuracy is not 0
+    # two samples each, one right on every flagged record: mean share 0.5
+    section = {"problems": [{"correct": 1, "samples": [{}, {}]} for _ in held]}
+    assert shortcut_free_metrics("p", ds, section)["p/shortcut_free_accuracy"] == 0.5
+    plain = Dataset(name="y", path="y", records=[MathRecord(prompt="q", answer="1", source_id="s", dataset="y")])
+    assert shortcut_free_metrics("p", plain, {"problems": [{"correct": 1, "samples": [{}]}]}) == {}
+    with pytest.raises(ValueError, match="3 evaluated problems for 16 records"):
+        shortcut_free_metrics("p", ds, {"problems": section["problems"][:3]})
