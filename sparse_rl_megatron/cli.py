@@ -14,6 +14,8 @@ from sparse_rl_megatron.utils.errors import UsageError, UserError
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "audit": ("sparse_rl_megatron.tasks.audit_cli", "shortcut audit of built-in tasks: trivial policies' accuracy "
+                                                   "vs chance, PASS / FAIL"),
     "convert": ("sparse_rl_megatron.convert_cli", "convert checkpoints HF <-> Megatron (torch_dist)"),
     "eval": ("sparse_rl_megatron.eval.cli", "evaluate a model on math benchmarks, dense or compressed-KV"),
     "experiment": ("sparse_rl_megatron.experiment.cli", "the paper's claims as arms of training runs (dense, naive sparse, "

@@ -2,6 +2,10 @@
 
 A task with a weaker teacher on one class (``tasks/modchain_teacher.py``) needs that class's accuracy (what RL
 learns) apart from the other's (what it damages); a data set without ``subset`` fields gives no metrics.
+
+Shortcut-free accuracy: the accuracy on the records whose answer cannot be copied from the prompt (a task marks
+them ``MathRecord.extra["shortcut_free"]``; ``tasks/audit.py``), so a policy that boxes a prompt value scores 0
+there. On ``modchain_weak`` the overall accuracy rose under RL while this one fell (docs/embedded-default.md).
 """
 from __future__ import annotations
 
@@ -11,6 +15,8 @@ from sparse_rl_megatron.data.loader import Dataset
 
 SUBSET_KEY = "subset"
 """The ``MathRecord.extra`` field naming a record's class."""
+SHORTCUT_FREE_KEY = "shortcut_free"
+"""The ``MathRecord.extra`` flag of a record whose answer is none of the values named in its prompt."""
 
 
 def subset_metrics(prefix: str, dataset: Dataset, section: dict[str, Any]) -> dict[str, float]:
@@ -33,3 +39,16 @@ def subset_metrics(prefix: str, dataset: Dataset, section: dict[str, Any]) -> di
         out[f"{key}/response_len"] = sum(s["response_tokens"] for s in samples) / len(samples)
         out[f"{key}/problems"] = float(len(group))
     return out
+
+
+def shortcut_free_metrics(prefix: str, dataset: Dataset, section: dict[str, Any]) -> dict[str, float]:
+    """``<prefix>/shortcut_free_accuracy`` (mean over the flagged problems of the share of correct samples) and
+    ``<prefix>/shortcut_free_problems``; empty when no record of ``dataset`` carries the flag."""
+    problems = section["problems"]
+    if len(problems) != len(dataset):
+        raise ValueError(f"{prefix}: {len(problems)} evaluated problems for {len(dataset)} records")
+    if not any(SHORTCUT_FREE_KEY in r.extra for r in dataset):
+        return {}
+    free = [p for r, p in zip(dataset, problems) if r.extra.get(SHORTCUT_FREE_KEY)]
+    acc = sum(p["correct"] / len(p["samples"]) for p in free) / len(free) if free else float("nan")
+    return {f"{prefix}/shortcut_free_accuracy": acc, f"{prefix}/shortcut_free_problems": float(len(free))}

@@ -14,7 +14,8 @@ from sparse_rl_megatron.observability.metrics_writer import read_metrics
 # correction's effect, and optimisation health. A key missing from the run is left out of the figure.
 DEFAULT_PANELS: dict[str, Sequence[str]] = {
     "train reward": ("rollout/reward_mean",),
-    "held-out accuracy": ("eval/dense/accuracy", "eval/sparse/accuracy"),
+    "held-out accuracy": ("eval/dense/accuracy", "eval/sparse/accuracy", "eval/dense/shortcut_free_accuracy",
+                          "eval/sparse/shortcut_free_accuracy"),
     "rejection rate": ("sparse/rejected_seq_frac", "sparse/rejected_token_frac"),
     "clip ratio": ("loss/clip_frac",),
     "rho tail": ("sparse/rho_p1", "sparse/rho_p5", "sparse/rho_min"),

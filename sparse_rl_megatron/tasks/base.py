@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sparse_rl_megatron.data.loader import Dataset
+from sparse_rl_megatron.data.record import MathRecord
 
 SPLITS = ("train", "heldout")
 
@@ -44,3 +45,9 @@ class Task(ABC):
                    **options: Any) -> dict[str, float]:
         """Supervised training of ``model_dir`` on worked solutions of train problems; writes the trained HF
         model directory to ``out_dir`` and returns its metrics (loss, steps, seconds, held-out accuracy)."""
+
+    def trivial_answers(self, record: MathRecord) -> dict[str, str | None]:
+        """``{policy name: answer}`` of the trivial policies this task makes tempting, for one record (values read
+        off the prompt, a chain's start...; None: no answer). The shortcut audit (``tasks/audit.py``) adds the
+        constant answers and the most common one; a task without tempting functions returns ``{}``."""
+        return {}

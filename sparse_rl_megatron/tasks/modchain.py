@@ -1,11 +1,13 @@
 """``modchain``: a multi-step task on which Sparse-RL GRPO learns in minutes on a CPU (the embedded default).
 
-Iterate ``x <- (a x + b) mod 10`` from ``x0`` for N steps (``modchain_problems.py``: formats and split). The
+Iterate ``x <- (a x + b) mod M`` from ``x0`` for N steps (``modchain_problems.py``: formats and split). The
 parameters are tags among distractors in a short prompt, and the chain of thought (2N + 1 words + EOS) is
 several times longer than a small KV budget, so a compressed cache must keep the few prompt tags that every
 step needs while it evicts the rest. The model is a tiny standard HF Qwen2 with a word-level tokenizer built
 in code; the warm start is a short supervised stage on worked solutions (``sft.py``).
-See docs/embedded-default.md for the recommended settings and measured curves.
+See docs/embedded-default.md for the recommended settings and measured curves. ``trivial_answers`` gives the
+shortcut audit (``tasks/audit.py``) its policies; records carry ``extra["shortcut_free"]``: the answer is none of
+the values named in the prompt (evaluation reports the accuracy on those records apart).
 """
 from __future__ import annotations
 
@@ -20,7 +22,9 @@ import torch
 from sparse_rl_megatron.data.loader import Dataset
 from sparse_rl_megatron.data.record import MathRecord
 from sparse_rl_megatron.tasks.base import SPLITS, Task
-from sparse_rl_megatron.tasks.modchain_problems import ANSWER_TOKENS, MODULUS, answer_text, make_problem, split_keys, vocabulary
+from sparse_rl_megatron.tasks.modchain_problems import (
+    DISTRACTOR_LETTERS, ChainFamily, answer_text, answer_tokens, make_problem, parse_prompt, split_keys, vocabulary,
+)
 from sparse_rl_megatron.tasks.modchain_teacher import EarlyStopTeacher
 from sparse_rl_megatron.tasks.sft import SFTConfig, check_output_free, save_model_dir, supervised_finetune
 from sparse_rl_megatron.tasks.word_tokenizer import build_word_tokenizer
@@ -58,8 +62,10 @@ class ModChainSpec:
     """N: chain length; the response is 2N + 1 words plus EOS."""
     distractors: int = 4
     """Distractor tags in the prompt (the prompt is 5 + distractors tokens)."""
+    family: ChainFamily = field(default_factory=ChainFamily)
+    """Which ``(x0, a, b)`` triples exist (default: the 400 mod-10 chains)."""
     heldout_size: int = 100
-    """``(x0, a, b)`` triples held out (of 400); the other triples are the training problems."""
+    """``(x0, a, b)`` triples held out (of the family's); the other triples are the training problems."""
     heldout_variants: int = 4
     """Held-out records per held-out triple (different distractors and tag orders): 400 problems, so a
     greedy accuracy has a standard error of about 2.5 points."""
@@ -75,16 +81,16 @@ class ModChainSpec:
         for name in ("steps", "heldout_variants", "train_variants"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ModChainSpec.{name} must be >= 1, got {getattr(self, name)}")
-        split_keys(self.heldout_size)  # validates heldout_size
+        split_keys(self.heldout_size, self.family)  # validates heldout_size
         make_problem((0, 1, 0), self.distractors, random.Random(0))  # validates distractors
         if self.teacher is not None:
-            self.teacher.check_early_answers_wrong(self.steps)
+            self.teacher.check_early_answers_wrong(self.steps, [self.family.problem(k) for k in self.family.keys()])
 
 
 class ModChainTask(Task):
     """``task:modchain`` (see module docstring)."""
 
-    description = "x <- (a*x + b) mod 10 for N steps from tags in the prompt; answer \\boxed{x_N}"
+    description = "x <- (a*x + b) mod M for N steps from tags in the prompt; answer \\boxed{x_N}"
     template = "raw"
     reward = "exact"
 
@@ -101,7 +107,7 @@ class ModChainTask(Task):
     @property
     def response_tokens(self) -> int:
         """Tokens of a correct response, EOS included (the least ``max_new_tokens`` that lets it finish)."""
-        return 2 * self.spec.steps + ANSWER_TOKENS + 1
+        return 2 * self.spec.steps + answer_tokens(self.spec.family.modulus) + 1
 
     def records(self, split: str, limit: int | None = None, seed: int = 0) -> Dataset:
         """Held-out: every held-out triple ``heldout_variants`` times, in a fixed order; train: every training
@@ -109,18 +115,22 @@ class ModChainTask(Task):
         if split not in SPLITS:
             raise ValueError(f"{self.name} split must be one of {', '.join(SPLITS)}, got '{split}'")
         spec = self.spec
-        keys = split_keys(spec.heldout_size)[split]
+        keys = split_keys(spec.heldout_size, spec.family)[split]
         variants = spec.heldout_variants if split == "heldout" else spec.train_variants
         rng = random.Random(f"{self.name}/{split}/{seed}")
-        rows = [(v, key, make_problem(key, spec.distractors, rng)) for v in range(variants) for key in keys]
+        modulus = spec.family.modulus
+        rows = [(v, key, make_problem(key, spec.distractors, rng, modulus)) for v in range(variants) for key in keys]
         if split == "train":
             rng.shuffle(rows)
-        records = [
-            MathRecord(prompt=p.prompt(), answer=p.answer(spec.steps), source_id=f"{split}-{x0}{a}{b}-v{v}",
-                       dataset=self.name, answer_style="boxed",
-                       extra={"solution": p.solution(spec.steps), "x0": x0, "a": a, "b": b})
-            for v, (x0, a, b), p in rows[:limit]
-        ]
+        sep = "" if modulus <= 10 else "_"  # mod 10 keeps its ids (train-123-v0); else train-12_3_4-v0
+        records = []
+        for v, (x0, a, b), p in rows[:limit]:
+            answer = p.answer(spec.steps)
+            free = all(str(value) != answer for _, value in parse_prompt(p.prompt()))
+            records.append(MathRecord(
+                prompt=p.prompt(), answer=answer, source_id=f"{split}-{x0}{sep}{a}{sep}{b}-v{v}", dataset=self.name,
+                answer_style="boxed",
+                extra={"solution": p.solution(spec.steps), "x0": x0, "a": a, "b": b, "shortcut_free": free}))
         if spec.teacher is not None:  # the demonstrations: one draw per record, in record order
             teacher_rng = random.Random(f"{self.name}/teacher/{split}/{seed}")
             for r, (_, key, p) in zip(records, rows):
@@ -131,7 +141,26 @@ class ModChainTask(Task):
     # -------------------------------------------------------------------------------------------- model
     def tokenizer(self):
         """The word-level tokenizer of this variant's vocabulary."""
-        return build_word_tokenizer(vocabulary(self.spec.steps), [" " + answer_text(d) for d in range(MODULUS)])
+        modulus = self.spec.family.modulus
+        return build_word_tokenizer(vocabulary(self.spec.steps, modulus), [" " + answer_text(d) for d in range(modulus)])
+
+    # ------------------------------------------------------------------------------------------ shortcuts
+    def trivial_answers(self, record: MathRecord) -> dict[str, str | None]:
+        """The answers of the trivial policies this task makes tempting (``tasks/audit.py``), named ``group: policy``:
+        each value read off the prompt (the start x0, each tag by letter and by position), and stopping the chain
+        after step k for every 0 < k < N. None: no answer for this prompt (the tag's letter is absent)."""
+        tags = parse_prompt(record.prompt)
+        by_letter = dict(tags)
+        out: dict[str, str | None] = {}
+        problem = self.spec.family.problem((record.extra["x0"], record.extra["a"], record.extra["b"]))
+        out["prompt: the start x0"] = str(problem.x0)
+        for letter in ("a", "b", *DISTRACTOR_LETTERS):
+            out[f"prompt: tag {letter}"] = str(by_letter[letter]) if letter in by_letter else None
+        for i, (_, value) in enumerate(tags):
+            out[f"prompt: tag #{i + 1}"] = str(value)
+        for k, x in enumerate(problem.states(self.spec.steps - 1), start=1):
+            out[f"early stop: x_{k}"] = str(x)
+        return out
 
     def build_model(self, out_dir: str | os.PathLike, *, seed: int = 0) -> Path:
         from transformers import AutoModelForCausalLM

@@ -1,4 +1,4 @@
-"""Problems of the ``modchain`` task: iterate ``x <- (a * x + b) mod 10`` from ``x0`` for N steps.
+"""Problems of the ``modchain`` task: iterate ``x <- (a * x + b) mod M`` from ``x0`` for N steps (M = 10 by default).
 
 Text formats: words separated by single spaces, each word one token (``word_tokenizer.py``; under Qwen2's
 pre-tokenizer a token cannot mix letters and digits, so numbers inside words are spelt out):
@@ -8,13 +8,21 @@ pre-tokenizer a token cannot mix letters and digits, so numbers inside words are
   A tag is one token (letter and digit merged), so the parameters are a few salient prompt tokens that any
   step can attend to by content.
 - worked solution (chain of thought, then the final answer): ``sOne <x1> sTwo <x2> ... sThirty <xN> \\boxed{xN}``
-  with the states as digit words (``seven``) and the answer in digits: ``sOne three sTwo six ... \\boxed{4}``.
-  A response is 2N words plus the answer's 5 tokens (``\\``, ``boxed``, ``{``, digit, ``}``) plus EOS.
+  with the states as number words (``seven``, ``twentythree``) and the answer in digits:
+  ``sOne three sTwo six ... \\boxed{4}``. A response is 2N words plus the answer's tokens (``\\``, ``boxed``,
+  ``{``, one token per digit, ``}``) plus EOS.
 
 Every step needs the previous state (local) and ``a``, ``b`` from the prompt, and errors compound over the
-N steps. The answer depends only on ``(x0, a, b)``: 10 x 4 x 10 = 400 problems. The split is made on these
-triples with a fixed seed (``SPLIT_SEED``), independent of any run seed, so train and held-out problems can
-never be the same problem, whatever the distractors.
+N steps. The answer depends only on ``(x0, a, b)``; a ``ChainFamily`` says which triples exist (by default
+10 x 4 x 10 = 400 problems, mod 10). The split is made on these triples with a fixed seed (``SPLIT_SEED``),
+independent of any run seed, so train and held-out problems can never be the same problem, whatever the
+distractors.
+
+The mod-10 family has a shortcut (``tasks/audit.py``, docs/embedded-default.md): every period of its maps
+divides 20, so with N = 30 the answer x_30 is x_10, and it equals the start x0 on 62% of the problems. The
+shortcut-free families use a prime modulus whose multipliers are primitive roots (every orbit but the fixed
+point has period M - 1 > N) or mod 100 with multipliers 1 mod 20 and unit offsets (periods 50 or 100), and skip
+the fixed-point starts, so no start and no early state equals the answer.
 """
 from __future__ import annotations
 
@@ -22,6 +30,7 @@ import random
 from dataclasses import dataclass
 
 MODULUS = 10
+"""The default family's modulus."""
 MULTIPLIERS = (1, 3, 7, 9)
 """Units mod 10: the map is a bijection, so chains never collapse to a fixed point."""
 DISTRACTOR_LETTERS = "cdefghkmnpr"
@@ -37,8 +46,17 @@ _TEENS = ("ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen
           "nineteen")
 _TENS = ("", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
 MAX_STEPS = 99
+MAX_MODULUS = 100
+"""States and tag values are spelt with ``number_word`` (0..99)."""
 ANSWER_TOKENS = 5
-"""``\\boxed{d}`` is 5 tokens: ``\\``, ``boxed``, ``{``, the digit, ``}``."""
+"""``\\boxed{d}`` is 5 tokens: ``\\``, ``boxed``, ``{``, the digit, ``}`` (one more per extra digit)."""
+
+Key = tuple[int, int, int]
+
+
+def answer_tokens(modulus: int) -> int:
+    """Tokens of the longest answer ``\\boxed{M-1}`` (digits are one token each under Qwen2's pre-tokenizer)."""
+    return ANSWER_TOKENS - 1 + len(str(modulus - 1))
 
 
 def number_word(k: int) -> str:
@@ -53,8 +71,8 @@ def number_word(k: int) -> str:
 
 
 def digit_word(d: int) -> str:
-    """A chain state: ``seven``."""
-    return DIGIT_WORDS[d]
+    """A chain state: ``seven``, ``twentythree`` (for d < 10 the words of ``DIGIT_WORDS``)."""
+    return number_word(d).lower()
 
 
 def step_word(k: int) -> str:
@@ -71,9 +89,20 @@ def answer_text(d: int) -> str:
     return f"\\boxed{{{d}}}"
 
 
+_NUMBER_WORDS = {number_word(k): k for k in range(MAX_STEPS + 1)}
+
+
+def parse_prompt(prompt: str) -> list[tuple[str, int]]:
+    """``(letter, value)`` of each tag of a prompt, in prompt order: ``Q aSeven xThree :`` -> a 7, x 3."""
+    words = prompt.split()
+    if len(words) < 2 or words[0] != PROMPT_START or words[-1] != PROMPT_END:
+        raise ValueError(f"not a modchain prompt: {prompt!r}")
+    return [(w[0], _NUMBER_WORDS[w[1:]]) for w in words[1:-1]]
+
+
 @dataclass(frozen=True)
 class Problem:
-    """One chain: start ``x0``, map ``x <- (a x + b) mod 10``, and its distractor tags."""
+    """One chain: start ``x0``, map ``x <- (a x + b) mod modulus``, and its distractor tags."""
 
     x0: int
     a: int
@@ -82,6 +111,8 @@ class Problem:
     """``(letter, digit)`` of each distractor tag."""
     order: tuple[int, ...] = ()
     """Position of each tag in the prompt: index into ``(x, a, b, *distractors)``; empty = that order."""
+    modulus: int = MODULUS
+    """M of ``x <- (a x + b) mod M``."""
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -92,7 +123,7 @@ class Problem:
         """``[x1, ..., xN]``."""
         out, x = [], self.x0
         for _ in range(steps):
-            x = (self.a * x + self.b) % MODULUS
+            x = (self.a * x + self.b) % self.modulus
             out.append(x)
         return out
 
@@ -111,34 +142,75 @@ class Problem:
         return str(self.states(steps)[-1])
 
 
-def all_keys() -> list[tuple[int, int, int]]:
-    return [(x0, a, b) for x0 in range(MODULUS) for a in MULTIPLIERS for b in range(MODULUS)]
+@dataclass(frozen=True)
+class ChainFamily:
+    """Which ``(x0, a, b)`` triples a variant's problems are: x0 in 0..M-1, a in ``multipliers``, b in ``offsets``."""
+
+    modulus: int = MODULUS
+    """M (2..100)."""
+    multipliers: tuple[int, ...] = MULTIPLIERS
+    """The values of a (units mod M, so the map is a bijection)."""
+    offsets: tuple[int, ...] | None = None
+    """The values of b; None: every residue."""
+    skip_fixed_points: bool = False
+    """Leave out the starts with a x0 + b = x0 (mod M): their chains are constant, so x0 is the answer."""
+
+    def __post_init__(self) -> None:
+        from math import gcd
+
+        if not 2 <= self.modulus <= MAX_MODULUS:
+            raise ValueError(f"ChainFamily.modulus must be in [2, {MAX_MODULUS}], got {self.modulus}")
+        bad = [a for a in self.multipliers if not 0 < a < self.modulus or gcd(a, self.modulus) != 1]
+        if bad or not self.multipliers:
+            raise ValueError(f"ChainFamily.multipliers must be units mod {self.modulus}, got {self.multipliers}")
+        if self.offsets is not None and (not self.offsets or any(not 0 <= b < self.modulus for b in self.offsets)):
+            raise ValueError(f"ChainFamily.offsets must be residues mod {self.modulus}, got {self.offsets}")
+
+    def keys(self) -> list[Key]:
+        """Every triple of the family, sorted."""
+        m = self.modulus
+        offsets = range(m) if self.offsets is None else self.offsets
+        return [(x0, a, b) for x0 in range(m) for a in self.multipliers for b in offsets
+                if not (self.skip_fixed_points and (a * x0 + b) % m == x0)]
+
+    def problem(self, key: Key) -> Problem:
+        """The chain of ``key`` (no distractors)."""
+        return Problem(*key, modulus=self.modulus)
 
 
-def split_keys(heldout_size: int) -> dict[str, list[tuple[int, int, int]]]:
-    """The fixed split of the 400 ``(x0, a, b)`` triples: ``heldout_size`` held out, the rest for training."""
-    keys = all_keys()
+DEFAULT_FAMILY = ChainFamily()
+"""Mod 10, a in {1, 3, 7, 9}, every b: the 400 problems of ``modchain`` and ``modchain_weak``."""
+
+
+def all_keys(family: ChainFamily = DEFAULT_FAMILY) -> list[Key]:
+    return family.keys()
+
+
+def split_keys(heldout_size: int, family: ChainFamily = DEFAULT_FAMILY) -> dict[str, list[Key]]:
+    """The fixed split of the family's ``(x0, a, b)`` triples: ``heldout_size`` held out, the rest for training."""
+    keys = family.keys()
     if not 0 < heldout_size < len(keys):
         raise ValueError(f"modchain heldout_size must be in [1, {len(keys) - 1}], got {heldout_size}")
     random.Random(SPLIT_SEED).shuffle(keys)
     return {"heldout": sorted(keys[:heldout_size]), "train": sorted(keys[heldout_size:])}
 
 
-def make_problem(key: tuple[int, int, int], distractors: int, rng: random.Random) -> Problem:
+def make_problem(key: Key, distractors: int, rng: random.Random, modulus: int = MODULUS) -> Problem:
     """``key`` with ``distractors`` distractor tags (distinct letters) and a random tag order drawn from ``rng``."""
     if not 0 <= distractors <= len(DISTRACTOR_LETTERS):
         raise ValueError(f"modchain distractors must be in [0, {len(DISTRACTOR_LETTERS)}], got {distractors}")
     letters = rng.sample(DISTRACTOR_LETTERS, distractors)
-    extra = tuple((letter, rng.randrange(MODULUS)) for letter in letters)
+    extra = tuple((letter, rng.randrange(modulus)) for letter in letters)
     order = list(range(len(PARAM_LETTERS) + distractors))
     rng.shuffle(order)
-    return Problem(*key, distractors=extra, order=tuple(order))
+    return Problem(*key, distractors=extra, order=tuple(order), modulus=modulus)
 
 
-def vocabulary(steps: int) -> list[str]:
-    """Every word (one token each) a prompt or a solution of an N-step chain contains, in a fixed order; the
-    answers ``\\boxed{d}`` are several tokens (``answer_text``)."""
+def vocabulary(steps: int, modulus: int = MODULUS) -> list[str]:
+    """Every word (one token each) a prompt or a solution of an N-step chain mod ``modulus`` contains, in a fixed
+    order; the answers ``\\boxed{d}`` are several tokens (``answer_text``)."""
     if not 1 <= steps <= MAX_STEPS:
         raise ValueError(f"modchain steps must be in [1, {MAX_STEPS}], got {steps}")
-    tags = [tag_word(letter, d) for letter in (*PARAM_LETTERS, *DISTRACTOR_LETTERS) for d in range(MODULUS)]
-    return [PROMPT_START, PROMPT_END, *DIGIT_WORDS, *tags, *(step_word(k) for k in range(1, steps + 1))]
+    states = [digit_word(d) for d in range(modulus)]
+    tags = [tag_word(letter, d) for letter in (*PARAM_LETTERS, *DISTRACTOR_LETTERS) for d in range(modulus)]
+    return [PROMPT_START, PROMPT_END, *states, *tags, *(step_word(k) for k in range(1, steps + 1))]

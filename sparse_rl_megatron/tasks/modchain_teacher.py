@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 from sparse_rl_megatron.tasks.modchain_problems import Problem, all_keys, answer_text, digit_word, step_word
 from sparse_rl_megatron.utils.registry import Registry
@@ -65,12 +65,14 @@ class EarlyStopTeacher:
         """``self.subset`` or ``OTHER`` (``rest``)."""
         return self.subset if self.in_class(problem, steps) else OTHER
 
-    def check_early_answers_wrong(self, steps: int) -> None:
+    def check_early_answers_wrong(self, steps: int, problems: Sequence[Problem] | None = None) -> None:
         """Raise ``ValueError`` unless ``stop_step < steps`` and every problem of the class has x_stop != x_N (an
-        early answer that happened to be right would teach nothing wrong)."""
+        early answer that happened to be right would teach nothing wrong). ``problems``: the variant's problems
+        (default: the 400 mod-10 chains)."""
         if not self.stop_step < steps:
             raise ValueError(f"EarlyStopTeacher.stop_step={self.stop_step} must be below the chain length {steps}")
-        problems = [Problem(*k) for k in all_keys()]
+        if problems is None:
+            problems = [Problem(*k) for k in all_keys()]
         right = [p.key for p in problems if self.in_class(p, steps)
                  and p.states(steps)[self.stop_step - 1] == p.states(steps)[-1]]
         if right:

@@ -106,9 +106,13 @@ def _finish(cfg: TrainConfig, run: Run) -> None:
         run.say(f"metrics: {run.writer.path}  plot: {plot}  checkpoints: {run.run_dir / 'checkpoints'}")
     from sparse_rl_megatron.observability.metrics_writer import read_metrics
 
+    records = read_metrics(run.writer.path)
     for mode in ("dense", "sparse"):
-        key = f"eval/{mode}/accuracy"
-        evals = [(r["step"], r[key]) for r in read_metrics(run.writer.path) if r.get(key) is not None]
+        key, free = f"eval/{mode}/accuracy", f"eval/{mode}/shortcut_free_accuracy"
+        evals = [r for r in records if r.get(key) is not None]
         if len(evals) >= 2:
-            (first, before), (last, after) = evals[0], evals[-1]
-            run.say(f"held-out accuracy ({mode}): step {first} {before:.3f} -> step {last} {after:.3f}")
+            first, last = evals[0], evals[-1]
+            line = f"held-out accuracy ({mode}): step {first['step']} {first[key]:.3f} -> step {last['step']} {last[key]:.3f}"
+            if first.get(free) is not None and last.get(free) is not None:  # answers not copyable from the prompt
+                line += f"; shortcut-free {first[free]:.3f} -> {last[free]:.3f}"
+            run.say(line)

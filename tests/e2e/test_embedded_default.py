@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 FAST = ["steps=2", "warm_start.steps=20", "warm_start.eval_problems=0", "rollout.prompts_per_step=4",
         "rollout.samples_per_prompt=4", "global_batch_size=8", "eval.limit=16", "eval.every=1",
         "learner.optim.lr_warmup_steps=0"]  # so the recipe's decay is seen whole in 4 optimizer steps
+FREE_OF_16 = 2
+"""Of the first 16 held-out records of modchain_weak (seed 0), those whose answer no prompt value equals."""
 
 
 def test_the_embedded_default_runs_from_nothing_and_writes_its_outputs(tmp_path):
@@ -44,9 +46,9 @@ def test_the_embedded_default_runs_from_nothing_and_writes_its_outputs(tmp_path)
     assert warm["sft/steps"] == 20 and warm["sft/loss_last"] < warm["sft/loss_first"]
     # progress, the plot and the before/after held-out accuracy, dense and sparse
     assert "sparse-rl train:" in out.stdout and "KV rkv B=16" in out.stdout and "step 2/2" in out.stdout
-    for mode in ("dense", "sparse"):
-        assert re.search(rf"^held-out accuracy \({mode}\): step 0 \d\.\d{{3}} -> step 2 \d\.\d{{3}}$", out.stdout,
-                         re.MULTILINE), out.stdout[-3000:]
+    for mode in ("dense", "sparse"):  # the accuracy on the answers not copyable from the prompt next to it
+        assert re.search(rf"^held-out accuracy \({mode}\): step 0 \d\.\d{{3}} -> step 2 \d\.\d{{3}}; "
+                         rf"shortcut-free \d\.\d{{3}} -> \d\.\d{{3}}$", out.stdout, re.MULTILINE), out.stdout[-3000:]
     assert (run_dir / "metrics.png").read_bytes()[:4] == b"\x89PNG"
     # metrics: an evaluation at every step (dense and sparse, 16 held-out problems), rewards, the correction's rho
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -59,6 +61,9 @@ def test_the_embedded_default_runs_from_nothing_and_writes_its_outputs(tmp_path)
             sizes = [r[f"eval/{mode}/modchain_weak/subset_{c}/problems"] for c in ("odd_x_stop", "rest")]
             assert sum(sizes) == 16 and all(0.0 <= r[f"eval/{mode}/modchain_weak/subset_{c}/accuracy"] <= 1.0
                                             for c in ("odd_x_stop", "rest"))
+            # the records whose answer is none of the prompt's values (2 of these 16)
+            assert r[f"eval/{mode}/modchain_weak/shortcut_free_problems"] == FREE_OF_16
+            assert r[f"eval/{mode}/shortcut_free_accuracy"] == r[f"eval/{mode}/modchain_weak/shortcut_free_accuracy"]
     for r in records[1:]:
         assert math.isfinite(r["loss/pg"]) and r["train/optimizer_steps"] == 2
         assert r["rollout/compression_events_mean"] > 0 and 0.0 <= r["rollout/reward_mean"] <= 1.0

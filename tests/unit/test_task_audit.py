@@ -1,0 +1,160 @@
+"""The shortcut audit (tasks/audit.py): the mod-10 tasks fail it, the shortcut-free variants pass it."""
+import math
+
+import pytest
+
+from sparse_rl_megatron.data.loader import Dataset
+from sparse_rl_megatron.data.record import MathRecord
+from sparse_rl_megatron.tasks import TASKS, get_task
+from sparse_rl_megatron.tasks.audit import MARGIN, SE_FACTOR, audit_task
+from sparse_rl_megatron.tasks.base import Task
+from sparse_rl_megatron.tasks.modchain_problems import ChainFamily, Problem, parse_prompt
+
+KNOWN_SHORTCUTS = {"modchain", "modchain_weak"}
+"""Tasks kept for history although they fail the audit (docs/embedded-default.md, "The shortcut")."""
+SHORTCUT_FREE = ("modchain31_weak", "modchain100_weak")
+
+
+@pytest.fixture(scope="module")
+def audits():
+    return {name: audit_task(get_task(name)) for name in TASKS.names()}
+
+
+def score(audit, name, split):
+    return next(s.accuracy[split] for s in audit.scores if s.name == name)
+
+
+def test_the_mod10_tasks_fail_on_the_start_and_on_an_early_stop(audits):
+    for name in KNOWN_SHORTCUTS:
+        a = audits[name]
+        assert not a.passed and a.chance == 0.1
+        # every period of x <- a x + b mod 10 (a a unit) divides 20, so x_30 = x_10 on every problem
+        assert score(a, "early stop: x_10", "heldout") == score(a, "early stop: x_10", "train") == 1.0
+    # the figure of issue 26: boxing x0 is right on 248 of the 400 held-out records, 59% of the training ones
+    weak = audits["modchain_weak"]
+    assert score(weak, "prompt: the start x0", "heldout") == 248 / 400
+    assert abs(score(weak, "prompt: the start x0", "train") - 0.59) < 0.005
+
+
+@pytest.mark.parametrize("name", SHORTCUT_FREE)
+def test_the_shortcut_free_variants_pass(audits, name):
+    a = audits[name]
+    assert a.passed, "\n".join(a.lines())
+    for split in ("train", "heldout"):
+        # no early state is the answer: every orbit has period > N and the fixed-point starts are left out
+        assert max(s.accuracy[split] for s in a.scores if s.name.startswith("early stop")) == 0.0
+        assert score(a, "prompt: the start x0", split) == 0.0
+    assert a.records["heldout"] == 400 and math.sqrt(0.25 / 400) <= 0.025  # worst-case binomial SE <= 2.5 points
+
+
+def test_every_registered_task_is_audited_and_only_the_known_ones_fail(audits):
+    # a new task with a shortcut, or a shortcut brought back into a variant, fails here
+    assert {name for name, a in audits.items() if not a.passed} == KNOWN_SHORTCUTS
+
+
+class _Planted(Task):
+    """Answers that a trivial policy gets: ``copy`` the first prompt value, or a ``skew``ed answer distribution."""
+
+    name = "planted"
+
+    def __init__(self, mode: str):
+        self.mode = mode
+
+    def records(self, split, limit=None, seed=0):
+        rows = []
+        for i in range(400):
+            x, y = i % 10, (i * 7 + 3) % 10
+            answer = {"copy": x, "skew": 0 if i % 3 == 0 else (i * 3) % 10, "fair": (x + y + i // 10) % 10}[self.mode]
+            rows.append(MathRecord(prompt=f"{x} {y}", answer=str(answer), source_id=f"{split}-{i}", dataset=self.name))
+        return Dataset(name=self.name, path=f"planted/{split}", records=rows[:limit])
+
+    def trivial_answers(self, record):
+        return {"prompt: first": record.prompt.split()[0], "prompt: second": record.prompt.split()[1]}
+
+    def build_model(self, out_dir, *, seed=0):
+        raise NotImplementedError
+
+    def warm_start(self, model_dir, out_dir, *, seed=0, **options):
+        raise NotImplementedError
+
+
+def test_planted_shortcuts_are_caught_and_a_fair_task_passes():
+    copy = audit_task(_Planted("copy"))
+    assert not copy.passed and copy.best("heldout").name == "prompt: first"
+    skew = audit_task(_Planted("skew"))  # answer 0 on a third of the records and more: a constant finds it
+    assert not skew.passed and skew.best("heldout").name.startswith("constant:")
+    fair = audit_task(_Planted("fair"))
+    assert fair.passed, "\n".join(fair.lines())
+    # the limit: chance + max(5 points, 4 binomial standard errors of a chance-level policy)
+    n = fair.records["heldout"]
+    assert fair.limit("heldout") == pytest.approx(0.1 + max(MARGIN, SE_FACTOR * math.sqrt(0.1 * 0.9 / n)))
+
+
+@pytest.mark.parametrize("name", ("modchain_weak", *SHORTCUT_FREE))
+def test_records_flag_the_answers_named_in_the_prompt(name):
+    task = get_task(name)
+    held = task.records("heldout")
+    for r in held:
+        assert r.extra["shortcut_free"] == all(str(v) != r.answer for _, v in parse_prompt(r.prompt))
+    if name == "modchain_weak":  # issue 26: 83 held-out records whose answer is none of the prompt's values
+        assert sum(r.extra["shortcut_free"] for r in held) == 83
+
+
+@pytest.mark.parametrize("name", SHORTCUT_FREE)
+def test_shortcut_free_variants_tokenize_and_bound_their_responses(name):
+    task = get_task(name)
+    tok = task.tokenizer()
+    lengths = []
+    for r in task.records("heldout", limit=50):
+        assert len(tok(r.prompt, add_special_tokens=False)["input_ids"]) == task.prompt_tokens
+        ids = tok(f"{r.prompt} {r.extra['solution']}", add_special_tokens=False)["input_ids"]
+        assert tok.decode(ids) == f"{r.prompt} {r.extra['solution']}"
+        lengths.append(len(ids) - task.prompt_tokens + 1)  # + EOS
+    assert max(lengths) <= task.response_tokens
+    assert 2 * task.spec.steps + 6 in lengths  # a two-digit answer: \boxed { d d } after 2N words, then EOS
+
+
+def test_chain_family_validation_and_mod31_format():
+    p = Problem(4, 3, 20, modulus=31)
+    assert p.states(3) == [1, 23, 27]
+    assert p.solution(2) == "sOne one sTwo twentythree \\boxed{23}"
+    assert parse_prompt(p.prompt()) == [("x", 4), ("a", 3), ("b", 20)]
+    family = ChainFamily(modulus=31, multipliers=(3,), skip_fixed_points=True)
+    assert len(family.keys()) == 30 * 31  # one fixed point per (a, b) left out
+    with pytest.raises(ValueError, match="units mod 10"):
+        ChainFamily(multipliers=(2,))
+    with pytest.raises(ValueError, match="modulus must be in"):
+        ChainFamily(modulus=101)
+
+
+def test_cli_prints_the_verdicts_and_exits_1_on_a_failing_task(capsys):
+    from sparse_rl_megatron.cli import main
+
+    assert main(["audit", "task:modchain31_weak"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("task:modchain31_weak: PASS") and "prompt: " in out and "early stop: " in out
+    assert main(["audit", "modchain_weak"]) == 1
+    out = capsys.readouterr().out
+    assert "task:modchain_weak: FAIL" in out and "early stop: x_10                 1.000" in out
+    assert main(["audit", "nosuchtask"]) == 2
+    assert "unknown task 'nosuchtask'" in capsys.readouterr().err
+
+
+def test_shortcut_free_accuracy_from_an_evaluation_section():
+    from sparse_rl_megatron.eval.subsets import shortcut_free_metrics
+
+    held = get_task("modchain_weak").records("heldout", limit=16)
+    ds = Dataset(name="x", path="x", records=held)
+    # a policy that boxes x0: right exactly where the answer is the start, so 0 on the shortcut-free records
+    section = {"problems": [{"correct": int(r.answer == str(r.extra["x0"])), "samples": [{}]} for r in held]}
+    free = [r for r in held if r.extra["shortcut_free"]]
+    m = shortcut_free_metrics("eval/dense/x", ds, section)
+    assert m == {"eval/dense/x/shortcut_free_accuracy": 0.0, "eval/dense/x/shortcut_free_problems": len(free)}
+    assert sum(p["correct"] for p in section["problems"]) > 0  # while the overall accuracy is not 0
+    # two samples each, one right on every flagged record: mean share 0.5
+    section = {"problems": [{"correct": 1, "samples": [{}, {}]} for _ in held]}
+    assert shortcut_free_metrics("p", ds, section)["p/shortcut_free_accuracy"] == 0.5
+    plain = Dataset(name="y", path="y", records=[MathRecord(prompt="q", answer="1", source_id="s", dataset="y")])
+    assert shortcut_free_metrics("p", plain, {"problems": [{"correct": 1, "samples": [{}]}]}) == {}
+    with pytest.raises(ValueError, match="3 evaluated problems for 16 records"):
+        shortcut_free_metrics("p", ds, {"problems": section["problems"][:3]})
