@@ -29,11 +29,12 @@ fp32 kernels (TF32 matmuls on GPUs) while a stale or garbled engine moves the me
 PROBE_TOLERANCE_16BIT = 0.3
 """Default when either side computes in bfloat16 / float16. The statistic is the MEAN |log-prob difference| over
 the probe's response tokens: bf16 rounding (8-bit mantissa, relative error 2^-8 per rounding) compounds with depth,
-and its per-token maximum grows with the number of tokens, so a maximum flags noise. Measured on SmolLM2-135M
-(30 layers, real weights, 16-token probes from 10 seeds), bf16 engine vs fp32 learner: mean 0.05-0.12, max up to
-0.46; the same model with wrong weights (a shuffled bucket, the previous version's weights after training, bf16
-bits read as fp16): mean >= 0.48. Tolerance = 2 x the largest noise mean (0.12), rounded up: 0.3. Twice the noise
-is what the stale check below needs to be exact (``probe_verdict``)."""
+and its per-token maximum grows with the number of tokens, so a maximum flags noise. Measured on SmolLM2-135M-
+Instruct (30 layers, its real weights: ``models/gguf_import.py``; 16-token probe responses of seeds 0-9), the HF
+engine in bf16 vs float32: mean 0.041-0.142, max up to 0.41; the same engine with wrong weights, one tensor's
+elements shuffled (layer 0 q_proj, layer 15 o_proj, layer 29 down_proj, the final norm) or bf16 bits read as
+fp16: mean 0.44 at the least (a shuffled o_proj), 2.9 to 250 for the others. Tolerance = 2 x the largest noise
+mean (0.28: what the stale check in ``probe_verdict`` needs to be exact), rounded up: 0.3, below 0.44."""
 SIXTEEN_BIT = ("bfloat16", "float16", "half", "bf16", "fp16")
 
 
