@@ -80,6 +80,9 @@ class SGLangEngineConfig:
     """In-process engine: the plugin appends pool-usage lines here (tests, benchmarks)."""
     count_host_syncs: bool = False
     """With ``stats_path``: the lines also count the plugin's host syncs per forward (tests)."""
+    check_tables: bool = False
+    """Tests only: the plugin compares its physical tables with SGLang's rows before every forward and raises on a
+    difference (a host sync per forward)."""
     log_level: str = "error"
     """SGLang log level of the in-process engine."""
     extra_args: dict[str, Any] = field(default_factory=dict)
@@ -116,4 +119,4 @@ class SGLangEngineConfig:
 
         return SparseKVConfig(compression=self.compression, inner_backend=self.inner_backend,
                               kept_digest=self.kept_digest, stats_path=self.stats_path,
-                              count_host_syncs=self.count_host_syncs)
+                              count_host_syncs=self.count_host_syncs, check_tables=self.check_tables)
