@@ -40,6 +40,8 @@ def _cfg(model_dir: Path, run_dir: Path):
 
     return from_dict(TrainConfig, {"model_path": str(model_dir), "run_dir": str(run_dir), "warm_start": {},
                                    "data": {"dataset": "task:modchain"},
+                                   # within the tiny model's 256-token context (preflight checks the rollout too)
+                                   "rollout": {"sampling": {"max_new_tokens": 12}},
                                    "eval": {"limit": 3, "max_new_tokens": 12, "modes": ["dense", "sparse"]}})
 
 
