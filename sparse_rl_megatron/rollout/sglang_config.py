@@ -24,8 +24,11 @@ class SGLangEngineConfig:
     """Tokenizer directory ('' = ``model_path``)."""
     compression: CompressionConfig = field(default_factory=CompressionConfig)
     """KV compression of every request (the in-process server's default; sent per request to HTTP servers)."""
-    kept_digest: bool = True
-    """Record a hash of the kept positions of every compression event in each sample's provenance."""
+    kept_digest: bool = False
+    """Record a hash of the kept positions of every compression event in each sample's provenance. Off by default:
+    it costs a blocking device-to-host copy inside the scheduler's forward on every step where some row compresses
+    (the overlap scheduler loses its lead) and ``L x Hkv x (B + W)`` int32 per request row; tests comparing the
+    kept positions with the reference engine turn it on."""
     dtype: str = "auto"
     """Weights and KV dtype of the in-process engine (``auto``, ``float32``, ``bfloat16``, ...)."""
     tp_size: int = 1
