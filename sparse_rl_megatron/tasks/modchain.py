@@ -1,4 +1,4 @@
-"""``modchain``: a multi-step task on which Sparse-RL GRPO learns in minutes on a CPU (the embedded default).
+"""``modchain``: a multi-step task on which Sparse-RL GRPO runs in minutes on a CPU (the embedded default).
 
 Iterate ``x <- (a x + b) mod M`` from ``x0`` for N steps (``modchain_problems.py``: formats and split). The
 parameters are tags among distractors in a short prompt, and the chain of thought (2N + 1 words + EOS) is
