@@ -59,7 +59,7 @@ def test_two_engines_at_dp2_sample_and_train_exactly_as_one(tmp_path, shared_dat
         assert proc.returncode == 0, outputs[name][-4000:]
     assert "rollout: 1 flaky engine on rank 0 (one per 2 ranks, CPU), 3 groups -> 3 per engine" in outputs["one"]
     assert "rollout: 2 flaky engines on ranks 0-1 (CPU), 3 groups -> 1-2 per engine" in outputs["two"]
-    assert "TP=1 PP=1 DP=2" in outputs["two"] and "on all 2 engines: probe max" in outputs["two"]
+    assert "TP=1 PP=1 DP=2" in outputs["two"] and "on all 2 engines: probe mean" in outputs["two"]
     one, two = (tmp_path / "one", tmp_path / "two")
 
     # the engines sampled the same tokens and log-probs under the same seeds, each group on one engine
@@ -145,7 +145,7 @@ def test_tp2_x_dp2_one_engine_per_tensor_parallel_group(tmp_path, shared_data):
     proc = launch()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "rollout: 2 flaky engines on ranks 0,2 (one per 2 ranks, CPU), 2 groups -> 1 per engine" in proc.stdout
-    assert "TP=2 PP=1 DP=2" in proc.stdout and "on all 2 engines: probe max" in proc.stdout
+    assert "TP=2 PP=1 DP=2" in proc.stdout and "on all 2 engines: probe mean" in proc.stdout
     records = _records(tmp_path / "run")
     assert [r["step"] for r in records] == [0, 1, 2]
     assert all(r["sync/probe_max_abs_diff"] < 1e-3 and r["rollout/weight_version"] == r["step"] - 1
