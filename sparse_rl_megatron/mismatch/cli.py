@@ -127,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise UserError(f"--budgets: {err}") from None
     json_path, png_path = output_paths(args, cfg, budgets)
-    plan = preflight(cfg, D.env_world_size())  # every bad option or file is one line before any model loads
+    # every bad option or file is one line before any model loads; the study rolls out, it does not evaluate
+    plan = preflight(cfg, D.env_world_size(), lengths=("rollout",))
     correction, note = rejecting_correction(cfg.correction)
     console = Console(soft_wrap=True)
     main = D.env_rank() == 0

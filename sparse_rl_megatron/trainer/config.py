@@ -287,9 +287,10 @@ class LaunchConfig:
 class TrainConfig:
     """One ``sparse-rl train`` run."""
 
-    DERIVED_KEYS: ClassVar[dict[str, str]] = {"launch.layout": "launch.gpus"}
-    """Recipe keys written for one value of another: a recipe run at another size (``launch.gpus=1`` overridden)
-    drops its ``launch.layout`` (the start-up line says what runs) unless that is overridden too."""
+    DERIVED_KEYS: ClassVar[dict[str, str]] = {"launch.layout": "launch.gpus", "rollout.sglang": "rollout.engine"}
+    """Recipe keys written for one value of another, dropped when an override changes that other one (unless they
+    are overridden too): a recipe run at another size (``launch.gpus=1``) loses its ``launch.layout`` (the
+    start-up line says what runs); one run with another engine (``rollout.engine=hf``) its ``rollout.sglang``."""
 
     run_dir: str = "runs/train"
     """Where config, metrics, plots, checkpoints, eval results and built models go (one run at a time)."""

@@ -199,11 +199,12 @@ def longest_prompt(data: "Dataset", template: str, tokenizer, room: int | None =
     return max(len(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"])
 
 
-def check_context(cfg: "TrainConfig", hf_config: dict[str, Any] | None, template: str, train: "Dataset",
+def check_context(cfg: "TrainConfig", hf_config: dict[str, Any] | None, template: str, train: "Dataset | None",
                   evals: dict[str, "Dataset"]) -> None:
-    """The longest prompt + ``max_new_tokens`` of the rollouts and of every evaluation set fits ``context_limit``
-    (SGLang refuses a request past it; past ``max_position_embeddings`` a model is outside what it was trained
-    on). Prompts count as 0 tokens when the model directory has no tokenizer."""
+    """The longest prompt + ``max_new_tokens`` of the rollouts (``train``; None: the command rolls out none) and of
+    every evaluation set fits ``context_limit`` (SGLang refuses a request past it; past ``max_position_embeddings``
+    a model is outside what it was trained on). Prompts count as 0 tokens when the model directory has no
+    tokenizer."""
     limit = context_limit(cfg, hf_config)
     if limit is None:
         return
@@ -212,8 +213,8 @@ def check_context(cfg: "TrainConfig", hf_config: dict[str, Any] | None, template
     rollout_new = cfg.rollout.sampling.max_new_tokens
     eval_said = (f"eval.max_new_tokens={cfg.eval.max_new_tokens}" if cfg.eval.max_new_tokens else
                  f"eval.max_new_tokens (unset: rollout.sampling.max_new_tokens={rollout_new})")
-    uses = [(rollout_new, f"rollout.sampling.max_new_tokens={rollout_new}", "rollout.sampling.max_new_tokens",
-             train, f"data.dataset {cfg.data.dataset}")]
+    uses = [] if train is None else [(rollout_new, f"rollout.sampling.max_new_tokens={rollout_new}",
+                                      "rollout.sampling.max_new_tokens", train, f"data.dataset {cfg.data.dataset}")]
     uses += [(cfg.eval.max_new_tokens or rollout_new, eval_said, "eval.max_new_tokens", data, f"eval.datasets {name}")
              for name, data in evals.items()]
     for new, said, option, data, what in uses:
@@ -224,9 +225,10 @@ def check_context(cfg: "TrainConfig", hf_config: dict[str, Any] | None, template
 
 
 def preflight(cfg: "TrainConfig", world_size: int, ranks_per_node: int | None = None,
-              on_gpu: bool | None = None) -> RunPlan:
+              on_gpu: bool | None = None, lengths: tuple[str, ...] = ("rollout", "eval")) -> RunPlan:
     """Check ``cfg`` against files, registries, ``world_size`` and the rollout layout (``rollout_layout``); load
-    the data. Raises ``UserError``."""
+    the data. ``lengths``: whose lengths must fit the model's context (what the command runs: ``rollout``,
+    ``eval``). Raises ``UserError``."""
     from sparse_rl_megatron.data.templates import TEMPLATES
     from sparse_rl_megatron.rewards.registry import REWARDS
     from sparse_rl_megatron.tasks import is_task_ref
@@ -261,6 +263,7 @@ def preflight(cfg: "TrainConfig", world_size: int, ranks_per_node: int | None = 
     train = _load(cfg.data.dataset, cfg, "data.dataset", "train", cfg.data.limit)
     names = cfg.eval.datasets or ([f"task:{task.name}"] if task is not None and is_task_ref(cfg.data.dataset) else [])
     evals = {name: _load(name, cfg, "eval.datasets", "heldout", cfg.eval.limit) for name in names}
-    check_context(cfg, hf_config, template, train, evals)
+    check_context(cfg, hf_config, template, train if "rollout" in lengths else None,
+                  evals if "eval" in lengths else {})
     return RunPlan(task=task, template=template, reward=reward, train_data=train, eval_data=evals,
                    hf_config=hf_config, layout=layout)

@@ -241,15 +241,34 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
     return from_dict(cls, data)
 
 
+def _lookup(data: dict[str, Any], key: str) -> tuple[Any, str]:
+    """The mapping that holds dotted ``key`` in ``data`` (None when a section is missing) and its last part."""
+    *sections, last = key.split(".")
+    node: Any = data
+    for part in sections:
+        node = node.get(part) if isinstance(node, dict) else None
+    return (node if isinstance(node, dict) else None), last
+
+
 def drop_derived(data: dict[str, Any], derived: dict[str, str], overrides: list[str]) -> None:
     """Remove from ``data`` each key of ``derived`` (``{"launch.layout": "launch.gpus"}``: a dotted key that holds
-    for one value of another) whose source key is overridden while the key itself is not."""
-    keys = {item.split("=", 1)[0].strip() for item in overrides if "=" in item}
+    for one value of another) whose source key an override changes while the key itself is not overridden."""
+    import yaml
+
+    given: dict[str, str] = {}
+    for item in overrides:
+        if "=" in item:
+            key, raw = item.split("=", 1)
+            given[key.strip()] = raw
     for key, source in derived.items():
-        if source in keys and key not in keys:
-            *sections, last = key.split(".")
-            node: Any = data
-            for part in sections:
-                node = node.get(part) if isinstance(node, dict) else None
-            if isinstance(node, dict):
-                node.pop(last, None)
+        if source not in given or any(k == key or k.startswith(key + ".") for k in given):
+            continue
+        holder, name = _lookup(data, source)
+        try:
+            if holder is not None and holder.get(name) == yaml.safe_load(given[source]):
+                continue  # overridden with the recipe's own value
+        except yaml.YAMLError:
+            pass  # apply_overrides names the bad value
+        node, last = _lookup(data, key)
+        if node is not None:
+            node.pop(last, None)

@@ -141,3 +141,4 @@ def test_a_derived_key_is_dropped_when_its_source_is_overridden(tmp_path):
     assert load_config(Scaled, path, ["launch.gpus=1", "launch.layout=rollout: 1 engine"]).launch == Launch(
         1, "rollout: 1 engine")
     assert load_config(Scaled, None, ["launch.gpus=2"]).launch == Launch(2, "")
+    assert load_config(Scaled, path, ["launch.gpus=4"]).launch == Launch(4, "rollout: 4 engines")  # unchanged

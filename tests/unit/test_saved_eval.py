@@ -57,7 +57,7 @@ def _fresh_engine_per_cache(cfg, model_dir: Path, works: list[Path]) -> list[dic
     results = []
     for cache, work in zip(CACHES, works):
         ecfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, compression=cache))
-        plan = preflight(ecfg, 1)
+        plan = preflight(ecfg, 1, lengths=("eval",))
         spec = ENGINES.get(ecfg.rollout.engine)
         engine = spec.build(str(model_dir), ecfg.rollout, False)
         with make_reward(ecfg, plan) as reward:

@@ -227,6 +227,10 @@ def test_a_recipe_scales_down_with_launch_gpus():
     cfg = load_config(TrainConfig, recipe, ["launch.gpus=1", f"launch.layout={said}"])  # YAML would read a mapping
     assert cfg.launch.layout == said
     assert load_config(TrainConfig, recipe).launch.layout.startswith("1 node x 4 GPUs")
+    # another engine: the recipe's SGLang options are dropped (they would be refused with the hf engine)
+    hf = load_config(TrainConfig, recipe, ["rollout.engine=hf"])
+    assert hf.rollout.engine == "hf" and hf.rollout.sglang == TrainConfig().rollout.sglang
+    assert load_config(TrainConfig, recipe, ["rollout.engine=sglang"]).rollout.sglang.memory_saver  # kept
 
 
 def test_sglang_engines_sample_from_the_runs_seed_unless_told():
