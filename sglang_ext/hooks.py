@@ -14,7 +14,8 @@ installing the plugin changes nothing for servers that do not select it.
 | ``ReqToTokenPool.write`` | after | the radix checkpoint repoints a bound row at the tree's slots: the table follows |
 | ``BeamCoordinator.validate_and_init`` | around | beam search is refused per request (beam rows are remapped) |
 | ``PrefillAdder.add_one_req`` | around | compressed EOS-ignoring requests are admitted by B + W, not max_new_tokens |
-| ``Req._compute_max_prefix_len`` | around | a radix hit leaves the last alpha tokens to prefill (ring queries) |
+| ``Req._compute_max_prefix_len`` | around | a radix hit stops alpha tokens short (ring queries), and at the prompt |
+| ``common.checkpoint_kv_cache`` | around | a compressible request's checkpoint inserts its prompt only |
 | ``common.release_kv_cache`` | around | a compressed request is not inserted into the radix tree when it ends |
 | ``BasePrefixCache.free_kv_row`` | around | release a compressed row's real slots, skipping evicted ones |
 | ``pool_stats_observer.kv_private_tokens`` | around | the busy memory checker counts what rows really own |
@@ -121,8 +122,24 @@ def _max_prefix_len(original, req, input_len):
     backend = active_backend()
     if backend is None or backend.state.qwin is None:
         return limit
-    # The scorers need the post-RoPE queries of the last alpha tokens; KV from the radix tree has none.
-    return max(min(limit, input_len - backend.config.compression.window), 0)
+    # The scorers need the post-RoPE queries of the last alpha tokens; KV from the radix tree has none. A re-prefill
+    # (retraction) matches its prompt at most: a compression reads only the prompt as the tree's (``_owned_from``).
+    return max(min(limit, input_len - backend.config.compression.window, len(req.origin_input_ids)), 0)
+
+
+def _checkpoint_kv_cache(original, req, tree_cache):
+    backend = active_backend()
+    row = req.kv.req_pool_idx
+    info = backend.state.info[row] if backend is not None and row is not None else None
+    if info is None or info.req is not req or info.config.is_dense or req.extend_end <= info.prompt_len \
+            or req.skip_radix_cache_insert:
+        return original(req, tree_cache)
+    # A request that compresses (or may) puts its prompt into the tree, never its response tokens: once compressed,
+    # its row's response positions hold kept or freed slots; before, the tree would own response slots the first
+    # compression then overwrites and frees (a re-prefill after a retraction caches prompt + response).
+    if req.kv.cache_protected_len < info.prompt_len:
+        tree_cache.checkpoint(req, up_to=info.prompt_len)
+    req.prefix_len = req.extend_end   # as SGLang's checkpoint_kv_cache: the next extend resumes after this one
 
 
 def _release_kv_cache(original, req, tree_cache, *, checkpoint: bool):
@@ -227,6 +244,7 @@ def register_hooks() -> None:
         ("sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req", _add_one_req, around),
         ("sglang.srt.managers.schedule_batch.Req._compute_max_prefix_len", _max_prefix_len, around),
         ("sglang.srt.mem_cache.common.release_kv_cache", _release_kv_cache, around),
+        ("sglang.srt.mem_cache.common.checkpoint_kv_cache", _checkpoint_kv_cache, around),
         ("sglang.srt.mem_cache.base_prefix_cache.BasePrefixCache.free_kv_row", _free_kv_row, around),
         ("sglang.srt.managers.scheduler_components.pool_stats_observer.kv_private_tokens", _kv_private_tokens,
          around),

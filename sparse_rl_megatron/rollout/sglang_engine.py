@@ -14,7 +14,10 @@ returns the same :class:`Sample` fields, so the trainer and the evaluator take e
   for the request (``meta_info['weight_version']``, set by every weight update here): a sample never claims
   weights it was not sampled with; a request whose weights changed mid-flight is an error.
 - **Refused retractions.** A request SGLang retracted after its first compression is refused by the plugin
-  (its compressed KV cannot be rebuilt); it is resubmitted as a fresh sample (``max_resubmits``).
+  (its compressed KV cannot be rebuilt); it is resubmitted as a fresh sample (``max_resubmits``). Each sample's
+  ``metadata`` counts its retractions (``retractions``, the last draw's) and the fresh draws before it (``redraws``);
+  the trainer logs the fractions (``rollout/retracted_frac``, ``rollout/redrawn_frac``): redraws bias a step towards
+  short responses (SGLang retracts the requests with the fewest output tokens first).
 - **Seeds.** Each request carries a ``sampling_seed`` from ``(SamplingParams.seed, group id, index)`` (in-process
   CPU engine), but SGLang 0.5.23 honours it only with ``enable_deterministic_inference``, which refuses any
   attention backend outside its deterministic list, the ``sparse_kv`` plugin's included: samples are drawn from
@@ -149,7 +152,8 @@ class SGLangRolloutEngine:
                 if self._refused(out):
                     retry.append((g, i))
                 else:
-                    done[(g, i)] = self._sample(out, prompt_ids[g], texts[g], g, i, sampling)
+                    done[(g, i)] = sample = self._sample(out, prompt_ids[g], texts[g], g, i, sampling)
+                    sample.metadata["redraws"] = attempt   # fresh draws after refused retractions
             if not retry:
                 break
             self.resubmitted += len(retry)

@@ -16,8 +16,8 @@ import sys
 import textwrap
 
 import pytest
-from sglang_helpers import (assert_matches_reference, kill_session, resolved_server_args, scheduler_env,
-                            teacher_forced)
+from sglang_helpers import (assert_matches_reference, full_forward_logprobs, kill_session, resolved_server_args,
+                            scheduler_env, teacher_forced)
 
 from sparse_rl_megatron.compression import CompressionConfig
 from sparse_rl_megatron.rollout.engine import SamplingParams
@@ -129,3 +129,34 @@ def test_forced_retraction_ends_compressed_and_correct_or_refused(tiny_model_dir
         engine.shutdown()
     assert a.metadata["retractions"] >= 1 and a.compression.events >= 1    # retracted, re-prefilled, compressed
     assert_matches_reference([a], teacher_forced(hf_model, late, [a]))
+
+
+def test_a_retracted_request_puts_only_its_prompt_into_the_radix_tree(tiny_model_dir, hf_model):
+    """Phase 2 above with the radix cache on. Request A is retracted before its first compression and re-prefilled
+    (prompt + response so far); SGLang checkpoints that extend into the tree. Before issue 25 the tree took A's
+    response slots, which A's first compression then overwrote with kept K/V: a later prefill of A's sequence
+    reused them and read the wrong K/V. Now only the prompt goes into the tree; that prefill is exact."""
+    from sparse_rl_megatron.rollout.sglang_engine import SGLangRolloutEngine
+
+    late = CompressionConfig(method="rkv", budget=12, window=2, buffer=4)
+    config = SGLangEngineConfig(model_path=str(tiny_model_dir), compression=late, dtype="float32",
+                                max_total_tokens=512, max_resubmits=30, kept_digest=True, check_tables=True)
+    with scheduler_env(SGLANG_TEST_RETRACT="1", SGLANG_TEST_RETRACT_INTERVAL="4"):
+        engine = SGLangRolloutEngine(config)
+    try:
+        sampling = SamplingParams(temperature=1.0, max_new_tokens=24, ignore_eos=True)
+        prompts = [list(range(100, 108)), [5, 17, 42]]
+        params = [engine._sampling(sampling, g, 0, 0, to_dict(late)) for g in range(2)]
+        params[1]["max_new_tokens"] = 6
+        outs = engine.client.generate(prompts, params)
+        a = engine._sample(outs[0], prompts[0], prompts[0], 0, 0, sampling)
+        # a dense request on A's prompt and response so far: its prefill reuses what the tree holds of them
+        context = a.prompt_ids + a.response_ids[:16]
+        probe = engine.generate([context], 1, SamplingParams(temperature=1.0, max_new_tokens=4, ignore_eos=True),
+                                compression=CompressionConfig())[0]
+    finally:
+        engine.shutdown()
+    assert a.metadata["retractions"] >= 1 and a.compression.events >= 1    # retracted, re-prefilled, compressed
+    assert_matches_reference([a], teacher_forced(hf_model, late, [a]))
+    reference = full_forward_logprobs(hf_model, context, probe.response_ids)
+    assert (probe.sampler_logprobs - reference).abs().max() < 1e-4

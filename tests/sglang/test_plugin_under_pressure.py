@@ -69,7 +69,7 @@ def test_the_pool_was_under_pressure(engine):
 
 
 def test_beam_search_is_refused_per_request(engine):
-    params = engine._sampling(SamplingParams(max_new_tokens=4), 0, 0, 0, None)
+    # without log-probs, which SGLang refuses for beams itself
     with pytest.raises(ValueError, match="beam_width=3: beam search is not supported by sparse_kv"):
-        engine.client.generate([PROMPTS[1]], [{**params, "beam_width": 3}])
+        engine.client.engine.generate(input_ids=PROMPTS[1], sampling_params={"max_new_tokens": 8, "beam_width": 3})
     assert len(engine.generate(PROMPTS[:1], 2, SamplingParams(max_new_tokens=4))) == 2   # the server keeps serving

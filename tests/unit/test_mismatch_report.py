@@ -72,6 +72,12 @@ def test_row_statistics_exact():
     assert s["rollout/kv_tokens_peak_max"] == 5.0 and s["rollout/kv_tokens_peak_mean"] == 4.5
     assert s["rollout/kv_retained_frac"] == pytest.approx((5 / 6 + 4 / 5) / 2)  # peak over prompt + response
     assert s["rollout/response_len_mean"] == 2.5 and s["rollout/compression_events_mean"] == 0.5
+    assert s["rollout/retracted_frac"] == s["rollout/redrawn_frac"] == 0.0   # no SGLang metadata: never retracted
+    first, second = _batch([[0.0], [0.0]]).samples
+    first.metadata.update(retractions=2, redraws=0)    # SGLang: retracted twice, re-prefilled
+    second.metadata.update(retractions=0, redraws=1)   # refused after a compression, drawn again
+    m = rollout_metrics([first, second, _batch([[0.0], [0.0]]).samples[0]])
+    assert (m["rollout/retracted_frac"], m["rollout/redrawn_frac"]) == (1 / 3, 1 / 3)
     assert sorted(row.log_rho.tolist()) == pytest.approx(sorted([0.0, L(0.5), L(1e-5), L(2.0), 0.0]), abs=1e-6)
     first, second = row.samples
     assert first == {"group": 0, "index": 0, "source_id": None, "reward": 0.0, "response_tokens": 3,
