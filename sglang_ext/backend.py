@@ -20,7 +20,8 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 from sglang_ext import host_syncs, memory
 from sglang_ext.config import BACKEND_NAME, REQUEST_KEY, ConfigError, SparseKVConfig, request_compression
-from sglang_ext.forward_plan import ForwardPlan, plan_forward, sglang_host
+from sglang_ext.forward_plan import (ForwardPlan, check_tables, follow_rewrite, plan_forward, sglang_host,
+                                     written_positions)
 from sglang_ext.host_syncs import counted, not_counted
 from sglang_ext.row_state import RowInfo, RowState
 from sglang_ext.runner_view import (RunnerView, kv_cache_region, physical_translator, query_groups,
@@ -96,6 +97,8 @@ class SparseKVBackend(AttentionBackend):
         self.forwards = 0
         self.syncs_logged = 0
         self.compact_cpu = 0.0
+        self.appending = False
+        """Set by the scheduler hook while SGLang writes the coming decode tokens' slots (new positions)."""
         """With ``stats_path``: forwards seen and this process's CPU seconds spent compressing (cumulative)."""
         self._clip_admission()
         self.sync_counter = None
@@ -153,8 +156,35 @@ class SparseKVBackend(AttentionBackend):
             self.state, forward_batch, req_to_token=self.req_to_token_pool.req_to_token,
             req_generation=self.req_to_token_pool.req_generation,
             default_info=lambda row, seq: self.make_info(row, seq))
+        if self.config.check_tables:
+            self._check_tables()
         with not_counted():   # the inner backend's own metadata (what it costs without the plugin too)
             self.inner.init_forward_metadata(self.plan.phys_batch)
+
+    def _check_tables(self) -> None:
+        """``check_tables``: a request whose table drifted from SGLang's row is aborted with what differs (an
+        exception here would take the scheduler down, and SGLang the process that started it); a row driven
+        without a scheduler (unit tests) raises."""
+        for row, message in check_tables(self.state, self.plan.rows, self.req_to_token_pool.req_to_token).items():
+            req = self.state.info[row].req
+            if req is None:
+                raise RuntimeError(message)
+            from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+            logger.error(message)
+            req.to_finish = FINISH_ABORT(message)
+
+    @counted
+    def follow_write(self, indices) -> None:
+        """Scheduler side, after ``ReqToTokenPool.write(indices, ...)``: the bound rows' tables follow the rewrite
+        (``forward_plan.follow_rewrite``); rows no request of the plugin holds yet are left to their first plan."""
+        if self.appending:   # the coming decode tokens' slots: new positions, read from out_cache_loc
+            return
+        rtt = self.req_to_token_pool.req_to_token
+        generation = sglang_host(self.req_to_token_pool.req_generation)
+        for row, positions in written_positions(indices, rtt.shape[1]):
+            if self.state.generation[row] == generation[row]:
+                follow_rewrite(self.state, row, positions, rtt, radix=self.radix_enabled)
 
     @counted
     def _record_queries(self, q: torch.Tensor, layer) -> None:

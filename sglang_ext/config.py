@@ -59,6 +59,9 @@ class SparseKVConfig:
     count_host_syncs: bool = False
     """With ``stats_path``: count what would make the host wait for a GPU in the plugin's hooks
     (``host_syncs``) and log it per forward (tests; it slows the hooks down)."""
+    check_tables: bool = False
+    """Tests only: before every forward compare the plugin's physical table with SGLang's ``req_to_token`` rows
+    where it mirrors them, and raise on a difference (catches a rewrite the plugin missed; a host sync)."""
 
     def __post_init__(self) -> None:
         c = self.compression

@@ -8,7 +8,10 @@ the batch it brings ``RowState.table`` up to date and returns a copy of the ``Fo
 Every row caches ``e`` tokens (1 for decode) whose slots are this forward's ``out_cache_loc``; they go to
 table positions ``[p, p + e)``, ``p`` = the physical length so far (uncompressed rows: ``p`` = the logical prefix,
 the same slots SGLang wrote into its row). An uncompressed row whose table lags SGLang's row (a new request, a
-radix-cache prefix) first mirrors the missing prefix. No host sync: the decisions use host numbers
+radix-cache prefix) first mirrors the missing prefix. Entries SGLang *rewrites* after they were mirrored (the radix
+cache's checkpoint after every prefill or chunk points a row at the tree's slots and frees the request's duplicates)
+are followed when SGLang writes them (:func:`follow_rewrite`, hooked on ``ReqToTokenPool.write``), before the freed
+slots can be handed to another request. No host sync: the decisions use host numbers
 (``req_pool_indices_cpu``, which the plugin's ``ForwardBatch.init_new`` hook fills for decode batches too,
 ``seq_lens_cpu``, ``RowState``), and every index the device needs is sent in one asynchronous copy
 (``host_syncs.to_device``).
@@ -130,6 +133,76 @@ def plan_forward(state: RowState, fb, *, req_to_token: torch.Tensor, req_generat
         plan.ring_tokens, plan.ring_rows, plan.ring_slots = staged[10:13]
         plan.ring_count = len(ring[0])
     return plan
+
+
+def follow_rewrite(state: RowState, row: int, positions: np.ndarray, req_to_token: torch.Tensor, *,
+                   radix: bool) -> None:
+    """SGLang rewrote ``req_to_token[row, positions]`` (``positions`` on the host): the table entries that mirror
+    those positions take the new slots. An uncompressed row mirrors its first ``phys_len`` positions; a compressed
+    row only its first ``cand_start`` (the prompt, scope response): its other entries are kept slots, which SGLang
+    may not rewrite. Positions past what the row has cached are new tokens (the forward's plan reads them)."""
+    info = state.info[row]
+    if info is None or len(positions) == 0:
+        return
+    if state.compressed[row]:
+        limit = int(state.cand_start[row])
+        # scope all with the radix cache on: the first compression copied the kept prompt tokens out of the
+        # tree-shared prompt, so the table holds no prompt position (the tree may repoint them)
+        ignored = info.prompt_len if radix and info.config.scope == "all" else 0
+        bad = positions[(positions >= max(limit, ignored)) & (positions < state.logical_len[row])]
+        if len(bad):
+            raise RuntimeError(f"sparse_kv: SGLang rewrote positions {bad[:8].tolist()} of compressed request row "
+                               f"{row} (candidates start at {limit}, {int(state.logical_len[row])} cached): those "
+                               "entries hold kept slots the plugin's table no longer mirrors")
+    else:
+        limit = int(state.phys_len[row])
+    mirrored = positions[positions < limit]
+    if len(mirrored) == 0:
+        return
+    lo, hi = int(mirrored.min()), int(mirrored.max()) + 1
+    if hi - lo == len(mirrored):   # a range (the radix checkpoint's slice): no index tensor
+        state.table[row, lo:hi] = req_to_token[row, lo:hi].to(state.table.dtype)
+    else:
+        (cols,) = _send([mirrored], req_to_token.device)
+        state.table[row, cols] = req_to_token[row, cols].to(state.table.dtype)
+
+
+def written_positions(indices, width: int) -> list[tuple[int, np.ndarray]]:
+    """``(row, positions)`` of a ``ReqToTokenPool.write(indices, ...)``: ``(row, slice)`` (the radix checkpoint,
+    the extend fallback) on the host; ``(rows, columns)`` tensors are read (a counted sync on a device)."""
+    if not (isinstance(indices, tuple) and len(indices) == 2):
+        raise RuntimeError(f"sparse_kv: ReqToTokenPool.write with indices {type(indices).__name__} it cannot follow")
+    first, second = indices
+    if isinstance(second, slice):
+        start, stop, step = second.indices(width)
+        rows = [int(first)] if not isinstance(first, torch.Tensor) or first.dim() == 0 else \
+            sglang_host(first).tolist()
+        return [(r, np.arange(start, stop, step, dtype=np.int64)) for r in rows]
+    rows = sglang_host(first).astype(np.int64).reshape(-1)
+    cols = sglang_host(second).astype(np.int64)
+    cols = np.broadcast_to(cols, (len(rows),) + cols.shape[1:]) if cols.ndim else np.full(len(rows), int(cols))
+    if cols.ndim == 1:
+        cols = cols[:, None]
+    out: dict[int, list] = {}
+    for r, c in zip(rows.tolist(), cols):
+        out.setdefault(r, []).append(c)
+    return [(r, np.concatenate(cs)) for r, cs in out.items()]
+
+
+def check_tables(state: RowState, rows: np.ndarray, req_to_token: torch.Tensor) -> dict[int, str]:
+    """Test-only (``check_tables``): every table entry that mirrors SGLang's row equals it (uncompressed rows:
+    the physical length; compressed: the first ``cand_start``). Returns ``{row: what differs}``; reads the device."""
+    drift = {}
+    with not_counted():   # a diagnostic, off by default
+        for row in rows.tolist():
+            n = int(state.cand_start[row] if state.compressed[row] else state.phys_len[row])
+            ours, theirs = state.table[row, :n], req_to_token[row, :n].to(state.table.dtype)
+            if n and not torch.equal(ours, theirs):
+                where = torch.nonzero(ours != theirs)[:, 0]
+                kind = "compressed" if state.compressed[row] else "uncompressed"
+                drift[row] = (f"sparse_kv check_tables: row {row} ({kind}) reads slots {ours[where][:8].tolist()} "
+                              f"at positions {where[:8].tolist()}, SGLang's row has {theirs[where][:8].tolist()}")
+    return drift
 
 
 def _ranges(rows: np.ndarray, starts: np.ndarray, lengths: np.ndarray, tok_starts: np.ndarray):

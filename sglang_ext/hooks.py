@@ -11,6 +11,8 @@ installing the plugin changes nothing for servers that do not select it.
 | ``ForwardBatch.init_new`` | after | decode batches get ``req_pool_indices_cpu`` too (host rows: no sync) |
 | ``KVCacheConfigurator._profile_available_bytes`` | around | the plugin's memory comes out of the KV budget first |
 | ``ReqToTokenPool.alloc`` | after | bind a request (its config, prompt length, provenance) to its row |
+| ``ReqToTokenPool.write`` | after | the radix checkpoint repoints a bound row at the tree's slots: the table follows |
+| ``BeamCoordinator.validate_and_init`` | around | beam search is refused per request (beam rows are remapped) |
 | ``PrefillAdder.add_one_req`` | around | compressed EOS-ignoring requests are admitted by B + W, not max_new_tokens |
 | ``Req._compute_max_prefix_len`` | around | a radix hit leaves the last alpha tokens to prefill (ring queries) |
 | ``common.release_kv_cache`` | around | a compressed request is not inserted into the radix tree when it ends |
@@ -34,7 +36,8 @@ from sglang_ext.backend import active_backend
 from sglang_ext.compaction import record_idle
 from sglang_ext.config import REQUEST_KEY, ConfigError
 from sglang_ext.memory import reserve_before_kv_pool
-from sglang_ext.refusals import refuse_before_resolution, uses_sparse_kv, validate_server_args
+from sglang_ext.refusals import (refuse_before_resolution, refused_beam_message, uses_sparse_kv,
+                                 validate_server_args)
 
 REFUSED_RETRACTION = (
     "sparse_kv: this request was retracted (KV pool full) after its KV cache had been compressed; re-prefilling "
@@ -88,6 +91,18 @@ def _bind_rows(result, pool, reqs, *args, **kwargs):
             backend.state.reset(row, int(pool.req_generation[row]), info)
 
 
+def _follow_write(result, pool, indices, *args, **kwargs):
+    backend = active_backend()
+    if backend is not None and pool is backend.req_to_token_pool:
+        backend.follow_write(indices)
+
+
+def _refuse_beams(original, coordinator, req, *args, **kwargs):
+    if active_backend() is None:
+        return original(coordinator, req, *args, **kwargs)
+    return refused_beam_message(req.sampling_params.beam_width)
+
+
 def _add_one_req(original, adder, req, *args, **kwargs):
     backend = active_backend()
     if backend is None or not backend.compresses or not req.sampling_params.ignore_eos:
@@ -138,11 +153,16 @@ def _kv_private_tokens(original, kv, page_size):
 
 
 def _alloc_for_decode(original, batch, *args, **kwargs):
-    out = original(batch, *args, **kwargs)
     backend = active_backend()
-    if backend is not None:
-        backend.tree_cache = batch.tree_cache
-        reserve_extras(backend, batch)
+    if backend is None:
+        return original(batch, *args, **kwargs)
+    backend.appending = True   # its req_to_token write is the new tokens' slots
+    try:
+        out = original(batch, *args, **kwargs)
+    finally:
+        backend.appending = False
+    backend.tree_cache = batch.tree_cache
+    reserve_extras(backend, batch)
     return out
 
 
@@ -202,6 +222,8 @@ def register_hooks() -> None:
         ("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes",
          reserve_before_kv_pool, around),
         ("sglang.srt.mem_cache.memory_pool.ReqToTokenPool.alloc", _bind_rows, after),
+        ("sglang.srt.mem_cache.memory_pool.ReqToTokenPool.write", _follow_write, after),
+        ("sglang.srt.beam_search.coordinator.BeamCoordinator.validate_and_init", _refuse_beams, around),
         ("sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req", _add_one_req, around),
         ("sglang.srt.managers.schedule_batch.Req._compute_max_prefix_len", _max_prefix_len, around),
         ("sglang.srt.mem_cache.common.release_kv_cache", _release_kv_cache, around),

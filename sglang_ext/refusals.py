@@ -104,16 +104,28 @@ def validate_server_args(server_args: Any, config: SparseKVConfig | None = None)
                           f"backend (got prefill={prefill}, decode={decode}); set attention_backend only")
     refuse_flags(cfg, config)
     if not _graphs_disabled(cfg):
+        graphs = getattr(cfg, "cuda_graph_config", None)
+        resolved = ("" if graphs is None else
+                    f"; resolved: decode {graphs.decode.backend}, prefill {graphs.prefill.backend}")
         raise ConfigError(f"{BACKEND_NAME} runs its bookkeeping and compaction eagerly and does not support CUDA "
-                          "graphs (breakable ones included): pass disable_cuda_graph=True (CLI: "
-                          "--cuda-graph-backend-decode disabled --cuda-graph-backend-prefill disabled)")
+                          f"graphs (breakable ones included{resolved}): pass disable_cuda_graph=True and no "
+                          "per-phase graph backend or cuda_graph_config (CLI: --cuda-graph-backend-decode disabled "
+                          "--cuda-graph-backend-prefill disabled)")
     return config
 
 
 def _graphs_disabled(cfg: Any) -> bool:
-    if getattr(cfg, "disable_cuda_graph", False):
-        return True
+    """Both phases' resolved graph backends are ``disabled``. SGLang resolves ``cuda_graph_config`` from the JSON
+    config, the per-phase flags and the legacy ``disable_cuda_graph``, in that precedence: the legacy flag alone
+    proves nothing (``--cuda-graph-backend-decode full`` wins over it)."""
     graphs = getattr(cfg, "cuda_graph_config", None)
-    if graphs is None:
-        return True
+    if graphs is None:   # not resolved (a published context without the field): the legacy flag
+        return bool(getattr(cfg, "disable_cuda_graph", False))
     return all(getattr(graphs, phase).backend == "disabled" for phase in ("decode", "prefill"))
+
+
+def refused_beam_message(beam_width: Any) -> str:
+    """Why a beam-search request is refused (it is aborted; the server keeps serving the others)."""
+    return (f"beam_width={beam_width}: beam search is not supported by {BACKEND_NAME} (beam rows share prompt slots "
+            "and are remapped every step, which the plugin's per-request table does not follow); sample n "
+            "sequences instead")

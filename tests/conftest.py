@@ -20,7 +20,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHARED_DATA = pathlib.Path(os.environ.get("SPARSE_RL_DATA", ROOT.parent / "shared" / "data"))
 
 # Every test in tests/<tier>/ gets the marker <tier>, so `pytest -m unit` runs one tier.
-_TIERS = ("unit", "megatron", "sglang", "e2e")
+_TIERS = ("unit", "megatron", "sglang", "e2e", "realmodel")
 
 
 def pytest_collection_modifyitems(config, items):

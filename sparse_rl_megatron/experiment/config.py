@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from sparse_rl_megatron.compression.config import CompressionConfig
 from sparse_rl_megatron.trainer.config import TrainConfig
@@ -136,6 +136,8 @@ class ExperimentSection:
 @dataclass
 class ExperimentConfig:
     """One ``sparse-rl experiment``: the base ``sparse-rl train`` recipe and the experiment's arms and seeds."""
+
+    DERIVED_KEYS: ClassVar[dict[str, str]] = {f"train.{k}": f"train.{v}" for k, v in TrainConfig.DERIVED_KEYS.items()}
 
     experiment: ExperimentSection = field(default_factory=ExperimentSection)
     """Arms, seeds, budget sweep, control, output directory."""

@@ -31,7 +31,7 @@ def evaluate_saved(cfg: "TrainConfig", model: str | Path, step: int,
     from sparse_rl_megatron.trainer.preflight import preflight
     from sparse_rl_megatron.trainer.run import make_reward
 
-    plan = preflight(cfg, 1)
+    plan = preflight(cfg, 1, lengths=("eval",))  # evaluations only: the rollout's length is not used
     spec = ENGINES.get(cfg.rollout.engine)
     with contextlib.ExitStack() as stack:
         engine = spec.build(str(model), cfg.rollout, False)

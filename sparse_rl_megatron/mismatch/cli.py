@@ -127,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise UserError(f"--budgets: {err}") from None
     json_path, png_path = output_paths(args, cfg, budgets)
-    plan = preflight(cfg, D.env_world_size())  # every bad option or file is one line before any model loads
+    # every bad option or file is one line before any model loads; the study rolls out, it does not evaluate
+    plan = preflight(cfg, D.env_world_size(), lengths=("rollout",))
     correction, note = rejecting_correction(cfg.correction)
     console = Console(soft_wrap=True)
     main = D.env_rank() == 0
@@ -156,7 +157,7 @@ def _report(cfg, plan, measurement, correction, notes, json_path: Path, png_path
     from sparse_rl_megatron.mismatch.report import build_table, dense_check, plot_histograms, results_document
     from sparse_rl_megatron.trainer import distributed as D
     from sparse_rl_megatron.trainer.step import step_seed
-    from sparse_rl_megatron.trainer.weight_sync import default_tolerance
+    from sparse_rl_megatron.trainer.weight_sync import probe_tolerance
     from sparse_rl_megatron.utils.config_io import to_dict
 
     meta = {
@@ -166,7 +167,7 @@ def _report(cfg, plan, measurement, correction, notes, json_path: Path, png_path
         "samples_per_prompt": cfg.rollout.samples_per_prompt, "sampling": to_dict(cfg.rollout.sampling),
         "sampler_seed": step_seed(cfg.seed, STUDY_STEP), "correction": to_dict(correction), "notes": notes,
         "probe_max_abs_diff": measurement.probe_max_abs_diff,
-        "dense_tolerance": cfg.sync.probe_tolerance or default_tolerance(cfg.rollout.dtype), "config": to_dict(cfg),
+        "dense_tolerance": probe_tolerance(cfg), "config": to_dict(cfg),
     }
     document = results_document(measurement, meta)
     path = write_results(document, json_path)

@@ -89,12 +89,12 @@ def measure(cfg: "TrainConfig", plan: "RunPlan", rows: list[tuple[str, "Compress
 def _serve_learner_weights(cfg: "TrainConfig", learner, engine, spec, push: bool) -> float | None:
     """Make the engine serve the learner's weights (push them when the engine was given an export, which may
     predate the checkpoint) and probe it; returns the probe's largest difference. Collective."""
-    from sparse_rl_megatron.trainer.weight_sync import default_tolerance, probe_sequence, probe_weights, sync_weights
+    from sparse_rl_megatron.trainer.weight_sync import probe_sequence, probe_tolerance, probe_weights, sync_weights
 
     if push:
         sync_weights(learner, engine, version=0, bucket_mb=cfg.sync.bucket_mb)
     if not cfg.sync.probe:
         return None
     probe = probe_sequence(learner.arch.vocab_size, cfg.sync.probe_tokens, cfg.seed)
-    tolerance = cfg.sync.probe_tolerance or default_tolerance(cfg.rollout.dtype)
+    tolerance = probe_tolerance(cfg, learner)
     return probe_weights(learner, engine, spec, probe, tolerance, cfg.rollout.engine, 0)["sync/probe_max_abs_diff"]

@@ -121,8 +121,8 @@ class RolloutSetting:
     max_running_requests: int | None = None
     """Request rows of an SGLang engine (``--max-running-requests``; None: SGLang's default, at most 4096); the
     sparse_kv plugin's memory scales with them."""
-    kept_digest: bool = True
-    """The sparse_kv plugin keeps kept-position tables for the samples' digests (the SGLang engine's default)."""
+    kept_digest: bool = False
+    """The sparse_kv plugin keeps kept-position tables for the samples' digests (off: the SGLang engine's default)."""
 
     def __post_init__(self) -> None:
         _positive(rollout_tp=self.tp)

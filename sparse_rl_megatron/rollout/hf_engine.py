@@ -104,7 +104,8 @@ class HFRolloutEngine:
                  group_ids: Sequence[int] | None = None) -> list[Sample]:
         """``n`` samples per prompt, group-major (all samples of prompt 0 first). ``group_ids[p]`` is prompt p's
         GRPO group id (default: p), stamped on its samples and seeding them: a shard of a batch sampled with its
-        global ids gives exactly the samples the whole batch gives."""
+        global ids draws the same uniforms as the whole batch, so it gives the same samples up to float rounding (a row
+batched with other rows may get other BLAS kernels; see ``kv_cache.KEY_ALIGN``)."""
         self._check_resumed("generate")
         if n < 1:
             raise ValueError(f"generate: n must be >= 1; got {n}")

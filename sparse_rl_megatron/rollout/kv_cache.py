@@ -30,8 +30,9 @@ KEY_ALIGN = 16
 """Attention spans over this cache (prefill width, decode key length) are padded with masked slots to a multiple
 of this: CPU attention kernels reduce over keys in SIMD blocks (16 floats with AVX-512) and round a
 partial last block differently, so without it a row's log-probs would depend on the longest row it is batched
-with (measured: ~1e-6 apart). With it a row gives the same bits in any batch, so the samples of one shard of a
-step equal the same samples of the whole step sampled at once (the rollout's work split relies on this)."""
+with (measured: ~1e-6 apart). With it the shapes a row meets vary less, and on some CPUs a row gives the same bits in
+any batch; not on every one (MKL / oneDNN choose kernels by shape and instruction set), so the samples of a shard
+of a step equal those of the whole step up to float rounding (``tests/unit/test_rollout_engine_shards.py``)."""
 
 
 def align_keys(length: int) -> int:

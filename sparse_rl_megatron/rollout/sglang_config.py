@@ -24,8 +24,11 @@ class SGLangEngineConfig:
     """Tokenizer directory ('' = ``model_path``)."""
     compression: CompressionConfig = field(default_factory=CompressionConfig)
     """KV compression of every request (the in-process server's default; sent per request to HTTP servers)."""
-    kept_digest: bool = True
-    """Record a hash of the kept positions of every compression event in each sample's provenance."""
+    kept_digest: bool = False
+    """Record a hash of the kept positions of every compression event in each sample's provenance. Off by default:
+    it costs a blocking device-to-host copy inside the scheduler's forward on every step where some row compresses
+    (the overlap scheduler loses its lead) and ``L x Hkv x (B + W)`` int32 per request row; tests comparing the
+    kept positions with the reference engine turn it on."""
     dtype: str = "auto"
     """Weights and KV dtype of the in-process engine (``auto``, ``float32``, ``bfloat16``, ...)."""
     tp_size: int = 1
@@ -80,6 +83,9 @@ class SGLangEngineConfig:
     """In-process engine: the plugin appends pool-usage lines here (tests, benchmarks)."""
     count_host_syncs: bool = False
     """With ``stats_path``: the lines also count the plugin's host syncs per forward (tests)."""
+    check_tables: bool = False
+    """Tests only: the plugin compares its physical tables with SGLang's rows before every forward and raises on a
+    difference (a host sync per forward)."""
     log_level: str = "error"
     """SGLang log level of the in-process engine."""
     extra_args: dict[str, Any] = field(default_factory=dict)
@@ -116,4 +122,4 @@ class SGLangEngineConfig:
 
         return SparseKVConfig(compression=self.compression, inner_backend=self.inner_backend,
                               kept_digest=self.kept_digest, stats_path=self.stats_path,
-                              count_host_syncs=self.count_host_syncs)
+                              count_host_syncs=self.count_host_syncs, check_tables=self.check_tables)

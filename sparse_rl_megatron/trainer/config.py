@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from sparse_rl_megatron.algo.config import CorrectionConfig
 from sparse_rl_megatron.compression.config import CompressionConfig
@@ -178,7 +178,8 @@ class SyncConfig:
     probe_tokens: int = 32
     """Length of the probe sequence (half prompt, half response), drawn once from the run's seed."""
     probe_tolerance: float | None = None
-    """Largest allowed |log-prob difference| (None: 1e-3 for a float32 engine, 0.1 for 16-bit ones)."""
+    """Largest allowed MEAN |log-prob difference| over the probe's response tokens (None: 1e-3 when the engine and
+    the learner compute in float32, 0.3 when either is 16-bit; derived in ``trainer/weight_sync.py``)."""
 
     def __post_init__(self) -> None:
         if self.bucket_mb < 1:
@@ -285,6 +286,11 @@ class LaunchConfig:
 @dataclass
 class TrainConfig:
     """One ``sparse-rl train`` run."""
+
+    DERIVED_KEYS: ClassVar[dict[str, str]] = {"launch.layout": "launch.gpus", "rollout.sglang": "rollout.engine"}
+    """Recipe keys written for one value of another, dropped when an override changes that other one (unless they
+    are overridden too): a recipe run at another size (``launch.gpus=1``) loses its ``launch.layout`` (the
+    start-up line says what runs); one run with another engine (``rollout.engine=hf``) its ``rollout.sglang``."""
 
     run_dir: str = "runs/train"
     """Where config, metrics, plots, checkpoints, eval results and built models go (one run at a time)."""

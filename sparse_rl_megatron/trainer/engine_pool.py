@@ -9,7 +9,8 @@ Phases, each collective (every rank calls it, engine or not):
 - ``sync``: every rank iterates the learner's export (a collective that gives every rank every bucket); each
   driving rank hands the buckets to its engine(s), a colocated multi-GPU engine gets them per TP rank from the
   learner ranks on its GPUs (``colocated_weights.py``);
-- ``probe``: every engine scores the probe sequence, checked against the learner per engine;
+- ``probe``: every engine scores the probe sequence, checked against the learner's current and previous weights
+  per engine (``weight_sync.probe_verdict``);
 - ``on_engines``: any other per-engine work (evaluation shares, memory release and resume).
 Engine calls run on the engine's own thread (``engine_worker.py``) and are waited for until the phase deadline
 (``phase_timeout_s`` less a margin to report); an engine that fails or hangs fails the phase on every rank
@@ -73,6 +74,9 @@ class EnginePool:
     reward: Any = None
     payloads: Any = None
     """``ColocatedPayloads`` when colocated engines load per-TP-rank payloads (this rank serializes its copy)."""
+    probed: dict[int, torch.Tensor] = field(default_factory=dict)
+    """The learner's log-probs of the probe's response tokens at the versions last probed (the latest one is the
+    previous version of the next probe: a stale engine is closer to it than to the new version)."""
 
     # ---------------------------------------------------------------------------------------------- start
     @classmethod
@@ -276,32 +280,41 @@ class EnginePool:
 
     # ------------------------------------------------------------------------------------------- probe
     def probe(self, learner, probe, tolerance: float, version: int) -> dict[str, float]:
-        """Every engine's dense log-probs of ``probe`` against the learner's. Collective; raises
-        ``WeightSyncError`` on every rank naming each engine (and rank) that is stale or garbled."""
-        from sparse_rl_megatron.trainer.weight_sync import WeightSyncError
+        """Every engine's dense log-probs of ``probe`` against the learner's at ``version`` and, when this pool
+        probed an earlier version, the latest such (``weight_sync.probe_verdict``). Collective; raises
+        ``WeightSyncError`` (one line) on every rank naming the first engine (and rank) that is stale or garbled."""
+        from sparse_rl_megatron.trainer.weight_sync import WeightSyncError, probe_verdict
 
         learner_lp = learner.logprobs(probe)
         mask = probe.response_mask()
+        current = learner_lp[mask]
+        older = [v for v in self.probed if v < version]
+        previous = (max(older), self.probed[max(older)]) if older else None
 
         def work(engine, slot):
             served = getattr(engine, "weight_version", version)
             if served != version:
                 return ("stale", served)
-            return ("diff", float((self.spec.dense_logprobs(engine, probe) - learner_lp).abs()[mask].max()))
+            return ("scored", self.spec.dense_logprobs(engine, probe)[mask])
 
         results = self.on_engines(work, f"scoring the weight-sync probe (version {version})")
-        bad = []
+        bad, verdicts = [], []
         for slot, (kind, value) in zip(self.layout.slots, results):
             label = self.label_of(slot)
             if kind == "stale":
                 bad.append(f"{label} serves weight version {value}, not {version}")
-            elif not value <= tolerance:  # NaN fails too
-                bad.append(f"{label} does not serve the learner's weights (version {version}): its dense log-probs "
-                           f"of the probe sequence differ from the learner's by up to {value:.3g} > "
-                           f"sync.probe_tolerance {tolerance:g}")
+                continue
+            verdict = probe_verdict(value, current, tolerance, version, previous)
+            verdicts.append(verdict)
+            if verdict.problem is not None:
+                bad.append(f"{label} does not serve the learner's weights (version {version}): {verdict.problem}")
         if bad:
-            raise WeightSyncError(bad[0] + (f" (and {len(bad) - 1} more engine(s))" if len(bad) > 1 else ""))
-        return {"sync/probe_max_abs_diff": max(v for _, v in results)}
+            error = WeightSyncError(bad[0] + (f" (and {len(bad) - 1} more engine(s))" if len(bad) > 1 else ""))
+            error.relayed_from_main = not D.is_main()  # every rank found it; rank 0 prints it
+            raise error
+        self.probed = {**dict([previous] if previous else []), version: current}
+        return {"sync/probe_mean_abs_diff": max(v.mean_abs_diff for v in verdicts),
+                "sync/probe_max_abs_diff": max(v.max_abs_diff for v in verdicts)}
 
 
 def _check_group_ids(engine, name: str, world: int) -> None:

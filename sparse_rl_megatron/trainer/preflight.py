@@ -4,7 +4,11 @@ Each problem is one ``UserError`` line naming the field (or file) and the valid 
 its ``config.json``, the parallel layout against the model and the world size, the task, template, reward and
 engine names, where the rollout engines run (``rollout.gpus_per_engine`` against the ranks per node), the data
 sets (named, files, tasks: loaded here, so an empty or label-less file is caught now), an explicit resume
-checkpoint. Every rank runs it (on several nodes each checks its own files).
+checkpoint; the limits a run would otherwise hit after its models load: the longest prompt + ``max_new_tokens``
+of the rollouts and of every evaluation set against the model's context (``max_position_embeddings`` of its
+``config.json``, and the SGLang engine's ``context_length`` if set; prompts measured with the model's tokenizer
+when the directory has one), and a 16-bit learner on a machine without CUDA. Every rank runs it (on several
+nodes each checks its own files).
 """
 from __future__ import annotations
 
@@ -140,10 +144,91 @@ def check_launch_layout(cfg: "TrainConfig", world_size: int, ranks_per_node: int
                         "correct the recipe's launch.layout")
 
 
+def check_learner_dtype(cfg: "TrainConfig", on_gpu: bool) -> None:
+    """Megatron's CPU path trains float32 parameters only (its DDP wrapper refuses CPU bf16/fp16 tensors)."""
+    dtype = cfg.learner.params_dtype
+    if not on_gpu and dtype in ("bfloat16", "float16"):
+        raise UserError(f"learner.params_dtype={dtype} needs a GPU: this machine has no CUDA device, and the learner "
+                        "on CPU takes float32 parameters only; set learner.params_dtype=float32 (or auto: bfloat16 "
+                        "on GPUs, float32 on CPU)")
+
+
+def context_limit(cfg: "TrainConfig", hf_config: dict[str, Any] | None) -> tuple[int, str] | None:
+    """The most tokens (prompt + response) one sequence may have, and where that limit comes from: the model's
+    ``max_position_embeddings`` and the SGLang engine's ``context_length`` (``rollout.sglang.extra_args``), the
+    smaller; None when neither is known (a task's model is built by the run)."""
+    limits = []
+    if hf_config and isinstance(hf_config.get("max_position_embeddings"), int):
+        limits.append((hf_config["max_position_embeddings"],
+                       f"the model's context (max_position_embeddings of {cfg.model_path})"))
+    engine_context = cfg.rollout.sglang.extra_args.get("context_length") if cfg.rollout.engine == "sglang" else None
+    if isinstance(engine_context, int):
+        limits.append((engine_context, "the engine's context (rollout.sglang.extra_args.context_length)"))
+    return min(limits, key=lambda x: x[0]) if limits else None
+
+
+def _prompt_tokenizer(cfg: "TrainConfig"):
+    """The tokenizer of ``model_path`` when the directory (or a Megatron checkpoint's ``hf_assets``) has one."""
+    from pathlib import Path
+
+    from sparse_rl_megatron.utils.preflight import MEGATRON_ASSETS_DIR, has_tokenizer
+
+    for directory in (Path(cfg.model_path), Path(cfg.model_path) / MEGATRON_ASSETS_DIR):
+        if directory.is_dir() and has_tokenizer(directory):
+            from transformers import AutoTokenizer
+
+            try:
+                return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+            except (OSError, ValueError) as err:
+                raise UserError(f"model_path: the tokenizer of {directory} does not load: {err}") from None
+    return None
+
+
+def longest_prompt(data: "Dataset", template: str, tokenizer, room: int | None = None) -> int:
+    """Tokens of ``data``'s longest prompt under ``template`` (as the engines render and tokenize it). With
+    ``room``: when no prompt can be longer than that (a token covers at least one UTF-8 byte; +1 for a
+    SentencePiece word-start marker), the bound is returned without tokenizing."""
+    from sparse_rl_megatron.data.templates import render_prompt
+
+    if tokenizer is None or not len(data):
+        return 0
+    prompts = [render_prompt(template, r.prompt, tokenizer) for r in data.records]
+    bound = max(len(p.encode()) for p in prompts) + 1
+    if room is not None and bound <= room:
+        return bound
+    return max(len(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"])
+
+
+def check_context(cfg: "TrainConfig", hf_config: dict[str, Any] | None, template: str, train: "Dataset | None",
+                  evals: dict[str, "Dataset"]) -> None:
+    """The longest prompt + ``max_new_tokens`` of the rollouts (``train``; None: the command rolls out none) and of
+    every evaluation set fits ``context_limit`` (SGLang refuses a request past it; past ``max_position_embeddings``
+    a model is outside what it was trained on). Prompts count as 0 tokens when the model directory has no
+    tokenizer."""
+    limit = context_limit(cfg, hf_config)
+    if limit is None:
+        return
+    context, where = limit
+    tokenizer = _prompt_tokenizer(cfg)
+    rollout_new = cfg.rollout.sampling.max_new_tokens
+    eval_said = (f"eval.max_new_tokens={cfg.eval.max_new_tokens}" if cfg.eval.max_new_tokens else
+                 f"eval.max_new_tokens (unset: rollout.sampling.max_new_tokens={rollout_new})")
+    uses = [] if train is None else [(rollout_new, f"rollout.sampling.max_new_tokens={rollout_new}",
+                                      "rollout.sampling.max_new_tokens", train, f"data.dataset {cfg.data.dataset}")]
+    uses += [(cfg.eval.max_new_tokens or rollout_new, eval_said, "eval.max_new_tokens", data, f"eval.datasets {name}")
+             for name, data in evals.items()]
+    for new, said, option, data, what in uses:
+        prompt = longest_prompt(data, template, tokenizer, room=context - new)
+        if prompt + new > context:
+            total = f" + the longest prompt of {what} ({prompt} tokens) = {prompt + new}" if tokenizer else ""
+            raise UserError(f"{said}{total} > {context} tokens, {where}; set {option} to at most {context - prompt}")
+
+
 def preflight(cfg: "TrainConfig", world_size: int, ranks_per_node: int | None = None,
-              on_gpu: bool | None = None) -> RunPlan:
+              on_gpu: bool | None = None, lengths: tuple[str, ...] = ("rollout", "eval")) -> RunPlan:
     """Check ``cfg`` against files, registries, ``world_size`` and the rollout layout (``rollout_layout``); load
-    the data. Raises ``UserError``."""
+    the data. ``lengths``: whose lengths must fit the model's context (what the command runs: ``rollout``,
+    ``eval``). Raises ``UserError``."""
     from sparse_rl_megatron.data.templates import TEMPLATES
     from sparse_rl_megatron.rewards.registry import REWARDS
     from sparse_rl_megatron.tasks import is_task_ref
@@ -151,6 +236,11 @@ def preflight(cfg: "TrainConfig", world_size: int, ranks_per_node: int | None = 
     from sparse_rl_megatron.trainer.engines import ENGINES
     from sparse_rl_megatron.utils.registry import UnknownNameError
 
+    if on_gpu is None:
+        import torch
+
+        on_gpu = torch.cuda.is_available()
+    check_learner_dtype(cfg, on_gpu)
     hf_config = check_model(cfg, world_size)
     task = None
     for name, option in ((cfg.model_path, "model_path"), (cfg.data.dataset, "data.dataset")):
@@ -173,5 +263,7 @@ def preflight(cfg: "TrainConfig", world_size: int, ranks_per_node: int | None = 
     train = _load(cfg.data.dataset, cfg, "data.dataset", "train", cfg.data.limit)
     names = cfg.eval.datasets or ([f"task:{task.name}"] if task is not None and is_task_ref(cfg.data.dataset) else [])
     evals = {name: _load(name, cfg, "eval.datasets", "heldout", cfg.eval.limit) for name in names}
+    check_context(cfg, hf_config, template, train if "rollout" in lengths else None,
+                  evals if "eval" in lengths else {})
     return RunPlan(task=task, template=template, reward=reward, train_data=train, eval_data=evals,
                    hf_config=hf_config, layout=layout)

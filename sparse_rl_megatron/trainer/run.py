@@ -64,13 +64,13 @@ class Run:
     # ----------------------------------------------------------------------------------------------- sync
     def sync(self, version: int, push: bool = True) -> dict[str, float]:
         """Push the learner's weights to every engine as ``version`` (unless ``push`` is False), then probe each."""
-        from sparse_rl_megatron.trainer.weight_sync import default_tolerance
+        from sparse_rl_megatron.trainer.weight_sync import probe_tolerance
 
         metrics: dict[str, float] = {}
         if push:
             metrics.update(self.pool.sync(self.learner, version, self.cfg.sync.bucket_mb))
         if self.cfg.sync.probe:
-            tol = self.cfg.sync.probe_tolerance or default_tolerance(self.cfg.rollout.dtype)
+            tol = probe_tolerance(self.cfg, self.learner)
             metrics.update(self.pool.probe(self.learner, self.probe, tol, version))
         return metrics
 
@@ -192,11 +192,11 @@ def start_run(cfg: TrainConfig):
                     f"samples, {cfg.optimizer_steps_per_rollout} optimizer step(s) each")
         # the engine serves the learner's weights from here on: pushed after a resume, probed always
         startup = run.sync(version=run.step, push=resume is not None)
-        if "sync/probe_max_abs_diff" in startup:
+        if "sync/probe_mean_abs_diff" in startup:
             count = run.plan.layout.num_engines
             run.say(f"engine '{cfg.rollout.engine}' serves the learner's weights (version {run.step}) on "
-                    f"{'all ' + str(count) + ' engines' if count > 1 else 'its engine'}: probe max |log-prob diff| "
-                    f"{startup['sync/probe_max_abs_diff']:.2g}")
+                    f"{'all ' + str(count) + ' engines' if count > 1 else 'its engine'}: probe mean |log-prob diff| "
+                    f"{startup['sync/probe_mean_abs_diff']:.2g} (max {startup['sync/probe_max_abs_diff']:.2g})")
         yield run
 
 

@@ -1,7 +1,10 @@
 """Typed configs from YAML: nested dataclasses built from plain dicts, with errors that name the field.
 
 ``load_config(Cls, "recipe.yaml", overrides=["rollout.n=8"])`` reads the YAML, applies ``key.path=value``
-overrides (values parsed as YAML scalars), and builds ``Cls`` recursively. An unknown key is refused with the
+overrides (values parsed as YAML; a string field takes the text as written when the parsed value is not a string,
+so ``launch.layout=rollout: 1 engine`` or ``name=007`` stay strings), and builds ``Cls`` recursively. A recipe key
+that only holds for one value of another (``Cls.DERIVED_KEYS``, e.g. ``launch.layout`` for ``launch.gpus``) is
+dropped (back to its default) when that other key is overridden and it is not. An unknown key is refused with the
 list of valid keys at that level; a value of the wrong type names its dotted path and the expected type.
 Dataclass ``__post_init__`` validation runs as usual; its errors become ``ConfigError`` prefixed with the dotted path.
 
@@ -30,7 +33,31 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
+class OverrideValue(str):
+    """The text of a ``key=value`` override (``str`` itself), with ``parsed``, its YAML reading."""
+
+    parsed: Any
+
+    def __new__(cls, text: str, parsed: Any) -> "OverrideValue":
+        out = super().__new__(cls, text)
+        out.parsed = parsed
+        return out
+
+
+def _takes_str(tp: Any) -> bool:
+    if tp is str:
+        return True
+    return typing.get_origin(tp) in (typing.Union, types.UnionType) and str in typing.get_args(tp)
+
+
 def _convert(tp: Any, value: Any, path: str) -> Any:
+    if isinstance(value, OverrideValue):  # the YAML reading first; a string field keeps the text as written
+        try:
+            return _convert(tp, value.parsed, path)
+        except ConfigError:
+            if _takes_str(tp):
+                return str(value)
+            raise
     origin = typing.get_origin(tp)
     if tp is Any:
         return value
@@ -116,7 +143,7 @@ def to_dict(obj: Any) -> Any:
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``a.b.c=value`` overrides to a nested dict (values parsed as YAML scalars)."""
+    """Apply ``a.b.c=value`` overrides to a nested dict (values ``OverrideValue``: the text and its YAML reading)."""
     import yaml
 
     for item in overrides:
@@ -126,11 +153,13 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         parts = key.strip().split(".")
         node = data
         for part in parts[:-1]:
+            if isinstance(node.get(part), OverrideValue):  # a section given whole by an earlier override
+                node[part] = node[part].parsed
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override '{item}': '{part}' is not a section")
         try:
-            node[parts[-1]] = yaml.safe_load(raw)
+            node[parts[-1]] = OverrideValue(raw, yaml.safe_load(raw))
         except yaml.YAMLError as err:
             raise ConfigError(f"override '{item}': the value is not valid YAML ({_yaml_problem(err)})") from None
     return data
@@ -206,5 +235,40 @@ def load_recipe(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, An
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
     """Read a YAML recipe (or start empty) with its includes, apply overrides, and build ``cls``."""
     data: dict[str, Any] = load_recipe(path) if path is not None else {}
-    apply_overrides(data, list(overrides or []))
+    overrides = list(overrides or [])
+    drop_derived(data, getattr(cls, "DERIVED_KEYS", {}), overrides)
+    apply_overrides(data, overrides)
     return from_dict(cls, data)
+
+
+def _lookup(data: dict[str, Any], key: str) -> tuple[Any, str]:
+    """The mapping that holds dotted ``key`` in ``data`` (None when a section is missing) and its last part."""
+    *sections, last = key.split(".")
+    node: Any = data
+    for part in sections:
+        node = node.get(part) if isinstance(node, dict) else None
+    return (node if isinstance(node, dict) else None), last
+
+
+def drop_derived(data: dict[str, Any], derived: dict[str, str], overrides: list[str]) -> None:
+    """Remove from ``data`` each key of ``derived`` (``{"launch.layout": "launch.gpus"}``: a dotted key that holds
+    for one value of another) whose source key an override changes while the key itself is not overridden."""
+    import yaml
+
+    given: dict[str, str] = {}
+    for item in overrides:
+        if "=" in item:
+            key, raw = item.split("=", 1)
+            given[key.strip()] = raw
+    for key, source in derived.items():
+        if source not in given or any(k == key or k.startswith(key + ".") for k in given):
+            continue
+        holder, name = _lookup(data, source)
+        try:
+            if holder is not None and holder.get(name) == yaml.safe_load(given[source]):
+                continue  # overridden with the recipe's own value
+        except yaml.YAMLError:
+            pass  # apply_overrides names the bad value
+        node, last = _lookup(data, key)
+        if node is not None:
+            node.pop(last, None)

@@ -24,3 +24,22 @@ def test_failure_shows_the_rank_traceback():
 def test_missing_check_reports_the_output_tail():
     with pytest.raises(pytest.fail.Exception, match=r"exit code 1(.|\n)*tail of the launch output"):
         result({}).check("never_ran")
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_one_failed_check_fails_its_own_test_only(tmp_path, nproc):
+    """A real launch of a worker with seeded failures: the failed comparison is reported with its message on
+    every rank, the checks after it run and pass; in one process an exception fails only its check."""
+    from mcore_harness import launch
+
+    res = launch("w_failing_checks.py", nproc, [], tmp_path, timeout=120)
+    assert res.returncode != 0, "a worker with a failed check must exit non-zero"
+    with pytest.raises(pytest.fail.Exception, match=r"failed on rank 0 \(of ranks \[0(, 1)?\]\)(.|\n)*"
+                                                    r"expected: seeded mismatch"):
+        res.check("mismatch")
+    assert sorted(res.records["mismatch"]) == list(range(nproc))
+    res.check("after_mismatch")
+    if nproc == 1:
+        with pytest.raises(pytest.fail.Exception, match="RuntimeError: seeded crash"):
+            res.check("crash")
+        res.check("after_crash")

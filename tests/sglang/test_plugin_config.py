@@ -61,7 +61,9 @@ def test_engine_config_is_checked_early():
     with pytest.raises(ValueError, match="'h2o' is not supported"):
         SGLangEngineConfig(model_path="m", compression=CompressionConfig(method="h2o"))
     plugin = SGLangEngineConfig(model_path="m", compression=CompressionConfig(method="rkv")).plugin_config()
-    assert isinstance(plugin, SparseKVConfig) and json.loads(plugin.to_json())["kept_digest"] is True
+    assert isinstance(plugin, SparseKVConfig) and json.loads(plugin.to_json())["kept_digest"] is False
+    plugin = SGLangEngineConfig(model_path="m", kept_digest=True, check_tables=True).plugin_config()
+    assert plugin.kept_digest and plugin.check_tables
     # the trainer builds it from YAML with the project's config loader; errors name the dotted field
     built = from_dict(SGLangEngineConfig, {"urls": ["http://a:1"], "weight_sync": "distributed",
                                            "compression": {"method": "snapkv", "budget": 256}})

@@ -110,7 +110,8 @@ def test_forced_retraction_ends_compressed_and_correct_or_refused(tiny_model_dir
     compression = CompressionConfig(**RKV)
     late = CompressionConfig(method="rkv", budget=12, window=2, buffer=4)
     config = SGLangEngineConfig(model_path=str(tiny_model_dir), compression=late, dtype="float32",
-                                max_total_tokens=512, radix_cache=False, max_resubmits=30)
+                                max_total_tokens=512, radix_cache=False, max_resubmits=30,
+                                kept_digest=True)
     with scheduler_env(SGLANG_TEST_RETRACT="1", SGLANG_TEST_RETRACT_INTERVAL="4"):
         engine = SGLangRolloutEngine(config)
     try:

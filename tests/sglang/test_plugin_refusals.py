@@ -27,6 +27,11 @@ FEATURES = {   # a setting that turns the feature on -> the flag the refusal nam
     "CUDA graphs": ({"disable_cuda_graph": False}, "does not support CUDA graphs"),
     "breakable CUDA graphs": ({"disable_cuda_graph": False, "cuda_graph_backend_decode": "disabled",
                                "cuda_graph_backend_prefill": "breakable"}, "breakable ones included"),
+    # the legacy flag is overridden by SGLang's per-phase flags and its JSON config (resolved per phase)
+    "CUDA graphs, per-phase decode flag": ({"disable_cuda_graph": True, "cuda_graph_backend_decode": "full"},
+                                           "resolved: decode full, prefill disabled"),
+    "CUDA graphs, JSON config": ({"disable_cuda_graph": True, "cuda_graph_config": {"decode": {"backend": "full"}}},
+                                 "resolved: decode full, prefill disabled"),
     "pipeline parallelism": ({"pp_size": 2}, "pp_size=2: pipeline parallelism"),
     "MoE all-to-all": ({"moe_a2a_backend": "deepep"}, "moe_a2a_backend=deepep"),
 }

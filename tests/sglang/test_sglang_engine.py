@@ -29,7 +29,7 @@ def engine(tiny_model_dir, tmp_path_factory):
 
     stats = tmp_path_factory.mktemp("stats") / "pool.jsonl"
     config = SGLangEngineConfig(model_path=str(tiny_model_dir), compression=SERVER, dtype="float32",
-                                max_total_tokens=2048, stats_path=str(stats), count_host_syncs=True)
+                                max_total_tokens=2048, kept_digest=True, stats_path=str(stats), count_host_syncs=True)
     with scheduler_env():
         eng = SGLangRolloutEngine(config)
     yield eng

@@ -42,7 +42,7 @@ def engine(tiny_model_dir, tmp_path_factory):
 
     stats = tmp_path_factory.mktemp("stats") / "pool.jsonl"
     config = SGLangEngineConfig(model_path=str(tiny_model_dir), compression=SERVER, dtype="float32",
-                                max_total_tokens=2048, stats_path=str(stats), inner_backend="triton",
+                                max_total_tokens=2048, kept_digest=True, stats_path=str(stats), inner_backend="triton",
                                 extra_args={"triton_attention_num_kv_splits": SPLITS})
     with scheduler_env():
         eng = SGLangRolloutEngine(config)

@@ -106,3 +106,39 @@ def test_exponent_without_a_dot_is_a_float(tmp_path):
     assert load_config(Outer, None, ["inner.ratio=3e-5"]).inner.ratio == 3e-5
     with pytest.raises(ConfigError, match=r"inner.ratio: expected float, got 'fast'"):
         load_config(Outer, None, ["inner.ratio=fast"])
+
+
+def test_an_override_of_a_string_field_stays_the_text_as_written():
+    # YAML reads these as a mapping, an int, a bool; a str field keeps the text (other fields the YAML value)
+    cfg = load_config(Outer, None, ["name=rollout: 1 sglang engine", "inner.method=007", "extra={k: 1}", "seed=3"])
+    assert cfg.name == "rollout: 1 sglang engine" and cfg.inner.method == "007"
+    assert cfg.extra == {"k": 1} and cfg.seed == 3
+    assert load_config(Outer, None, ["name=true"]).name == "true"
+    assert load_config(Outer, None, ["name='quoted'"]).name == "quoted"  # YAML quoting still works
+    with pytest.raises(ConfigError, match=r"^inner.budget: expected int, got {'x': 1}$"):
+        load_config(Outer, None, ["inner.budget=x: 1"])  # a non-string field is not rescued by the text
+    # a whole section, then a key inside it
+    assert load_config(Outer, None, ["inner={budget: 8}", "inner.ratio=2"]).inner == Inner(budget=8, ratio=2.0)
+
+
+@dataclass
+class Launch:
+    gpus: int | None = None
+    layout: str = ""
+
+
+@dataclass
+class Scaled:
+    DERIVED_KEYS = {"launch.layout": "launch.gpus"}
+    launch: Launch = field(default_factory=Launch)
+
+
+def test_a_derived_key_is_dropped_when_its_source_is_overridden(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("launch:\n  gpus: 4\n  layout: 'rollout: 4 engines'\n")
+    assert load_config(Scaled, path).launch == Launch(4, "rollout: 4 engines")
+    assert load_config(Scaled, path, ["launch.gpus=1"]).launch == Launch(1, "")
+    assert load_config(Scaled, path, ["launch.gpus=1", "launch.layout=rollout: 1 engine"]).launch == Launch(
+        1, "rollout: 1 engine")
+    assert load_config(Scaled, None, ["launch.gpus=2"]).launch == Launch(2, "")
+    assert load_config(Scaled, path, ["launch.gpus=4"]).launch == Launch(4, "rollout: 4 engines")  # unchanged

@@ -118,11 +118,11 @@ def test_table_has_a_row_per_setting_and_every_column():
 
 
 def test_dense_check_says_whether_engine_and_learner_agree():
-    ok, line = dense_check(_document(1e-6))
-    assert ok and line.startswith("dense: max |log rho| 1e-06 <= 0.001: the engine and the learner agree")
-    ok, line = dense_check(_document(0.02))
-    assert not ok and line.startswith("dense: max |log rho| 0.02 > 0.001 (sync.probe_tolerance): the engine and the "
-                                      "learner disagree even without compression")
+    ok, line = dense_check(_document(5e-6))  # mean over the dense row's 5 tokens: 1e-6
+    assert ok and line.startswith("dense: mean |log rho| 1e-06 <= 0.001: the engine and the learner agree")
+    ok, line = dense_check(_document(0.1))
+    assert not ok and line.startswith("dense: mean |log rho| 0.02 > 0.001 (sync.probe_tolerance): the engine and "
+                                      "the learner disagree even without compression")
 
 
 def test_histogram_png(tmp_path):

@@ -62,10 +62,13 @@ def test_qwen25_7b_tp4_by_hand():
     pool = 0.85 * 80 * GIB - 2 * 7_615_616_512 / 4  # rollout TP 4: the bf16 weights split 4 ways
     per_gpu = 57_344 // 4
     # the SGLang plugin on each GPU, out of the KV budget: 4096 + 1 request rows of the 32768 + 4 context;
-    # int32 tables, bf16 query rings of 28 layers x 7 query heads x alpha 8 x 128, int32 kept positions of
-    # 28 layers x 1 KV head x (B + W)
-    plugin = 4097 * 32_772 * 4 + 28 * 4097 * 7 * 8 * 128 * 2 + 28 * 4097 * 1 * 640 * 4
+    # int32 tables, bf16 query rings of 28 layers x 7 query heads x alpha 8 x 128 (kept digests off by default;
+    # with them, int32 kept positions of 28 layers x 1 KV head x (B + W))
+    plugin = 4097 * 32_772 * 4 + 28 * 4097 * 7 * 8 * 128 * 2
     assert dense.plugin is None and rkv.plugin.total == plugin
+    with_digest = plan(compression=dict(method="rkv", budget=512, buffer=128),
+                       rollout=RolloutSetting(tp=4, kept_digest=True)).kv[1].plugin.total
+    assert with_digest == plugin + 28 * 4097 * 1 * 640 * 4
     assert dense.pool_per_gpu == pool and rkv.pool_per_gpu == pool - plugin
     assert rkv.bytes_per_sequence_per_gpu == 640 * per_gpu
     assert (dense.concurrent_per_engine, rkv.concurrent_per_engine) == (int(pool // (4607 * per_gpu)),
@@ -219,7 +222,7 @@ def test_kv_bytes_equal_what_the_reference_engine_holds(monkeypatch, method):
 def test_plugin_memory_follows_max_running_requests(capsys):
     args = ["plan", "--model", "qwen2.5-7b", "--gpus", "8", "--tp", "2", "--prompts", "128", "--samples", "16",
             "--rollout-tp", "1", "--compression", "rkv", "--budget", "512", "--buffer", "128"]
-    assert main(args) == 0 and "| sparse_kv plugin per GPU (SGLang, request rows) | - | 7.72 GiB (4,097) |" in \
+    assert main(args) == 0 and "| sparse_kv plugin per GPU (SGLang, request rows) | - | 6.63 GiB (4,097) |" in \
         capsys.readouterr().out
     assert main(args + ["--max-running-requests", "1536"]) == 0
-    assert "| - | 2.90 GiB (1,537) |" in capsys.readouterr().out
+    assert "| - | 2.49 GiB (1,537) |" in capsys.readouterr().out

@@ -72,3 +72,99 @@ def test_cli_prints_a_user_error_as_one_line(tmp_path):
     assert out.returncode == 2
     assert "config file" in out.stderr and "x.yaml does not exist" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+# ------------------------------------------------------------------ limits checked before any model loads
+def _model_dir(path, context: int, tokenizer: bool = True):
+    """An HF directory that passes the file checks (config + empty weights; nothing loads them), with the tiny
+    tokenizer, for a model of ``context`` positions."""
+    import json
+
+    from sparse_rl_megatron.utils.tiny_models import build_tiny_tokenizer
+
+    path.mkdir(parents=True, exist_ok=True)
+    config = {"model_type": "qwen2", "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 256,
+              "max_position_embeddings": context}
+    (path / "config.json").write_text(json.dumps(config))
+    (path / "model.safetensors").write_bytes(b"")
+    if tokenizer:
+        build_tiny_tokenizer().save_pretrained(path)
+    return path
+
+
+def _train_cfg(tmp_path, context: int = 1024, tokenizer: bool = True, overrides: tuple[str, ...] = ()):
+    from sparse_rl_megatron.trainer.config import TrainConfig
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "1+1?", "answer": "2"}\n{"prompt": "What is 2 + 3 * 4 - 5?", "answer": "9"}\n')
+    model = _model_dir(tmp_path / "m", context, tokenizer)
+    return load_config(TrainConfig, None, [f"model_path={model}", f"run_dir={tmp_path / 'run'}",
+                                           f"data.dataset={data}", *overrides])
+
+
+def _longest_prompt(model_dir) -> int:
+    """As the engines count it: the directory's tokenizer (AutoTokenizer reads the model type from config.json)."""
+    from transformers import AutoTokenizer
+
+    from sparse_rl_megatron.data.templates import render_prompt
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    return max(len(tok(render_prompt("qwen25_chat", p, tok), add_special_tokens=False)["input_ids"])
+               for p in ("1+1?", "What is 2 + 3 * 4 - 5?"))
+
+
+def test_rollout_length_must_fit_the_models_context(tmp_path):
+    from sparse_rl_megatron.trainer.preflight import preflight
+
+    prompt = _longest_prompt(_model_dir(tmp_path / "m", 256))
+    fits = 256 - prompt  # prompt + max_new_tokens == context: SGLang accepts it (it refuses a total past it)
+    preflight(_train_cfg(tmp_path, 256, overrides=(f"rollout.sampling.max_new_tokens={fits}",)), 1, on_gpu=False)
+    cfg = _train_cfg(tmp_path, 256, overrides=(f"rollout.sampling.max_new_tokens={fits + 1}",))
+    with pytest.raises(UserError, match=rf"^rollout.sampling.max_new_tokens={fits + 1} \+ the longest prompt of "
+                                        rf"data.dataset .*d.jsonl \({prompt} tokens\) = 257 > 256 tokens, the model's "
+                                        rf"context \(max_position_embeddings of .*/m\); set "
+                                        rf"rollout.sampling.max_new_tokens to at most {fits}$"):
+        preflight(cfg, 1, on_gpu=False)
+    # without a tokenizer in the directory the prompts are not measured: max_new_tokens alone
+    cfg = _train_cfg(tmp_path / "b", 256, tokenizer=False, overrides=("rollout.sampling.max_new_tokens=257",))
+    with pytest.raises(UserError, match=r"^rollout.sampling.max_new_tokens=257 > 256 tokens, the model's context"):
+        preflight(cfg, 1, on_gpu=False)
+
+
+def test_every_evaluation_length_must_fit(tmp_path):
+    from sparse_rl_megatron.trainer.preflight import preflight
+
+    evals = tmp_path / "heldout.jsonl"
+    evals.write_text('{"prompt": "3+3?", "answer": "6"}\n')
+    cfg = _train_cfg(tmp_path, 256, overrides=(f"eval.datasets=[{evals}]", "eval.max_new_tokens=250",
+                                               "rollout.sampling.max_new_tokens=8"))
+    with pytest.raises(UserError, match=r"^eval.max_new_tokens=250 \+ the longest prompt of eval.datasets "
+                                        r".*heldout.jsonl \(\d+ tokens\) = \d+ > 256 tokens, .*; set "
+                                        r"eval.max_new_tokens to at most \d+$"):
+        preflight(cfg, 1, on_gpu=False)
+    # unset: the evaluation uses the rollout's length
+    cfg = _train_cfg(tmp_path, 256, overrides=(f"eval.datasets=[{evals}]", "rollout.sampling.max_new_tokens=8"))
+    assert preflight(cfg, 1, on_gpu=False).eval_data
+
+
+def test_the_sglang_engines_context_length_is_a_limit_too(tmp_path):
+    from sparse_rl_megatron.trainer.preflight import preflight
+
+    cfg = _train_cfg(tmp_path, overrides=("rollout.engine=sglang", "rollout.sglang.extra_args={context_length: 64}",
+                                          "rollout.sampling.max_new_tokens=60"))
+    with pytest.raises(UserError, match=r"^rollout.sampling.max_new_tokens=60 \+ .* > 64 tokens, the engine's "
+                                        r"context \(rollout.sglang.extra_args.context_length\); set "):
+        preflight(cfg, 1, on_gpu=False)
+
+
+def test_a_16_bit_learner_needs_a_gpu(tmp_path):
+    from sparse_rl_megatron.trainer.preflight import preflight
+
+    cfg = _train_cfg(tmp_path, overrides=("learner.params_dtype=bfloat16",))
+    with pytest.raises(UserError, match=r"^learner.params_dtype=bfloat16 needs a GPU: this machine has no CUDA "
+                                        r"device.*; set learner.params_dtype=float32"):
+        preflight(cfg, 1, on_gpu=False)
+    assert preflight(cfg, 1, on_gpu=True).train_data  # on GPUs it is the recipes' dtype
+    preflight(_train_cfg(tmp_path, overrides=("learner.params_dtype=auto",)), 1, on_gpu=False)

@@ -40,6 +40,8 @@ def _cfg(model_dir: Path, run_dir: Path):
 
     return from_dict(TrainConfig, {"model_path": str(model_dir), "run_dir": str(run_dir), "warm_start": {},
                                    "data": {"dataset": "task:modchain"},
+                                   # within the tiny model's 256-token context (preflight checks the rollout too)
+                                   "rollout": {"sampling": {"max_new_tokens": 12}},
                                    "eval": {"limit": 3, "max_new_tokens": 12, "modes": ["dense", "sparse"]}})
 
 
@@ -55,7 +57,7 @@ def _fresh_engine_per_cache(cfg, model_dir: Path, works: list[Path]) -> list[dic
     results = []
     for cache, work in zip(CACHES, works):
         ecfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, compression=cache))
-        plan = preflight(ecfg, 1)
+        plan = preflight(ecfg, 1, lengths=("eval",))
         spec = ENGINES.get(ecfg.rollout.engine)
         engine = spec.build(str(model_dir), ecfg.rollout, False)
         with make_reward(ecfg, plan) as reward:

@@ -216,6 +216,23 @@ def test_a_recipe_layout_that_does_not_say_what_starts_is_refused():
     check_launch_layout(cfg, 16, ranks_per_node=8)  # another size: the recipe's words do not apply
 
 
+def test_a_recipe_scales_down_with_launch_gpus():
+    from sparse_rl_megatron.trainer.preflight import check_launch_layout
+
+    recipe = ROOT / "configs" / "recipes" / "qwen2.5-1.5b" / "rkv.yaml"
+    cfg = load_config(TrainConfig, recipe, ["launch.gpus=1"])  # the recipe's 4-GPU layout line no longer applies
+    assert cfg.launch.gpus == 1 and cfg.launch.layout == ""
+    check_launch_layout(cfg, 1, ranks_per_node=1)
+    said = "rollout: 1 sglang engine x TP1 on rank 0 (GPU 0), 128 groups"
+    cfg = load_config(TrainConfig, recipe, ["launch.gpus=1", f"launch.layout={said}"])  # YAML would read a mapping
+    assert cfg.launch.layout == said
+    assert load_config(TrainConfig, recipe).launch.layout.startswith("1 node x 4 GPUs")
+    # another engine: the recipe's SGLang options are dropped (they would be refused with the hf engine)
+    hf = load_config(TrainConfig, recipe, ["rollout.engine=hf"])
+    assert hf.rollout.engine == "hf" and hf.rollout.sglang == TrainConfig().rollout.sglang
+    assert load_config(TrainConfig, recipe, ["rollout.engine=sglang"]).rollout.sglang.memory_saver  # kept
+
+
 def test_sglang_engines_sample_from_the_runs_seed_unless_told():
     cfgs = [from_dict(TrainConfig, {"seed": seed, "rollout": {"engine": "sglang"}}) for seed in (0, 7)]
     assert [c.rollout.sglang.random_seed for c in cfgs] == [None, None]  # the recipe leaves it to the run

@@ -5,7 +5,13 @@ import only megatron-core and the project), so both sides agree on every number.
 """
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: the suite's error model, for the workers
+import numerics  # noqa: E402
 
 # Llama 3.x RoPE scaling (HF rope_type "llama3"), shrunk so that it matters at the test's <= 24 positions:
 # with head_dim 8 and rope_theta 100 the wavelengths are 6.3, 19.9, 62.8 and 199 tokens; the thresholds
@@ -30,12 +36,52 @@ MODELS = {
                   intermediate_size=128, tie_word_embeddings=True),
 }
 SEED = 0
+NUM_LAYERS = 2  # build_tiny_model's default depth
 NORM_STD = 0.2  # norm weights: 1 + NORM_STD * N(0, 1)
 INIT_STD = 0.2  # peaked next-token distributions (logits of order 10): parity is checked where it is hard
 
-LOGIT_ATOL = 1e-4  # the issue's bar for fp32 logits parity with HF
-LOGPROB_ATOL = 1e-4
-CHUNK_ATOL = 1e-6  # chunked vs unchunked head: same math, different matmul shapes
+PARITY_SEQ = 24  # tokens per row of ``parity_ids()`` and at most in ``sequences()``: the attention's reduction
+
+
+def forward_reductions(name: str) -> list[int]:
+    """``numerics.transformer_reductions`` of model ``name``: what two implementations of the same forward, HF's
+    and the learner's at any TP x PP, may sum in other orders (at most ``PARITY_SEQ`` keys)."""
+    m = MODELS[name]
+    hd = m.get("head_dim", m["hidden_size"] // m["num_heads"])
+    return numerics.transformer_reductions(m["hidden_size"], hd, m["num_heads"], m["intermediate_size"],
+                                           NUM_LAYERS, PARITY_SEQ)
+
+
+def logits_atol(name: str, max_abs_logit: float) -> float:
+    """Learner vs HF logits: the chain bound of ``numerics`` over ``forward_reductions`` at the logits' scale.
+    (For qwen2_tied, |logit| ~ 10: ~8e-3; a wrong weight, sign or position moves logits by O(1).)"""
+    return numerics.chain_bound(forward_reductions(name), max_abs_logit)
+
+
+def logprob_atol(name: str, max_abs_logit: float) -> float:
+    """Learner vs ``log_softmax(HF logits)``: ``numerics.forward_logprob_bound``."""
+    return numerics.forward_logprob_bound(forward_reductions(name), MODELS[name]["vocab_size"], max_abs_logit)
+
+
+def step_rtol(name: str) -> float:
+    """Relative error of a training step's loss and gradient norm, learner vs HF: the forward chain, the backward
+    chain through the same reductions (the transposed matmuls sum over the other dimension of each weight,
+    the same set of lengths here) and the weight gradients' sum over the batch's tokens, at scale 1 (relative).
+    (~2e-3: a doubled gradient or a loss counted twice is off by 100%.)"""
+    return numerics.chain_bound(2 * forward_reductions(name) + [PARITY_SEQ * 6], 1.0)
+
+
+def chunk_atol(hf: dict[str, torch.Tensor], name: str) -> float:
+    """Chunked vs unchunked LM head on the same hidden states (``numerics.logprob_head_bound``), from the
+    checkpoint's weights: |h|_2 <= sqrt(H) max|g| after the final RMSNorm (x / rms(x) has norm sqrt(H)), the
+    largest row norm of the head, |z| <= |h|_2 max_v |W_v|_2."""
+    m = MODELS[name]
+    head = hf.get("lm_head.weight", hf["model.embed_tokens.weight"])
+    h_norm = m["hidden_size"] ** 0.5 * hf["model.norm.weight"].abs().max().item()
+    row = head.norm(dim=1).max().item()
+    return numerics.logprob_head_bound(m["hidden_size"], m["vocab_size"], h_norm, row, h_norm * row)
+
+
 # One Adam step moves a weight by lr * g / (|g| + eps): about lr * sign(g). A layout changes the gradient
 # only by float reassociation (absolute ~1e-9 here), so after one step the weights agree with the
 # single-process HF reference within lr * 1e-9 / eps. With eps = 1e-8 a weight whose gradient is ~0 would

