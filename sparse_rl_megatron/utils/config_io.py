@@ -83,10 +83,11 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
         (item_tp, *_) = typing.get_args(tp) or (Any,)
         items = [_convert(item_tp, v, f"{path}[{i}]") for i, v in enumerate(value)]
         return items if origin is list else tuple(items)
-    if origin is dict:
+    if origin is dict or tp is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{path}: expected a mapping, got {value!r}")
-        return dict(value)
+        (_, value_tp) = typing.get_args(tp) or (Any, Any)  # each value converted: an override inside is its YAML
+        return {k: _convert(value_tp, v, f"{path}.{k}") for k, v in value.items()}  # value, not an OverrideValue
     if origin is typing.Literal:
         allowed = typing.get_args(tp)
         if value not in allowed:
