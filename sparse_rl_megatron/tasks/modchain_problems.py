@@ -20,9 +20,9 @@ distractors.
 
 The mod-10 family has a shortcut (``tasks/audit.py``, docs/embedded-default.md): every period of its maps
 divides 20, so with N = 30 the answer x_30 is x_10, and it equals the start x0 on 62% of the problems. The
-shortcut-free families use a prime modulus whose multipliers are primitive roots (every orbit but the fixed
-point has period M - 1 > N) or mod 100 with multipliers 1 mod 20 and unit offsets (periods 50 or 100), and skip
-the fixed-point starts, so no start and no early state equals the answer.
+shortcut-free families have periods longer than N: ``alternating`` offsets mod 31 (two steps add a + b: a state
+returns at an even lag after 62 steps, at odd lags by coincidence; what the 2-layer model learns), or affine mod 100 with multipliers 1 mod 20 and unit offsets
+(periods 100).
 """
 from __future__ import annotations
 
