@@ -165,3 +165,18 @@ def test_shortcut_free_accuracy_from_an_evaluation_section():
     assert shortcut_free_metrics("p", plain, {"problems": [{"correct": 1, "samples": [{}]}]}) == {}
     with pytest.raises(ValueError, match="3 evaluated problems for 16 records"):
         shortcut_free_metrics("p", ds, {"problems": section["problems"][:3]})
+
+
+def test_the_shortcut_free_recipe_is_the_default_on_modchain31_weak():
+    from pathlib import Path
+
+    from sparse_rl_megatron.trainer.config import TrainConfig
+    from sparse_rl_megatron.utils.config_io import load_config, to_dict
+
+    configs = Path(__file__).resolve().parents[2] / "configs"
+    default, free = (to_dict(load_config(TrainConfig, configs / f)) for f in ("cpu_default.yaml", "cpu_modchain31.yaml"))
+    assert free["model_path"] == free["data"]["dataset"] == "task:modchain31_weak" and free["warm_start"] == {"steps": 1000}
+    changed = {k for k in default if default[k] != free[k]}
+    assert changed == {"run_dir", "model_path", "data", "warm_start"}
+    assert {k for k in default["data"] if default["data"][k] != free["data"][k]} == {"dataset"}
+    assert get_task(free["model_path"]).response_tokens <= free["rollout"]["sampling"]["max_new_tokens"]
