@@ -312,7 +312,9 @@ class EnginePool:
             error = WeightSyncError(bad[0] + (f" (and {len(bad) - 1} more engine(s))" if len(bad) > 1 else ""))
             error.relayed_from_main = not D.is_main()  # every rank found it; rank 0 prints it
             raise error
-        self.probed = {**dict([previous] if previous else []), version: current}
+        self.probed = {version: current}  # and the previous version's, for a probe of this version again
+        if previous is not None:
+            self.probed[previous[0]] = previous[1]
         return {"sync/probe_mean_abs_diff": max(v.mean_abs_diff for v in verdicts),
                 "sync/probe_max_abs_diff": max(v.max_abs_diff for v in verdicts)}
 

@@ -220,7 +220,7 @@ def check_context(cfg: "TrainConfig", hf_config: dict[str, Any] | None, template
     for new, said, option, data, what in uses:
         prompt = longest_prompt(data, template, tokenizer, room=context - new)
         if prompt + new > context:
-            total = f" + the longest prompt of {what} ({prompt} tokens) = {prompt + new}" if tokenizer else ""
+            total = "" if tokenizer is None else f" + the longest prompt of {what} ({prompt} tokens) = {prompt + new}"
             raise UserError(f"{said}{total} > {context} tokens, {where}; set {option} to at most {context - prompt}")
 
 

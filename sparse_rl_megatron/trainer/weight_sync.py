@@ -31,7 +31,8 @@ PROBE_TOLERANCE_16BIT = 0.3
 the probe's response tokens: bf16 rounding (8-bit mantissa, relative error 2^-8 per rounding) compounds with depth,
 and its per-token maximum grows with the number of tokens, so a maximum flags noise. Measured on SmolLM2-135M-
 Instruct (30 layers, its real weights: ``models/gguf_import.py``; 16-token probe responses of seeds 0-9), the HF
-engine in bf16 vs float32: mean 0.041-0.142, max up to 0.41; the same engine with wrong weights, one tensor's
+engine in bf16 vs float32: mean 0.041-0.142, max up to 0.41 (SGLang in bf16 on CPU vs the fp32 learner, seed 0:
+mean 0.043-0.052, max up to 0.14); the same HF engine with wrong weights, one tensor's
 elements shuffled (layer 0 q_proj, layer 15 o_proj, layer 29 down_proj, the final norm) or bf16 bits read as
 fp16: mean 0.44 at the least (a shuffled o_proj), 2.9 to 250 for the others. Tolerance = 2 x the largest noise
 mean (0.28: what the stale check in ``probe_verdict`` needs to be exact), rounded up: 0.3, below 0.44."""

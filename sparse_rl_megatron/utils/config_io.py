@@ -44,6 +44,18 @@ class OverrideValue(str):
         return out
 
 
+def _plain(value: Any) -> Any:
+    """``value`` with every ``OverrideValue`` inside it replaced by its YAML reading (for untyped fields: a
+    mapping such as ``warm_start`` given key by key, which is later written back to YAML)."""
+    if isinstance(value, OverrideValue):
+        return _plain(value.parsed)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    return value
+
+
 def _takes_str(tp: Any) -> bool:
     if tp is str:
         return True
@@ -60,7 +72,7 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
             raise
     origin = typing.get_origin(tp)
     if tp is Any:
-        return value
+        return _plain(value)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
         if value is None and type(None) in args:
@@ -86,8 +98,7 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{path}: expected a mapping, got {value!r}")
-        (_, value_tp) = typing.get_args(tp) or (Any, Any)  # each value converted: an override inside is its YAML
-        return {k: _convert(value_tp, v, f"{path}.{k}") for k, v in value.items()}  # value, not an OverrideValue
+        return _plain(dict(value))
     if origin is typing.Literal:
         allowed = typing.get_args(tp)
         if value not in allowed:

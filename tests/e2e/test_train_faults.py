@@ -16,6 +16,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,20 @@ def test_a_failed_save_stops_the_run_in_one_line_and_keeps_the_previous_checkpoi
     assert problem(step1, FORMAT_VERSION) is None
     out = _ok(_run(run_dir, _env(shared_data), "steps=3"))  # the fault gone: the re-run resumes from step 1
     assert f"resuming from {step1}" in out and [r["step"] for r in _records(run_dir)] == [1, 2, 3]
+
+
+def test_an_engine_that_fails_the_probe_at_start_up_stops_the_run_in_one_line(tmp_path, shared_data):
+    # the tiny model (fp32 learner and engine: ~1e-7 apart) under a tolerance nothing meets: the start-up probe
+    # fails before any step, as a wrong or garbled engine would, in one line naming the engine and its rank
+    run_dir, recipe = tmp_path / "probe", tmp_path / "tiny.yaml"
+    recipe.write_text("model_path: tiny\nsteps: 1\ndata: {dataset: gsm8k_train}\nlog: {progress: false}\n"
+                      "rollout: {prompts_per_step: 1, samples_per_prompt: 2, sampling: {max_new_tokens: 4}}\n")
+    cmd = [sys.executable, "-m", "sparse_rl_megatron.cli", "train", "--config", str(recipe), f"run_dir={run_dir}",
+           "eval.at_start=false", "sync.probe_tolerance=1e-12"]
+    proc = subprocess.run(cmd, env=_env(shared_data), cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT_S)
+    line = _one_error_line(proc)
+    assert line.startswith("sparse-rl train: error: rollout engine 'hf' #0 on rank 0 does not serve the learner's "
+                           "weights (version 0): its dense log-probs of the probe sequence differ from the "
+                           "learner's by "), line
+    assert line.endswith("> sync.probe_tolerance 1e-12: garbled or wrong weights"), line
+    assert not (run_dir / "metrics.jsonl").exists() or not (run_dir / "metrics.jsonl").read_text().strip()

@@ -29,14 +29,17 @@ def _fingerprint(gguf: Path) -> str:
 
 
 @pytest.fixture(scope="session")
-def smollm2(request) -> Path:
-    """The HF directory of SmolLM2-135M-Instruct (converted on first use)."""
+def smollm2(request, tmp_path_factory) -> Path:
+    """The HF directory of SmolLM2-135M-Instruct (converted on first use; every session when pytest runs without
+    its cache, ``-p no:cacheprovider``)."""
     from sparse_rl_megatron.models.gguf_import import SMOLLM2_PACKAGE, packaged_gguf
 
     gguf = packaged_gguf()
     if gguf is None:
         pytest.skip(f"{SMOLLM2_PACKAGE} is not installed (bash launch/setup_env.sh --test installs it)")
-    out = Path(request.config.cache.mkdir("realmodel")) / "smollm2-135m-instruct"
+    cache = getattr(request.config, "cache", None)
+    where = Path(cache.mkdir("realmodel")) if cache is not None else tmp_path_factory.mktemp("realmodel")
+    out = where / "smollm2-135m-instruct"
     stamp = out.parent / "smollm2-135m-instruct.stamp"
     if not (out / "config.json").is_file() or not stamp.is_file() or stamp.read_text() != _fingerprint(gguf):
         proc = subprocess.run([sys.executable, "-m", "sparse_rl_megatron.cli", "convert", "gguf-to-hf", "--input",

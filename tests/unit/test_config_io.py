@@ -127,6 +127,16 @@ def test_an_override_of_a_string_field_stays_the_text_as_written():
     assert yaml.safe_load(yaml.safe_dump(to_dict(cfg)))["extra"] == {"steps": 20, "name": "x"}
 
 
+
+def test_keys_overridden_inside_an_untyped_mapping_are_plain_values_yaml_can_write():
+    import yaml
+
+    cfg = load_config(Outer, None, ["extra.steps=20", "extra.names=[a, b]", "extra.sub.x=1.5"])
+    assert cfg.extra == {"steps": 20, "names": ["a", "b"], "sub": {"x": 1.5}}
+    assert type(cfg.extra["steps"]) is int and type(cfg.extra["names"][0]) is str
+    assert yaml.safe_load(yaml.safe_dump(to_dict(cfg)))["extra"] == cfg.extra
+
+
 @dataclass
 class Launch:
     gpus: int | None = None
