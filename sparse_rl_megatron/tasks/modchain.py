@@ -119,7 +119,8 @@ class ModChainTask(Task):
         variants = spec.heldout_variants if split == "heldout" else spec.train_variants
         rng = random.Random(f"{self.name}/{split}/{seed}")
         modulus = spec.family.modulus
-        rows = [(v, key, make_problem(key, spec.distractors, rng, modulus)) for v in range(variants) for key in keys]
+        rows = [(v, key, make_problem(key, spec.distractors, rng, modulus, spec.family.rule))
+                for v in range(variants) for key in keys]
         if split == "train":
             rng.shuffle(rows)
         sep = "" if modulus <= 10 else "_"  # mod 10 keeps its ids (train-123-v0); else train-12_3_4-v0

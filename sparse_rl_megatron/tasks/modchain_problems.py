@@ -20,9 +20,9 @@ distractors.
 
 The mod-10 family has a shortcut (``tasks/audit.py``, docs/embedded-default.md): every period of its maps
 divides 20, so with N = 30 the answer x_30 is x_10, and it equals the start x0 on 62% of the problems. The
-shortcut-free families use a prime modulus whose multipliers are primitive roots (every orbit but the fixed
-point has period M - 1 > N) or mod 100 with multipliers 1 mod 20 and unit offsets (periods 50 or 100), and skip
-the fixed-point starts, so no start and no early state equals the answer.
+shortcut-free families have periods longer than N: ``alternating`` offsets mod 31 (two steps add a + b: a state
+returns at an even lag after 62 steps, at odd lags by coincidence; what the 2-layer model learns), or affine mod 100 with multipliers 1 mod 20 and unit offsets
+(periods 100).
 """
 from __future__ import annotations
 
@@ -52,6 +52,8 @@ ANSWER_TOKENS = 5
 """``\\boxed{d}`` is 5 tokens: ``\\``, ``boxed``, ``{``, the digit, ``}`` (one more per extra digit)."""
 
 Key = tuple[int, int, int]
+RULES = ("affine", "alternating")
+"""The maps of a chain (``Problem.rule``)."""
 
 
 def answer_tokens(modulus: int) -> int:
@@ -113,6 +115,9 @@ class Problem:
     """Position of each tag in the prompt: index into ``(x, a, b, *distractors)``; empty = that order."""
     modulus: int = MODULUS
     """M of ``x <- (a x + b) mod M``."""
+    rule: str = "affine"
+    """``affine``: x <- (a x + b) mod M every step; ``alternating``: x <- (x + a) mod M on odd steps and
+    (x + b) mod M on even ones (``RULES``)."""
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -122,8 +127,11 @@ class Problem:
     def states(self, steps: int) -> list[int]:
         """``[x1, ..., xN]``."""
         out, x = [], self.x0
-        for _ in range(steps):
-            x = (self.a * x + self.b) % self.modulus
+        for k in range(1, steps + 1):
+            if self.rule == "alternating":
+                x = (x + (self.a if k % 2 else self.b)) % self.modulus
+            else:
+                x = (self.a * x + self.b) % self.modulus
             out.append(x)
         return out
 
@@ -146,6 +154,10 @@ class Problem:
 class ChainFamily:
     """Which ``(x0, a, b)`` triples a variant's problems are: x0 in 0..M-1, a in ``multipliers``, b in ``offsets``."""
 
+    rule: str = "affine"
+    """The map (``Problem.rule``): ``affine`` (a a unit multiplier) or ``alternating`` (a and b both offsets, added
+    on odd and even steps: one addition per step, which a small model learns more easily than a product mod M)."""
+
     modulus: int = MODULUS
     """M (2..100)."""
     multipliers: tuple[int, ...] = MULTIPLIERS
@@ -160,7 +172,10 @@ class ChainFamily:
 
         if not 2 <= self.modulus <= MAX_MODULUS:
             raise ValueError(f"ChainFamily.modulus must be in [2, {MAX_MODULUS}], got {self.modulus}")
-        bad = [a for a in self.multipliers if not 0 < a < self.modulus or gcd(a, self.modulus) != 1]
+        if self.rule not in RULES:
+            raise ValueError(f"ChainFamily.rule must be one of {', '.join(RULES)}, got '{self.rule}'")
+        unit = self.rule == "affine"  # an alternating chain's a is an offset
+        bad = [a for a in self.multipliers if not 0 < a < self.modulus or (unit and gcd(a, self.modulus) != 1)]
         if bad or not self.multipliers:
             raise ValueError(f"ChainFamily.multipliers must be units mod {self.modulus}, got {self.multipliers}")
         if self.offsets is not None and (not self.offsets or any(not 0 <= b < self.modulus for b in self.offsets)):
@@ -171,11 +186,11 @@ class ChainFamily:
         m = self.modulus
         offsets = range(m) if self.offsets is None else self.offsets
         return [(x0, a, b) for x0 in range(m) for a in self.multipliers for b in offsets
-                if not (self.skip_fixed_points and (a * x0 + b) % m == x0)]
+                if not (self.skip_fixed_points and self.problem((x0, a, b)).states(1)[0] == x0)]
 
     def problem(self, key: Key) -> Problem:
         """The chain of ``key`` (no distractors)."""
-        return Problem(*key, modulus=self.modulus)
+        return Problem(*key, modulus=self.modulus, rule=self.rule)
 
 
 DEFAULT_FAMILY = ChainFamily()
@@ -195,7 +210,8 @@ def split_keys(heldout_size: int, family: ChainFamily = DEFAULT_FAMILY) -> dict[
     return {"heldout": sorted(keys[:heldout_size]), "train": sorted(keys[heldout_size:])}
 
 
-def make_problem(key: Key, distractors: int, rng: random.Random, modulus: int = MODULUS) -> Problem:
+def make_problem(key: Key, distractors: int, rng: random.Random, modulus: int = MODULUS,
+                 rule: str = "affine") -> Problem:
     """``key`` with ``distractors`` distractor tags (distinct letters) and a random tag order drawn from ``rng``."""
     if not 0 <= distractors <= len(DISTRACTOR_LETTERS):
         raise ValueError(f"modchain distractors must be in [0, {len(DISTRACTOR_LETTERS)}], got {distractors}")
@@ -203,7 +219,7 @@ def make_problem(key: Key, distractors: int, rng: random.Random, modulus: int = 
     extra = tuple((letter, rng.randrange(modulus)) for letter in letters)
     order = list(range(len(PARAM_LETTERS) + distractors))
     rng.shuffle(order)
-    return Problem(*key, distractors=extra, order=tuple(order), modulus=modulus)
+    return Problem(*key, distractors=extra, order=tuple(order), modulus=modulus, rule=rule)
 
 
 def vocabulary(steps: int, modulus: int = MODULUS) -> list[str]:

@@ -119,6 +119,12 @@ def test_an_override_of_a_string_field_stays_the_text_as_written():
         load_config(Outer, None, ["inner.budget=x: 1"])  # a non-string field is not rescued by the text
     # a whole section, then a key inside it
     assert load_config(Outer, None, ["inner={budget: 8}", "inner.ratio=2"]).inner == Inner(budget=8, ratio=2.0)
+    # a key inside a free-form mapping takes the YAML value (an int, not the override's text), and the config dumps
+    cfg = load_config(Outer, None, ["extra.steps=20", "extra.name=x"])
+    assert cfg.extra == {"steps": 20, "name": "x"} and type(cfg.extra["steps"]) is int and type(cfg.extra["name"]) is str
+    import yaml
+
+    assert yaml.safe_load(yaml.safe_dump(to_dict(cfg)))["extra"] == {"steps": 20, "name": "x"}
 
 
 

@@ -41,9 +41,10 @@ def test_the_shortcut_free_variants_pass(audits, name):
     a = audits[name]
     assert a.passed, "\n".join(a.lines())
     for split in ("train", "heldout"):
-        # no early state is the answer: every orbit has period > N and the fixed-point starts are left out
-        assert max(s.accuracy[split] for s in a.scores if s.name.startswith("early stop")) == 0.0
-        assert score(a, "prompt: the start x0", split) == 0.0
+        early = max(s.accuracy[split] for s in a.scores if s.name.startswith("early stop"))
+        if name == "modchain100_weak":  # every orbit has period 100 > N: no early state is ever the answer
+            assert early == score(a, "prompt: the start x0", split) == 0.0
+        assert early <= a.limit(split) and score(a, "prompt: the start x0", split) <= a.limit(split)
     assert a.records["heldout"] == 400 and math.sqrt(0.25 / 400) <= 0.025  # worst-case binomial SE <= 2.5 points
 
 
@@ -121,6 +122,12 @@ def test_chain_family_validation_and_mod31_format():
     assert parse_prompt(p.prompt()) == [("x", 4), ("a", 3), ("b", 20)]
     family = ChainFamily(modulus=31, multipliers=(3,), skip_fixed_points=True)
     assert len(family.keys()) == 30 * 31  # one fixed point per (a, b) left out
+    # alternating: x + a on odd steps, x + b on even ones (a need not be a unit)
+    alt = ChainFamily(modulus=31, rule="alternating", multipliers=(3,), offsets=(20,))
+    assert alt.problem((4, 3, 20)).states(3) == [7, 27, 30] and len(alt.keys()) == 31
+    assert ChainFamily(modulus=10, rule="alternating", multipliers=(2,)).multipliers == (2,)
+    with pytest.raises(ValueError, match="rule must be one of affine, alternating"):
+        ChainFamily(rule="square")
     with pytest.raises(ValueError, match="units mod 10"):
         ChainFamily(multipliers=(2,))
     with pytest.raises(ValueError, match="modulus must be in"):
@@ -158,3 +165,18 @@ def test_shortcut_free_accuracy_from_an_evaluation_section():
     assert shortcut_free_metrics("p", plain, {"problems": [{"correct": 1, "samples": [{}]}]}) == {}
     with pytest.raises(ValueError, match="3 evaluated problems for 16 records"):
         shortcut_free_metrics("p", ds, {"problems": section["problems"][:3]})
+
+
+def test_the_shortcut_free_recipe_is_the_default_on_modchain31_weak():
+    from pathlib import Path
+
+    from sparse_rl_megatron.trainer.config import TrainConfig
+    from sparse_rl_megatron.utils.config_io import load_config, to_dict
+
+    configs = Path(__file__).resolve().parents[2] / "configs"
+    default, free = (to_dict(load_config(TrainConfig, configs / f)) for f in ("cpu_default.yaml", "cpu_modchain31.yaml"))
+    assert free["model_path"] == free["data"]["dataset"] == "task:modchain31_weak" and free["warm_start"] == {"steps": 1000}
+    changed = {k for k in default if default[k] != free[k]}
+    assert changed == {"run_dir", "model_path", "data", "warm_start"}
+    assert {k for k in default["data"] if default["data"][k] != free["data"][k]} == {"dataset"}
+    assert get_task(free["model_path"]).response_tokens <= free["rollout"]["sampling"]["max_new_tokens"]
