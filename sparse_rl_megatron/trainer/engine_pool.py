@@ -30,6 +30,7 @@ from sparse_rl_megatron.trainer.engine_worker import EngineHang, EngineWorker, H
 from sparse_rl_megatron.utils.errors import UserError
 
 if TYPE_CHECKING:
+    from sparse_rl_megatron.compression import CompressionConfig
     from sparse_rl_megatron.rollout.engine import SamplingParams
     from sparse_rl_megatron.rollout.layout import EngineSlot, RolloutLayout
     from sparse_rl_megatron.rollout.sample import Sample
@@ -198,10 +199,11 @@ class EnginePool:
         self.on_engines(lambda engine, slot: engine.resume_memory(), "taking its memory back after training")
 
     # ---------------------------------------------------------------------------------------- generate
-    def generate(self, records, template: str, n: int, sampling: "SamplingParams", step: int
-                 ) -> tuple[list["Sample"], dict[str, float]]:
+    def generate(self, records, template: str, n: int, sampling: "SamplingParams", step: int,
+                 compression: "CompressionConfig | None" = None) -> tuple[list["Sample"], dict[str, float]]:
         """``n`` scored samples per record of rank 0's ``records`` (None elsewhere), from every engine; the same
-        group-major list and metrics on every rank. Collective."""
+        group-major list and metrics on every rank. ``compression``: this step's KV compression instead of the
+        engines' own (the adaptive budget's). Collective."""
         from sparse_rl_megatron.data.templates import render_prompt
         from sparse_rl_megatron.rollout.repetition import repetition_metrics
         from sparse_rl_megatron.rollout.work_split import group_cost, split_groups
@@ -222,6 +224,8 @@ class EnginePool:
             if not share:
                 return [], 0.0, 0.0
             kwargs = {} if share == list(range(len(prompts))) else {"group_ids": share}  # one engine: the plain call
+            if compression is not None:
+                kwargs["compression"] = compression
             t_gen = time.perf_counter()
             samples = engine.generate([prompts[g] for g in share], n, sampling, **kwargs)
             t_reward = time.perf_counter()
@@ -337,7 +341,10 @@ def rollout_metrics(samples: Sequence["Sample"]) -> dict[str, float]:
     groups: dict[int, list[float]] = {}
     for s, r in zip(samples, rewards.tolist()):
         groups.setdefault(s.group_id, []).append(r)
+    budgets = [s.compression.budget for s in samples if s.compression.budget is not None]
+    sampled = {"rollout/budget_sampled_mean": sum(budgets) / len(budgets)} if budgets else {}
     return {
+        **sampled,  # the budget B in the samples' provenance (compressed samples only)
         "rollout/reward_mean": float(rewards.mean()),
         "rollout/groups_with_signal_frac": sum(max(g) > min(g) for g in groups.values()) / len(groups),
         "rollout/response_len_mean": float(lengths.mean()),
