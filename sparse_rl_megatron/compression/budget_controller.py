@@ -16,8 +16,8 @@ Rule (an integral controller on log B, a "multiplicative" update)::
 
 The continuous state ``u`` is kept apart from the quantised budget, so small errors accumulate instead of
 being lost to rounding, and the hysteresis keeps the budget from dithering between two neighbouring granules
-on noise (simulated with binomial noise over 64 sequences, 150 steps: about 10 direction changes instead of
-about 35 without it, at the same mean distance from the target).
+on noise (simulated with binomial noise over 64 sequences, 150 steps, 10 seeds: 5-12 direction changes
+instead of 21-42 without it, at the same mean distance from the target, 0.03).
 Near a monotone budget -> signal map with local slope ``k = |d signal / d log B|`` the error evolves as
 ``e_{t+1} = (1 - gain k) e_t``: it converges without overshoot when ``gain k <= 1`` and within the deadband it
 stops. The slew limit ``max_change`` bounds how far one noisy step can move B.
