@@ -117,7 +117,8 @@ class RolloutConfig:
     compression: CompressionConfig = field(default_factory=CompressionConfig)
     """KV compression while sampling; method ``none`` is a dense rollout."""
     adaptive_budget: AdaptiveBudgetConfig = field(default_factory=AdaptiveBudgetConfig)
-    """Adapt ``compression.budget`` each step to hold a mismatch signal at a target (``enabled: true``; engine hf)."""
+    """Adapt ``compression.budget`` each step to hold a mismatch signal at a target (``enabled: true``); an ``sglang``
+    engine's servers are sized for ``max_budget`` and each request carries the step's budget."""
     dtype: str = "float32"
     """Compute dtype of the engine (float32 on CPU; bfloat16 on GPUs)."""
     max_batch_size: int = 64
@@ -145,9 +146,9 @@ class RolloutConfig:
             return
         if c.is_dense:
             raise ValueError("adaptive_budget.enabled needs a compressing compression.method (it is 'none': dense)")
-        if self.engine != "hf":
-            raise ValueError(f"adaptive_budget.enabled is supported with engine hf only (per-request budgets in the "
-                             f"sglang plugin are not done yet); engine is '{self.engine}'")
+        if not adaptive.min_budget <= c.budget <= adaptive.max_budget:
+            raise ValueError(f"compression.budget ({c.budget}) is the adaptive budget's start and must be within "
+                             f"[adaptive_budget.min_budget, max_budget] = [{adaptive.min_budget}, {adaptive.max_budget}]")
         if adaptive.min_budget <= c.window:
             raise ValueError(f"adaptive_budget.min_budget ({adaptive.min_budget}) must be > compression.window "
                              f"({c.window})")
@@ -162,8 +163,11 @@ class RolloutConfig:
     def sglang_config(self, model_path: str, *, base_gpu_id: int = 0, urls: list[str] | None = None
                       ) -> SGLangEngineConfig:
         """The ``SGLangEngineConfig`` of an ``sglang`` engine serving the model at ``model_path``: in process on
-        ``gpus_per_engine`` GPUs from ``base_gpu_id``, or the servers ``urls`` (default: all of ``sglang.urls``)."""
-        config = self.sglang.build(model_path=model_path, compression=self.compression, dtype=self.dtype,
+        ``gpus_per_engine`` GPUs from ``base_gpu_id``, or the servers ``urls`` (default: all of ``sglang.urls``).
+        With the adaptive budget the server's compression has ``max_budget`` (it sizes admission and the plugin's
+        tables); every step's requests carry their own budget."""
+        server = self.budget_compression(self.adaptive_budget.max_budget if self.adaptive_budget.enabled else None)
+        config = self.sglang.build(model_path=model_path, compression=server, dtype=self.dtype,
                                    tp_size=self.gpus_per_engine, base_gpu_id=base_gpu_id)
         return config if urls is None else dataclasses.replace(config, urls=list(urls))
 
