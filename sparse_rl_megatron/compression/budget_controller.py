@@ -48,6 +48,10 @@ from typing import Any, Callable, Mapping
 from sparse_rl_megatron.utils.registry import Registry
 
 
+_ROUNDING = 1e-9
+"""Relative slack of the hysteresis test: exp(log(16)) is 15.999999999999998, still a whole granule from 15."""
+
+
 @dataclass(frozen=True)
 class BudgetSignal:
     """A per-step mismatch statistic the controller can hold at a target."""
@@ -152,7 +156,7 @@ class BudgetController:
             step = max(-limit, min(limit, c.gain * error))
             self._log_budget = max(math.log(c.min_budget), min(math.log(c.max_budget), self._log_budget + step))
             wanted = math.exp(self._log_budget)
-            if abs(wanted - self.budget) >= c.granule:  # hysteresis: move only a whole granule
+            if abs(wanted - self.budget) >= c.granule * (1 - _ROUNDING):  # hysteresis: move only a whole granule
                 self.budget = c.clamp(wanted)
         return self.budget
 

@@ -56,6 +56,8 @@ def test_slew_limit_and_bounds():
         # the state moves <= x1.25 per step from within a granule (4) of the held budget, then rounds (+2)
         assert b <= (a + 4) * 1.25 + 2
     assert max(budgets) == 64 and budgets[-1] == 64
+    c = BudgetController(config(max_budget=16, granule=1), 12)  # exp(log 16) rounds below 16: still reached
+    assert simulate(c, lambda t, b: 1.0, 3) == [12, 15, 16]
     c = BudgetController(config(min_budget=16), 200)
     budgets = simulate(c, lambda t, b: 0.0, 40)  # never contaminated
     assert min(budgets) == 16 and budgets[-1] == 16
