@@ -102,6 +102,10 @@ class EnginePool:
                 pool.local.append(LocalEngine(slot, engine, EngineWorker(label), label))
                 if layout.num_engines > 1:
                     _check_group_ids(engine, cfg.rollout.engine, layout.world)
+                if cfg.rollout.adaptive_budget.enabled:
+                    _check_takes(engine, cfg.rollout.engine, "compression",
+                                 "so it cannot sample each step with the adaptive budget; set "
+                                 "rollout.adaptive_budget.enabled=false")
             if pool.local:
                 label = f"the reward of rank {rank}"
                 pool.reward = stack.enter_context(make_reward())
@@ -325,10 +329,15 @@ class EnginePool:
 
 def _check_group_ids(engine, name: str, world: int) -> None:
     """An engine that is one of several must take the global group ids (they seed its samples)."""
+    _check_takes(engine, name, "group_ids", f"so it can only run as the run's one engine; set "
+                                            f"rollout.gpus_per_engine={world}")
+
+
+def _check_takes(engine, name: str, keyword: str, consequence: str) -> None:
+    """``engine.generate`` takes ``keyword`` (or ``**kwargs``), else a ``UserError`` saying ``consequence``."""
     params = inspect.signature(engine.generate).parameters
-    if "group_ids" not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        raise UserError(f"rollout.engine '{name}': its generate() takes no group_ids, so it can only run as the "
-                        f"run's one engine; set rollout.gpus_per_engine={world}")
+    if keyword not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        raise UserError(f"rollout.engine '{name}': its generate() takes no {keyword}, {consequence}")
 
 
 def rollout_metrics(samples: Sequence["Sample"]) -> dict[str, float]:
