@@ -6,6 +6,8 @@ mode, on the unmodified response masks (keys, all floats):
 
 ==========================================  =================================================================
 ``sparse/would_veto_frac``                  samples (with >= 1 response token) having some rho_t < threshold
+``sparse/contaminated_frac``                 samples (with >= 1 response token) having some rho_t < 0.5
+                                            (``CONTAMINATION_THRESHOLD``; the adaptive budget's default signal)
 ``sparse/reward_mean_would_veto``           mean reward of those samples (NaN if none)
 ``sparse/reward_mean_would_keep``           mean reward of the others (NaN if none)
 ``sparse/reward_mean_kept``                 mean reward of the samples that train (keep, after the correction)
@@ -34,6 +36,9 @@ from sparse_rl_megatron.algo.validation import as_bool_mask, check_2d, check_per
 
 WOULD_VETO_THRESHOLD = 1e-4
 """The veto threshold checked when the correction has none (``veto_threshold`` None or 0): the reference's."""
+CONTAMINATION_THRESHOLD = 0.5
+"""A sample is "contaminated" when some response token has rho < this (issue 27's audit: the share of such samples
+tracks the budget and the reward gap far better than the veto rate does)."""
 LENGTH_BIN_EDGES = (0, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 """Response-length bins [edge_i, edge_i+1); the last bin is open (``len_32768_inf``)."""
 
@@ -83,10 +88,12 @@ def rollout_diagnostics(*, log_rho: torch.Tensor, old_log_probs: torch.Tensor, s
     keep = keep.to(torch.bool)
     has = mask.any(dim=-1)  # [B]
     veto = would_veto(log_rho, mask, veto_threshold) & has
+    contaminated = sequence_veto(log_rho, mask, CONTAMINATION_THRESHOLD) & has
     rewards = rewards.to(torch.float64)
     n_seq = int(has.sum())
     out = {
         "sparse/would_veto_frac": int(veto.sum()) / n_seq if n_seq else 0.0,
+        "sparse/contaminated_frac": int(contaminated.sum()) / n_seq if n_seq else 0.0,
         "sparse/reward_mean_would_veto": _mean_where(rewards, veto),
         "sparse/reward_mean_would_keep": _mean_where(rewards, has & ~veto),
         "sparse/reward_mean_kept": _mean_where(rewards, has & keep),

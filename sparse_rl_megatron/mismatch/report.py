@@ -42,9 +42,11 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("max |log rho|", "log_rho/abs_max", ".2g"),
     ("rejected tok", "sparse/rejected_token_frac", ".3f"),
     ("vetoed seq", "sparse/vetoed_seq_frac", ".3f"),
+    ("contaminated seq", "sparse/contaminated_frac", ".3f"),
 )
 """Table columns: header, stats key, format. ``KV vs dense``: mean over samples of the peak KV tokens held over the
-prompt + response tokens a dense cache holds for the same sample."""
+prompt + response tokens a dense cache holds for the same sample. ``contaminated seq``: share of samples with any
+token rho < 0.5, the adaptive budget's default signal (pick its target from this column)."""
 
 
 def _finite(value: Any) -> Any:

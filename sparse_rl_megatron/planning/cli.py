@@ -38,6 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--budget", type=int, default=512, help="B: KV tokens kept per layer and head (default 512)")
     g.add_argument("--buffer", type=int, default=128, help="W: tokens decoded between compressions (default 128)")
     g.add_argument("--window", type=int, default=8, help="alpha: observation window (default 8)")
+    g.add_argument("--mean-budget", type=int, default=None,
+                   help="adaptive budget: its mean B, one more column; --budget is then the worst case, B_max")
     g.add_argument("--rollout-tp", type=int, default=None, help="rollout engine TP size (default: the learner's TP)")
     g.add_argument("--kv-dtype", default="bfloat16", help="KV cache dtype (default bfloat16)")
     g.add_argument("--mem-fraction", type=float, default=0.85, help="GPU share of the engine (default 0.85)")
@@ -75,6 +77,12 @@ def _inputs(args: argparse.Namespace):
     except ValueError as err:  # name the option rather than the config field
         raise ValueError(str(err).replace("CompressionConfig.method", "--compression")
                          .replace("CompressionConfig.", "--")) from None
+    if args.mean_budget is not None:
+        if compression.is_dense:
+            raise ValueError("--mean-budget needs --compression (an adaptive budget of a compressor)")
+        if not compression.window < args.mean_budget <= compression.budget:
+            raise ValueError(f"--mean-budget must be in (--window, --budget] = ({compression.window}, "
+                             f"{compression.budget}] (--budget is the adaptive budget's B_max); got {args.mean_budget}")
     return arch, layout, batch, learner, rollout, compression
 
 
@@ -84,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         arch, layout, batch, learner, rollout, compression = _inputs(args)
-        plan = build_plan(args.model, arch, layout, batch, learner, rollout, compression)
+        plan = build_plan(args.model, arch, layout, batch, learner, rollout, compression, args.mean_budget)
     except (ValueError, FileNotFoundError) as err:
         print(f"sparse-rl plan: error: {err}", file=sys.stderr)
         return 2

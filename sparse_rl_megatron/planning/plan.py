@@ -2,6 +2,7 @@
 learner does not fit."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -56,8 +57,10 @@ class Plan:
 
 
 def build_plan(model: str, arch: ModelArch, layout: Layout, batch: BatchShape, learner: LearnerSetting,
-               rollout: RolloutSetting, compression=None) -> Plan:
-    """``compression``: a ``CompressionConfig`` to put next to dense (None: dense only)."""
+               rollout: RolloutSetting, compression=None, mean_budget: int | None = None) -> Plan:
+    """``compression``: a ``CompressionConfig`` to put next to dense (None: dense only). ``mean_budget``: an adaptive
+    budget's mean, shown as one more column before ``compression`` (whose budget is then the worst case, B_max, which
+    is what the fit is judged on)."""
     check_layout(arch, layout)
     node = min(layout.gpus, layout.gpus_per_node)
     if layout.gpus % node:
@@ -70,8 +73,13 @@ def build_plan(model: str, arch: ModelArch, layout: Layout, batch: BatchShape, l
     stages = learner_memory(arch, layout, batch, learner)
     kv = [rollout_kv(arch, layout, batch, rollout)]
     if compression is not None and not compression.is_dense:
-        kv.append(rollout_kv(arch, layout, batch, rollout, compression,
-                             label=f"{compression.method} B={compression.budget} W={compression.buffer}"))
+        label = f"{compression.method} B={compression.budget} W={compression.buffer}"
+        if mean_budget is not None:
+            mean = dataclasses.replace(compression, budget=mean_budget)
+            kv.append(rollout_kv(arch, layout, batch, rollout, mean,
+                                 label=f"{mean.method} B={mean.budget} W={mean.buffer} (mean)"))
+            label += " (B_max)"
+        kv.append(rollout_kv(arch, layout, batch, rollout, compression, label=label))
     fits = peak_stage(stages, learner).total(learner) <= layout.gpu_memory_gib * GIB
     hint = None
     if kv[-1].concurrent_per_engine < 1:

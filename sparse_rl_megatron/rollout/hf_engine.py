@@ -8,6 +8,7 @@ cache to its ``n`` samples, then decodes all rows in lockstep; finished rows lea
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from typing import Iterable, Sequence
 
@@ -101,28 +102,51 @@ class HFRolloutEngine:
 
     # ------------------------------------------------------------------------------------------ generate
     def generate(self, prompts: Sequence[str | list[int]], n: int, sampling: SamplingParams, *,
-                 group_ids: Sequence[int] | None = None) -> list[Sample]:
+                 group_ids: Sequence[int] | None = None, compression: CompressionConfig | None = None,
+                 budgets: Sequence[int] | None = None) -> list[Sample]:
         """``n`` samples per prompt, group-major (all samples of prompt 0 first). ``group_ids[p]`` is prompt p's
         GRPO group id (default: p), stamped on its samples and seeding them: a shard of a batch sampled with its
         global ids draws the same uniforms as the whole batch, so it gives the same samples up to float rounding (a row
-batched with other rows may get other BLAS kernels; see ``kv_cache.KEY_ALIGN``)."""
+batched with other rows may get other BLAS kernels; see ``kv_cache.KEY_ALIGN``).
+
+        ``compression`` replaces the engine's KV compression for this call (no rebuild: the adaptive budget changes
+        it between steps); ``budgets[p]`` is prompt p's own budget B (the rest of the compression as for the call).
+        Rows of one budget are decoded together, each budget in its own chunks; every sample's
+        ``compression.budget`` is the budget it was sampled with."""
         self._check_resumed("generate")
         if n < 1:
             raise ValueError(f"generate: n must be >= 1; got {n}")
         gids = check_group_ids(group_ids, len(prompts))
+        configs = self._prompt_configs(compression if compression is not None else self.compression, budgets,
+                                       len(prompts))
         prompt_ids = [self._encode(p, i) for i, p in enumerate(prompts)]
         seed = sampling.seed if sampling.seed is not None else int(torch.randint(_SEED_RANGE, ()).item())
         stopper = StopChecker(eos_ids=self._eos_ids(), stop=sampling.stop, ignore_eos=sampling.ignore_eos,
                               max_new_tokens=sampling.max_new_tokens, tokenizer=self.tokenizer)
-        rows = [(p, i) for p in range(len(prompt_ids)) for i in range(n)]
         samples: list[Sample] = []
-        for start in range(0, len(rows), self.max_batch_size):
-            chunk = rows[start:start + self.max_batch_size]
-            picker = _Sampler(sampling, seed, [(gids[p], i) for p, i in chunk], stopper)
-            samples.extend(self._run_chunk(prompt_ids, prompts, chunk, sampling.max_new_tokens, picker))
+        distinct = [c for p, c in enumerate(configs) if c not in configs[:p]]  # in prompt order
+        for config in distinct:
+            rows = [(p, i) for p in range(len(prompt_ids)) if configs[p] == config for i in range(n)]
+            for start in range(0, len(rows), self.max_batch_size):
+                chunk = rows[start:start + self.max_batch_size]
+                picker = _Sampler(sampling, seed, [(gids[p], i) for p, i in chunk], stopper)
+                samples.extend(self._run_chunk(prompt_ids, prompts, chunk, sampling.max_new_tokens, picker, config))
+        samples.sort(key=lambda s: (s.group_id, s.index_in_group))
         for s in samples:
             s.group_id = gids[s.group_id]
         return samples
+
+    @staticmethod
+    def _prompt_configs(base: CompressionConfig, budgets: Sequence[int] | None, prompts: int
+                        ) -> list[CompressionConfig]:
+        """The compression of each prompt: ``base``, with ``budgets[p]`` as prompt p's budget when given."""
+        if budgets is None:
+            return [base] * prompts
+        if len(budgets) != prompts:
+            raise ValueError(f"generate: budgets must hold one budget per prompt ({prompts}); got {len(budgets)}")
+        if base.is_dense:
+            raise ValueError("generate: budgets were given but the compression is dense (method 'none')")
+        return [dataclasses.replace(base, budget=b) for b in budgets]  # validated: B > window, an int
 
     def teacher_forced(self, prompts: Sequence[str | list[int]], responses: Sequence[Sequence[int]]) -> list[Sample]:
         """Score given responses exactly as ``generate`` would have produced them: the oracle for other engines.
@@ -153,7 +177,7 @@ batched with other rows may get other BLAS kernels; see ``kv_cache.KEY_ALIGN``).
         for start in range(0, len(rows), self.max_batch_size):
             chunk = rows[start:start + self.max_batch_size]
             picker = _Forced([forced[g] for g, _ in chunk])
-            samples.extend(self._run_chunk(prompt_ids, prompts, chunk, picker.longest, picker))
+            samples.extend(self._run_chunk(prompt_ids, prompts, chunk, picker.longest, picker, self.compression))
         for s in samples:
             s.sampler_logprobs_scaled = None
             s.metadata["teacher_forced"] = True
@@ -184,17 +208,19 @@ batched with other rows may get other BLAS kernels; see ``kv_cache.KEY_ALIGN``).
             self._newline_ids = torch.tensor(["\n" in t for t in texts], dtype=torch.bool)
         return self._newline_ids
 
-    def _new_cache(self, rows: int, capacity: int) -> CompressedKVCache:
+    def _new_cache(self, rows: int, capacity: int, config: CompressionConfig) -> CompressedKVCache:
         d = self.decoder
         return CompressedKVCache(
             num_layers=d.num_layers, rows=rows, num_kv_heads=d.num_kv_heads, num_q_heads=d.num_q_heads,
-            head_dim=d.head_dim, capacity=capacity, dtype=self.dtype, config=self.compression,
+            head_dim=d.head_dim, capacity=capacity, dtype=self.dtype, config=config,
             scaling=d.scaling, device=self.device)
 
-    def _run_chunk(self, prompt_ids, prompts, chunk, max_new: int, picker) -> list[Sample]:
-        """Prefill the chunk's distinct prompts once, expand to its rows, then decode in lockstep; ``picker``
-        chooses each row's next token (sampled or forced) and when the row stops."""
+    def _run_chunk(self, prompt_ids, prompts, chunk, max_new: int, picker, config: CompressionConfig
+                   ) -> list[Sample]:
+        """Prefill the chunk's distinct prompts once, expand to its rows, then decode in lockstep with the KV
+        compression ``config``; ``picker`` chooses each row's next token (sampled or forced) and when the row stops."""
         device = self.device
+        schedule = CompressionSchedule(config)
         groups = sorted({g for g, _ in chunk})
         lens = torch.tensor([len(prompt_ids[g]) for g in groups], device=device)
         longest = int(lens.max()) + max_new
@@ -203,12 +229,12 @@ batched with other rows may get other BLAS kernels; see ``kv_cache.KEY_ALIGN``).
                 f"prompt ({int(lens.max())}) + max_new_tokens ({max_new}) exceeds the model's "
                 f"max_position_embeddings ({self.decoder.max_positions})")
         width = align_keys(int(lens.max()))  # padded prompt width and capacity: see kv_cache.KEY_ALIGN
-        capacity = align_keys(max(width, *(self.schedule.capacity(int(p), max_new) for p in lens)))
+        capacity = align_keys(max(width, *(schedule.capacity(int(p), max_new) for p in lens)))
         padded = torch.zeros(len(groups), width, dtype=torch.long, device=device)
         for r, g in enumerate(groups):
             padded[r, : len(prompt_ids[g])] = torch.tensor(prompt_ids[g], device=device)
 
-        cache = self._new_cache(len(groups), capacity)
+        cache = self._new_cache(len(groups), capacity, config)
         logits = self.decoder.prefill(padded, lens, cache)
         cache.maybe_compress_after_prefill()
         expand = torch.tensor([groups.index(g) for g, _ in chunk], device=device)
@@ -222,8 +248,8 @@ batched with other rows may get other BLAS kernels; see ``kv_cache.KEY_ALIGN``).
         stats: dict[int, tuple[int, int, str | None]] = {}
         active = list(range(len(chunk)))       # chunk index of every cache row, in row order
         finished = [False] * len(active)      # finished rows stay in the batch until the next compaction
-        newline = self._newline_mask().to(device) if self.compression.trigger_on_newline and self.schedule.enabled else None
-        bar = self._progress(max_new, len(chunk))
+        newline = self._newline_mask().to(device) if config.trigger_on_newline and schedule.enabled else None
+        bar = self._progress(max_new, len(chunk), config)
         with bar:
             for step in range(max_new):
                 tok, lp1, lps = picker.pick(logits, active, step)
@@ -253,23 +279,23 @@ batched with other rows may get other BLAS kernels; see ``kv_cache.KEY_ALIGN``).
                 if self.show_progress:
                     bar.set_postfix(running=len(active) - sum(finished), kv=int(cache.lens.max()))
         return [self._make_sample(prompt_ids[g], prompts[g], g, i, tokens[c], lp[c], lp_scaled[c], reasons[c],
-                                  stats[c]) for c, (g, i) in enumerate(chunk)]
+                                  stats[c], config) for c, (g, i) in enumerate(chunk)]
 
     @staticmethod
     def _row_stats(cache: CompressedKVCache, row: int) -> tuple[int, int, str | None]:
         digest = cache.digests[row].hexdigest() if cache.digests is not None else None
         return int(cache.events[row]), int(cache.peak[row]), digest
 
-    def _progress(self, total: int, rows: int):
+    def _progress(self, total: int, rows: int, config: CompressionConfig):
         if not self.show_progress:
             return _NullBar()
         from tqdm.auto import tqdm
 
-        return tqdm(total=total, desc=f"rollout x{rows} ({self.compression.describe()})", unit="tok", leave=False)
+        return tqdm(total=total, desc=f"rollout x{rows} ({config.describe()})", unit="tok", leave=False)
 
-    def _make_sample(self, prompt_ids, prompt, group, index, tokens, lp, lp_scaled, reason, stats) -> Sample:
+    def _make_sample(self, prompt_ids, prompt, group, index, tokens, lp, lp_scaled, reason, stats,
+                     c: CompressionConfig) -> Sample:
         events, peak, digest = stats
-        c = self.compression
         info = CompressionInfo(
             method=c.method, budget=None if c.is_dense else c.budget, window=0 if c.is_dense else c.window,
             buffer=0 if c.is_dense else c.buffer, scope=c.scope, events=events, peak_kv_tokens=peak,

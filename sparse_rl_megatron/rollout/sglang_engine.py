@@ -33,6 +33,7 @@ cache, so no KV computed with old weights survives. ``release_memory`` / ``resum
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from typing import Any, Iterable, Sequence
 
@@ -126,11 +127,12 @@ class SGLangRolloutEngine:
 
     # ----------------------------------------------------------------------------------------- generate
     def generate(self, prompts: Sequence[str | list[int]], n: int, sampling: SamplingParams, *,
-                 compression: CompressionConfig | None = None, group_ids: Sequence[int] | None = None
-                 ) -> list[Sample]:
+                 compression: CompressionConfig | None = None, group_ids: Sequence[int] | None = None,
+                 budgets: Sequence[int] | None = None) -> list[Sample]:
         """``n`` samples per prompt, group-major, ``group_id`` = ``group_ids[p]`` (default: the prompt index),
         which also picks each request's sampling seed. ``compression`` overrides the engine's for these requests
-        (within the server's window and B + W)."""
+        (within the server's window and B + W); ``budgets[p]`` is prompt p's own budget B (its requests decode
+        beside the others; admission still reserves the server's B + W per request)."""
         if self._released:
             raise RuntimeError("SGLangRolloutEngine.generate called after release_memory(); call resume_memory() first")
         if n < 1:
@@ -141,11 +143,12 @@ class SGLangRolloutEngine:
         prompt_ids = dict(zip(gids, (encode_prompt(p, i, self.tokenizer) for i, p in enumerate(prompts))))
         texts = dict(zip(gids, prompts))
         overrides = to_dict(compression) if compression is not None else self._per_request
+        per_group = self._budget_overrides(compression or self.config.compression, budgets, gids, overrides)
         todo = [(g, i) for g in gids for i in range(n)]
         done: dict[tuple[int, int], Sample] = {}
         for attempt in range(self.config.max_resubmits + 1):
             outs = self.client.generate([prompt_ids[g] for g, _ in todo],
-                                        [self._sampling(sampling, g, i, attempt, overrides) for g, i in todo],
+                                        [self._sampling(sampling, g, i, attempt, per_group[g]) for g, i in todo],
                                         groups=[g for g, _ in todo])
             retry = []
             for (g, i), out in zip(todo, outs):
@@ -162,6 +165,25 @@ class SGLangRolloutEngine:
             raise RuntimeError(f"{len(todo)} request(s) were refused after retractions {self.config.max_resubmits + 1} "
                                "times; enlarge the KV pool or lower max_running_requests")
         return [done[(g, i)] for g in gids for i in range(n)]
+
+    def _budget_overrides(self, base: CompressionConfig, budgets: Sequence[int] | None, gids: list[int],
+                          overrides) -> dict[int, Any]:
+        """Each group's request overrides: ``overrides``, or ``base`` with the group's budget from ``budgets``."""
+        if budgets is None:
+            return {g: overrides for g in gids}
+        if len(budgets) != len(gids):
+            raise ValueError(f"generate: budgets must hold one budget per prompt ({len(gids)}); got {len(budgets)}")
+        if base.is_dense:
+            raise ValueError("generate: budgets were given but the compression is dense (method 'none')")
+        server = self.config.compression
+        per_group = {}
+        for g, b in zip(gids, budgets):
+            config = dataclasses.replace(base, budget=b)  # validated: B > window, an int
+            if not server.is_dense and config.max_candidates > server.max_candidates:
+                raise ValueError(f"generate: budget {b} + buffer {config.buffer} exceeds the server's B + W "
+                                 f"({server.max_candidates}), which sizes its admission and tables")
+            per_group[g] = to_dict(config)
+        return per_group
 
     def dense_logprobs(self, prompts: Sequence[Sequence[int]],
                        responses: Sequence[Sequence[int]]) -> list[torch.Tensor]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from sparse_rl_megatron.algo.config import CorrectionConfig
+from sparse_rl_megatron.compression.budget_controller import AdaptiveBudgetConfig
 from sparse_rl_megatron.compression.config import CompressionConfig
 from sparse_rl_megatron.learner.config import LearnerConfig
 from sparse_rl_megatron.rewards.pool import VerifierPoolConfig
@@ -115,6 +116,9 @@ class RolloutConfig:
     """Sampling of training responses (temperature 1 as in the reference runs; the seed is set per step)."""
     compression: CompressionConfig = field(default_factory=CompressionConfig)
     """KV compression while sampling; method ``none`` is a dense rollout."""
+    adaptive_budget: AdaptiveBudgetConfig = field(default_factory=AdaptiveBudgetConfig)
+    """Adapt ``compression.budget`` each step to hold a mismatch signal at a target (``enabled: true``); an ``sglang``
+    engine's servers are sized for ``max_budget`` and each request carries the step's budget."""
     dtype: str = "float32"
     """Compute dtype of the engine (float32 on CPU; bfloat16 on GPUs)."""
     max_batch_size: int = 64
@@ -130,16 +134,40 @@ class RolloutConfig:
                 raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.dtype not in ENGINE_DTYPES:
             raise ValueError(f"RolloutConfig.dtype must be one of {', '.join(ENGINE_DTYPES)}, got '{self.dtype}'")
+        self._check_adaptive_budget()
         if self.engine == "sglang":  # the plugin's limits on the compression (method, scope, ...) checked now
             self.sglang_config("<model_path>")
         elif self.sglang != SGLangSection():
             raise ValueError(f"sglang options are set, but engine is '{self.engine}' (they apply to engine sglang)")
 
+    def _check_adaptive_budget(self) -> None:
+        adaptive, c = self.adaptive_budget, self.compression
+        if not adaptive.enabled:
+            return
+        if c.is_dense:
+            raise ValueError("adaptive_budget.enabled needs a compressing compression.method (it is 'none': dense)")
+        if not adaptive.min_budget <= c.budget <= adaptive.max_budget:
+            raise ValueError(f"compression.budget ({c.budget}) is the adaptive budget's start and must be within "
+                             f"[adaptive_budget.min_budget, max_budget] = [{adaptive.min_budget}, {adaptive.max_budget}]")
+        if adaptive.min_budget <= c.window:
+            raise ValueError(f"adaptive_budget.min_budget ({adaptive.min_budget}) must be > compression.window "
+                             f"({c.window})")
+        if c.method == "streamingllm" and adaptive.min_budget - c.window < c.sink_tokens:
+            raise ValueError(f"adaptive_budget.min_budget ({adaptive.min_budget}) must leave room for "
+                             f"compression.sink_tokens ({c.sink_tokens}) besides the window ({c.window})")
+
+    def budget_compression(self, budget: int | None) -> CompressionConfig:
+        """``compression`` with ``budget`` as its budget (None: as configured)."""
+        return self.compression if budget is None else dataclasses.replace(self.compression, budget=budget)
+
     def sglang_config(self, model_path: str, *, base_gpu_id: int = 0, urls: list[str] | None = None
                       ) -> SGLangEngineConfig:
         """The ``SGLangEngineConfig`` of an ``sglang`` engine serving the model at ``model_path``: in process on
-        ``gpus_per_engine`` GPUs from ``base_gpu_id``, or the servers ``urls`` (default: all of ``sglang.urls``)."""
-        config = self.sglang.build(model_path=model_path, compression=self.compression, dtype=self.dtype,
+        ``gpus_per_engine`` GPUs from ``base_gpu_id``, or the servers ``urls`` (default: all of ``sglang.urls``).
+        With the adaptive budget the server's compression has ``max_budget`` (it sizes admission and the plugin's
+        tables); every step's requests carry their own budget."""
+        server = self.budget_compression(self.adaptive_budget.max_budget if self.adaptive_budget.enabled else None)
+        config = self.sglang.build(model_path=model_path, compression=server, dtype=self.dtype,
                                    tp_size=self.gpus_per_engine, base_gpu_id=base_gpu_id)
         return config if urls is None else dataclasses.replace(config, urls=list(urls))
 

@@ -30,6 +30,7 @@ from sparse_rl_megatron.trainer.engine_worker import EngineHang, EngineWorker, H
 from sparse_rl_megatron.utils.errors import UserError
 
 if TYPE_CHECKING:
+    from sparse_rl_megatron.compression import CompressionConfig
     from sparse_rl_megatron.rollout.engine import SamplingParams
     from sparse_rl_megatron.rollout.layout import EngineSlot, RolloutLayout
     from sparse_rl_megatron.rollout.sample import Sample
@@ -101,6 +102,10 @@ class EnginePool:
                 pool.local.append(LocalEngine(slot, engine, EngineWorker(label), label))
                 if layout.num_engines > 1:
                     _check_group_ids(engine, cfg.rollout.engine, layout.world)
+                if cfg.rollout.adaptive_budget.enabled:
+                    _check_takes(engine, cfg.rollout.engine, "compression",
+                                 "so it cannot sample each step with the adaptive budget; set "
+                                 "rollout.adaptive_budget.enabled=false")
             if pool.local:
                 label = f"the reward of rank {rank}"
                 pool.reward = stack.enter_context(make_reward())
@@ -198,10 +203,11 @@ class EnginePool:
         self.on_engines(lambda engine, slot: engine.resume_memory(), "taking its memory back after training")
 
     # ---------------------------------------------------------------------------------------- generate
-    def generate(self, records, template: str, n: int, sampling: "SamplingParams", step: int
-                 ) -> tuple[list["Sample"], dict[str, float]]:
+    def generate(self, records, template: str, n: int, sampling: "SamplingParams", step: int,
+                 compression: "CompressionConfig | None" = None) -> tuple[list["Sample"], dict[str, float]]:
         """``n`` scored samples per record of rank 0's ``records`` (None elsewhere), from every engine; the same
-        group-major list and metrics on every rank. Collective."""
+        group-major list and metrics on every rank. ``compression``: this step's KV compression instead of the
+        engines' own (the adaptive budget's). Collective."""
         from sparse_rl_megatron.data.templates import render_prompt
         from sparse_rl_megatron.rollout.repetition import repetition_metrics
         from sparse_rl_megatron.rollout.work_split import group_cost, split_groups
@@ -222,6 +228,8 @@ class EnginePool:
             if not share:
                 return [], 0.0, 0.0
             kwargs = {} if share == list(range(len(prompts))) else {"group_ids": share}  # one engine: the plain call
+            if compression is not None:
+                kwargs["compression"] = compression
             t_gen = time.perf_counter()
             samples = engine.generate([prompts[g] for g in share], n, sampling, **kwargs)
             t_reward = time.perf_counter()
@@ -321,10 +329,15 @@ class EnginePool:
 
 def _check_group_ids(engine, name: str, world: int) -> None:
     """An engine that is one of several must take the global group ids (they seed its samples)."""
+    _check_takes(engine, name, "group_ids", f"so it can only run as the run's one engine; set "
+                                            f"rollout.gpus_per_engine={world}")
+
+
+def _check_takes(engine, name: str, keyword: str, consequence: str) -> None:
+    """``engine.generate`` takes ``keyword`` (or ``**kwargs``), else a ``UserError`` saying ``consequence``."""
     params = inspect.signature(engine.generate).parameters
-    if "group_ids" not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        raise UserError(f"rollout.engine '{name}': its generate() takes no group_ids, so it can only run as the "
-                        f"run's one engine; set rollout.gpus_per_engine={world}")
+    if keyword not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        raise UserError(f"rollout.engine '{name}': its generate() takes no {keyword}, {consequence}")
 
 
 def rollout_metrics(samples: Sequence["Sample"]) -> dict[str, float]:
@@ -337,7 +350,10 @@ def rollout_metrics(samples: Sequence["Sample"]) -> dict[str, float]:
     groups: dict[int, list[float]] = {}
     for s, r in zip(samples, rewards.tolist()):
         groups.setdefault(s.group_id, []).append(r)
+    budgets = [s.compression.budget for s in samples if s.compression.budget is not None]
+    sampled = {"rollout/budget_sampled_mean": sum(budgets) / len(budgets)} if budgets else {}
     return {
+        **sampled,  # the budget B in the samples' provenance (compressed samples only)
         "rollout/reward_mean": float(rewards.mean()),
         "rollout/groups_with_signal_frac": sum(max(g) > min(g) for g in groups.values()) / len(groups),
         "rollout/response_len_mean": float(lengths.mean()),

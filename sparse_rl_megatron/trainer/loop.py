@@ -51,10 +51,16 @@ def _loop(cfg: TrainConfig, run: Run) -> dict[str, float]:
         # 1. rollout + reward (every engine, its share) -> dense recompute (+ reference) -> correction, whole batch
         hb.phase(step, "rollout")
         records = run.prompts.take(cfg.rollout.prompts_per_step) if main else None
+        budget = run.budget.budget if run.budget is not None else None  # the adaptive budget of this step
         batch = rollout_step(learner=run.learner, engine=run.pool, reward=None, records=records,
                              template=run.plan.template, n=cfg.rollout.samples_per_prompt,
                              sampling=cfg.rollout.sampling, correction=cfg.correction, seed=cfg.seed, step=step,
-                             engine_name=cfg.rollout.engine, ref_learner=run.ref_learner)
+                             engine_name=cfg.rollout.engine, ref_learner=run.ref_learner,
+                             compression=None if budget is None else cfg.rollout.budget_compression(budget))
+        if run.budget is not None:  # the next step's budget, from this step's mismatch (same on every rank)
+            batch.metrics.update(run.budget.metrics())
+            run.budget.update_from_metrics(batch.metrics)
+            batch.metrics["rollout/budget_signal"] = run.budget.last_signal
         # 2. optimizer steps on global-batch slices (the engine lends its memory meanwhile)
         hb.phase(step, "train")
         t0 = time.perf_counter()

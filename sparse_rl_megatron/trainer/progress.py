@@ -13,7 +13,7 @@ from pathlib import Path
 HEARTBEAT_DIR = "heartbeat"
 
 SHOWN = ("rollout/reward_mean", "rollout/response_len_mean", "rollout/kv_tokens_peak_mean",
-         "rollout/kv_tokens_dense_mean", "sparse/rho_p1", "sparse/rho_min", "sparse/rejected_seq_frac",
+         "rollout/kv_tokens_dense_mean", "rollout/budget", "rollout/budget_signal", "sparse/rho_p1", "sparse/rho_min", "sparse/rejected_seq_frac",
          "sparse/rejected_token_frac", "loss/pg", "loss/clip_frac", "train/grad_norm", "sync/probe_mean_abs_diff",
          "eval/dense/accuracy", "eval/sparse/accuracy", "eval/dense/shortcut_free_accuracy",
          "eval/sparse/shortcut_free_accuracy", "time/rollout_s", "time/train_s", "time/sync_s")

@@ -48,6 +48,8 @@ class Run:
     heartbeat: Any = None
     stop: Any = None
     probe: Any = None
+    budget: Any = None
+    """The adaptive KV budget's ``BudgetController`` (``rollout.adaptive_budget.enabled``), else None."""
     step: int = 0
     """Rollout steps completed (the checkpoint's step when resumed)."""
     resumed_from: Path | None = None
@@ -77,7 +79,8 @@ class Run:
     # ----------------------------------------------------------------------------------------------- save
     def save(self, step: int) -> Path:
         state = D.on_main(lambda: {"data": self.prompts.state_dict(), "weight_version": step,
-                                   "learner_steps": self.learner.steps, "seed": self.cfg.seed})
+                                   "learner_steps": self.learner.steps, "seed": self.cfg.seed,
+                                   **({} if self.budget is None else {"budget_controller": self.budget.state_dict()})})
         return checkpoints.save(self.run_dir, step, self.learner, state, self.cfg.checkpoint.keep_last)
 
     # ------------------------------------------------------------------------------------------- evaluate
@@ -170,12 +173,22 @@ def start_run(cfg: TrainConfig):
         _build_models(cfg, run)
         if D.is_main():
             run.prompts = PromptOrder(plan.train_data.records, cfg.seed, cfg.data.shuffle)
+        if cfg.rollout.adaptive_budget.enabled:
+            from sparse_rl_megatron.compression.budget_controller import BudgetController
+
+            run.budget = BudgetController(cfg.rollout.adaptive_budget, cfg.rollout.compression.budget)
         if resume is not None:  # an older intact checkpoint if this one does not load (resume.py)
             from sparse_rl_megatron.trainer.resume import load as load_checkpoint
 
             choice = load_checkpoint(run, choice)
             state, restored = choice.state, choice.rng_restored
             run.step, run.resumed_from = int(state["step"]), choice.path
+            if run.budget is not None:  # every rank reads the same state file
+                if "budget_controller" in state:
+                    run.budget.load_state_dict(state["budget_controller"])
+                else:
+                    run.say(f"[yellow]warning[/]: the checkpoint has no adaptive budget state: the budget restarts "
+                            f"at {run.budget.budget}")
             if D.is_main():
                 for warning in run.prompts.load_state_dict(state["data"]):
                     run.say(f"[yellow]warning[/]: {warning}")

@@ -18,6 +18,7 @@ from sparse_rl_megatron.trainer.engine_pool import EngineError, EnginePool, roll
 
 if TYPE_CHECKING:
     from sparse_rl_megatron.algo import CorrectionConfig, PreparedBatch
+    from sparse_rl_megatron.compression import CompressionConfig
     from sparse_rl_megatron.learner.batch import SequenceBatch
     from sparse_rl_megatron.rollout.engine import SamplingParams
     from sparse_rl_megatron.rollout.sample import Sample
@@ -76,16 +77,17 @@ def prepare_batch(learner, samples: list["Sample"], correction: "CorrectionConfi
 
 
 def rollout_step(*, learner, engine, reward, records, template: str, n: int, sampling: "SamplingParams",
-                 correction: "CorrectionConfig", seed: int, step: int, engine_name: str, ref_learner=None
-                 ) -> RolloutBatch:
+                 correction: "CorrectionConfig", seed: int, step: int, engine_name: str, ref_learner=None,
+                 compression: "CompressionConfig | None" = None) -> RolloutBatch:
     """Rollout and reward on every engine -> recompute and correction (every rank) for rollout step ``step``.
 
     ``engine`` is the run's ``EnginePool`` (``reward`` unused), or one engine on rank 0 (None elsewhere) scored
-    by ``reward``; ``records`` are rank 0's (None elsewhere)."""
+    by ``reward``; ``records`` are rank 0's (None elsewhere); ``compression``: this step's KV compression instead
+    of the engines' own (the adaptive budget's)."""
     sampling = dataclasses.replace(sampling, seed=step_seed(seed, step))
     pool = engine if isinstance(engine, EnginePool) else EnginePool.single(engine, reward, engine_name)
     try:
-        samples, metrics = pool.generate(records, template, n, sampling, step)
+        samples, metrics = pool.generate(records, template, n, sampling, step, compression)
     finally:
         if pool is not engine:
             pool.close()

@@ -160,3 +160,19 @@ def test_bad_request_settings_are_refused_with_the_field(engine):
                         compression=CompressionConfig(method="rkv", budget=12, window=4, buffer=4))
     # the engine keeps serving
     assert len(engine.generate(PROMPTS[:1], 1, SamplingParams(max_new_tokens=4))) == 1
+
+
+def test_mixed_budgets_in_one_call_match_the_reference_per_budget(engine, hf_model):
+    """Per-request budgets (the adaptive budget, issue 27): the requests of one call, each with its prompt's budget
+    (at most the server's), decode side by side; each matches the HF engine's replay at its own budget."""
+    budgets = [6, 12, 8]
+    samples = engine.generate(PROMPTS, 2, SamplingParams(temperature=1.0, max_new_tokens=28, seed=3),
+                              budgets=budgets)
+    assert [(s.group_id, s.index_in_group) for s in samples] == [(g, i) for g in range(3) for i in range(2)]
+    for g, b in enumerate(budgets):
+        mine = [s for s in samples if s.group_id == g]
+        assert all(s.compression.budget == b and s.compression.events >= 1 for s in mine)
+        assert_matches_reference(mine, teacher_forced(hf_model, CompressionConfig(**{**SERVER.__dict__, "budget": b}),
+                                                      mine))
+    with pytest.raises(ValueError, match=r"budget 16 \+ buffer 4 exceeds the server's B \+ W \(16\)"):
+        engine.generate(PROMPTS[:1], 1, SamplingParams(max_new_tokens=4), budgets=[16])

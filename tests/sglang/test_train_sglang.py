@@ -79,3 +79,25 @@ def test_bad_sglang_option_is_one_line_at_start(tmp_path, shared_data):
     lines = [x for x in proc.stderr.strip().splitlines() if x.strip()]
     assert len(lines) == 1 and "rollout.sglang" in lines[0] and "tensor, distributed, disk" in lines[0], proc.stderr
     assert not (tmp_path / "run" / "model").exists()  # refused before any model was built
+
+
+def test_adaptive_budget_on_one_sglang_engine(tmp_path, shared_data):
+    """The adaptive budget (issue 27) with an sglang engine: the server is sized for max_budget, and every step's
+    requests carry that step's budget (the samples' provenance), which follows the controller."""
+    run_dir = tmp_path / "run"
+    adaptive = ("rollout.adaptive_budget={enabled: true, target: 0.3, min_budget: 4, max_budget: 16, gain: 2.0, "
+                "deadband: 0.0, granule: 1}")
+    proc = _train(shared_data, f"run_dir={run_dir}", *TRAIN, "steps=3", "eval.at_start=false", adaptive,
+                  timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r["step"] >= 1]
+    assert [r["step"] for r in steps] == [1, 2, 3] and steps[0]["rollout/budget"] == 12
+    from sparse_rl_megatron.compression.budget_controller import AdaptiveBudgetConfig, BudgetController
+
+    replay = BudgetController(AdaptiveBudgetConfig(target=0.3, min_budget=4, max_budget=16, gain=2.0, deadband=0.0,
+                                                   granule=1), 12)
+    for r in steps:  # each step's budget is the controller's answer to the signal logged before, and sampled with
+        assert r["rollout/budget"] == replay.budget == r["rollout/budget_sampled_mean"], r
+        replay.update(r["rollout/budget_signal"])
+    assert len({r["rollout/budget"] for r in steps}) > 1, [r["rollout/budget"] for r in steps]

@@ -101,3 +101,16 @@ def test_helpers():
     assert would_veto(lr, torch.ones(2, 2, dtype=torch.bool), 0.6).tolist() == [True, True]
     with pytest.raises(ValueError, match="veto threshold"):
         would_veto(lr, torch.ones(2, 2, dtype=torch.bool), 1.5)
+
+
+def test_contaminated_frac_counts_any_token_below_one_half():
+    # rows: min rho 0.3 (contaminated, not vetoed), 0.6 (clean), 5e-5 (both), an empty row (not counted)
+    rho = [[0.3, 1.0], [0.6, 1.0], [1.0, 5e-5], [1.0, 1.0]]
+    log_rho = torch.tensor([[math.log(r) for r in row] for row in rho], dtype=D)
+    mask = torch.tensor([[1, 1], [1, 1], [1, 1], [0, 0]])
+    m = rollout_diagnostics(log_rho=log_rho, old_log_probs=torch.zeros(4, 2, dtype=D),
+                            sampler_log_probs=-log_rho, response_mask=mask, keep=torch.ones(4, dtype=torch.bool),
+                            rewards=torch.zeros(4, dtype=D), veto_threshold=1e-4)
+    assert m["sparse/contaminated_frac"] == pytest.approx(2 / 3)
+    assert m["sparse/would_veto_frac"] == pytest.approx(1 / 3)
+    assert prepare_correction(*batch(), CorrectionConfig()).metrics["sparse/contaminated_frac"] == pytest.approx(1 / 3)

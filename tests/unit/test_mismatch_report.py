@@ -120,6 +120,7 @@ def test_table_has_a_row_per_setting_and_every_column():
     cells = [c.strip() for c in rkv.split("│")[1:-1]]
     values = dict(zip(["KV cache", *(h for h, _, _ in COLUMNS)], cells))
     assert values["rho min"] == "1e-05" and values["vetoed seq"] == "0.500" and values["rejected tok"] == "0.800"
+    assert values["contaminated seq"] == "0.500"  # sample 0 (rho 1e-5 < 0.5); sample 1's smallest rho is 1
     assert values["KV peak max"] == "5" and values["p50"] == "1"
 
 

@@ -113,6 +113,9 @@ def test_hf_directory_is_read(tmp_path):
     (["--model", "qwen2.5-7b", "--gpus", "12", "--tp", "2"], "12 GPUs are not whole nodes of --gpus-per-node 8"),
     (["--model", "qwen2.5-7b", "--compression", "lru"], "--compression: unknown KV compression method 'lru'"),
     (["--model", "qwen2.5-7b", "--compression", "rkv", "--budget", "8"], "--budget must be > window"),
+    (["--model", "qwen2.5-7b", "--mean-budget", "64"], "--mean-budget needs --compression"),
+    (["--model", "qwen2.5-7b", "--compression", "rkv", "--mean-budget", "1024"],
+     "--mean-budget must be in (--window, --budget] = (8, 512] (--budget is the adaptive budget's B_max); got 1024"),
     (["--model", "qwen2.5-7b", "--kernels", "triton"], "--kernels: unknown kernel set 'triton'; valid names: fused, local"),
     (["--model", "qwen2.5-7b", "--recompute", "selective"], "--recompute must be none or full"),
     (["--model", "qwen2.5-7b", "--response-len", "0"], "--response-len must be > 0"),
@@ -226,3 +229,23 @@ def test_plugin_memory_follows_max_running_requests(capsys):
         capsys.readouterr().out
     assert main(args + ["--max-running-requests", "1536"]) == 0
     assert "| - | 2.49 GiB (1,537) |" in capsys.readouterr().out
+
+
+def test_adaptive_budget_columns_mean_and_worst_case(capsys):
+    """``--mean-budget``: the mean budget's column is the plan of that fixed budget; ``--budget`` is B_max, the column
+    the fit is judged on (the SGLang plugin admits requests at the server's B + W)."""
+    from sparse_rl_megatron.compression import CompressionConfig
+
+    rkv = dict(method="rkv", budget=1024, buffer=128)
+    adaptive = build_plan("qwen2.5-7b", arch_from_hf_config(hf_config("qwen2.5-7b")), Layout(4, 1, 2),
+                          BatchShape(32, 8, 512, 4096), LearnerSetting(), RolloutSetting(tp=4),
+                          CompressionConfig(**rkv), mean_budget=256)
+    mean, worst = adaptive.kv[1], adaptive.kv[2]
+    assert [k.label for k in adaptive.kv] == ["dense", "rkv B=256 W=128 (mean)", "rkv B=1024 W=128 (B_max)"]
+    fixed_mean, fixed_max = plan(compression={**rkv, "budget": 256}).kv[1], plan(compression=rkv).kv[1]
+    assert (mean.tokens_per_sequence, mean.concurrent) == (fixed_mean.tokens_per_sequence, fixed_mean.concurrent)
+    assert (worst.tokens_per_sequence, worst.concurrent) == (fixed_max.tokens_per_sequence, fixed_max.concurrent)
+    assert mean.concurrent > worst.concurrent
+    assert main(["plan", "--model", "qwen2.5-7b", "--tp", "4", "--dp", "2", "--compression", "rkv", "--budget", "1024",
+                 "--mean-budget", "256"]) == 0
+    assert "| rkv B=256 W=128 (mean) | rkv B=1024 W=128 (B_max) |" in capsys.readouterr().out

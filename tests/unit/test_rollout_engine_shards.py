@@ -110,3 +110,50 @@ def test_group_ids_are_one_distinct_id_per_prompt(model):
     with pytest.raises(ValueError, match="group_ids must be 2 distinct ids"):
         engine.generate([[5, 6], [7]], 1, sampling, group_ids=[3])
     assert [s.group_id for s in engine.generate([[5, 6], [7]], 2, sampling, group_ids=[9, 4])] == [9, 9, 4, 4]
+
+
+@pytest.mark.parametrize("case", range(3))
+def test_mixed_budgets_in_one_call_give_each_budget_run_alone(model, case):
+    """Per-request budgets (the adaptive budget, issue 27): one call with a budget per prompt samples what an engine
+    built with each budget samples for that budget's prompts alone (same global group ids), up to rounding; every
+    sample carries its own budget, and the budget bounds its KV (peak = B + W once compressed)."""
+    rng = random.Random(100 + case)
+    method = ["rkv", "snapkv", "h2o"][case]
+    base = CompressionConfig(method=method, budget=12, window=2, buffer=4, scope=rng.choice(["all", "response"]))
+    gen = torch.Generator().manual_seed(case)
+    prompts = [torch.randint(3, model.config.vocab_size, (rng.randint(2, 20),), generator=gen).tolist()
+               for _ in range(5)]
+    budgets = [rng.choice([8, 12, 24]) for _ in prompts]
+    budgets[0], budgets[1] = 8, 24  # at least two budgets
+    sampling = SamplingParams(max_new_tokens=40, seed=case, ignore_eos=True)
+    engine = HFRolloutEngine(model, compression=CompressionConfig(), show_progress=False, max_batch_size=4)
+    mixed = engine.generate(prompts, 2, sampling, compression=base, budgets=budgets)
+    alone = []
+    for b in sorted(set(budgets)):
+        share = [g for g, x in enumerate(budgets) if x == b]
+        single = HFRolloutEngine(model, compression=dataclasses.replace(base, budget=b), show_progress=False)
+        alone += single.generate([prompts[g] for g in share], 2, sampling, group_ids=share)
+    alone.sort(key=lambda s: (s.group_id, s.index_in_group))
+    assert _compare(mixed, alone, _logprob_atol(model, mixed)) <= MAX_FLIPPED
+    for s in mixed:
+        b = budgets[s.group_id]
+        assert (s.compression.method, s.compression.budget) == (method, b)
+        assert s.compression.events >= 1 and s.compression.peak_kv_tokens <= max(b + 4, len(s.prompt_ids) + 1)
+    assert {s.compression.peak_kv_tokens for s in mixed if budgets[s.group_id] == 24} != {
+        s.compression.peak_kv_tokens for s in mixed if budgets[s.group_id] == 8}
+
+
+def test_per_call_compression_and_bad_budgets(model):
+    sampling = SamplingParams(max_new_tokens=30, seed=0, ignore_eos=True)
+    config = CompressionConfig(method="rkv", budget=8, window=2, buffer=4)
+    built = HFRolloutEngine(model, compression=config, show_progress=False).generate([[5, 6, 7]], 2, sampling)
+    engine = HFRolloutEngine(model, show_progress=False)  # dense by default
+    per_call = engine.generate([[5, 6, 7]], 2, sampling, compression=config)
+    assert [(s.response_ids, s.compression) for s in per_call] == [(s.response_ids, s.compression) for s in built]
+    assert engine.generate([[5, 6, 7]], 1, sampling)[0].compression.budget is None  # the engine's own is unchanged
+    with pytest.raises(ValueError, match="one budget per prompt"):
+        engine.generate([[5, 6], [7]], 1, sampling, compression=config, budgets=[8])
+    with pytest.raises(ValueError, match="dense"):
+        engine.generate([[5, 6]], 1, sampling, budgets=[8])
+    with pytest.raises(ValueError, match="budget must be > window"):
+        engine.generate([[5, 6]], 1, sampling, compression=config, budgets=[2])

@@ -241,3 +241,34 @@ def test_sglang_engines_sample_from_the_runs_seed_unless_told():
     assert fixed.rollout.for_run(fixed.seed).sglang_config("m").random_seed == 3
     hf = from_dict(TrainConfig, {"seed": 7})
     assert hf.rollout.for_run(hf.seed) is hf.rollout
+
+
+def test_adaptive_budget_section_is_typed_and_checked():
+    rkv = {"method": "rkv", "budget": 16, "window": 2, "buffer": 4}
+    cfg = from_dict(TrainConfig, {"rollout": {"compression": rkv, "adaptive_budget": {
+        "enabled": True, "min_budget": 8, "max_budget": 64, "signal": "veto_frac"}}})
+    assert cfg.rollout.adaptive_budget.enabled and cfg.rollout.adaptive_budget.target == 0.2
+    assert cfg.rollout.budget_compression(24).budget == 24 and cfg.rollout.budget_compression(None).budget == 16
+    assert not from_dict(TrainConfig, {}).rollout.adaptive_budget.enabled  # off by default
+    # sglang: the server is sized for max_budget (each step's requests carry their own budget)
+    sg = from_dict(TrainConfig, {"rollout": {"engine": "sglang", "compression": rkv, "adaptive_budget": {
+        "enabled": True, "max_budget": 64}}}).rollout
+    assert sg.sglang_config("m").compression.budget == 64 and sg.compression.budget == 16
+    sg.adaptive_budget.enabled = False
+    assert sg.sglang_config("m").compression.budget == 16
+    bad = [
+        ({"enabled": True}, {"method": "none"}, "hf", r"^rollout: adaptive_budget.enabled needs a compressing"),
+        ({"enabled": True, "min_budget": 4}, {"window": 4}, "hf",
+         r"^rollout: adaptive_budget.min_budget \(4\) must be > compression.window \(4\)"),
+        ({"enabled": True, "min_budget": 4, "max_budget": 12}, {}, "hf",
+         r"^rollout: compression.budget \(16\) is the adaptive budget's start and must be within "
+         r"\[adaptive_budget.min_budget, max_budget\] = \[4, 12\]"),
+        ({"signal": "p1"}, {}, "hf", r"^rollout.adaptive_budget: AdaptiveBudgetConfig.signal: unknown adaptive budget "
+                                     r"signal 'p1'; valid names: contaminated_frac, rho_p1, veto_frac"),
+        ({"gain": -1.0}, {}, "hf", r"^rollout.adaptive_budget: AdaptiveBudgetConfig.gain must be > 0"),
+        ({"tartget": 0.1}, {}, "hf", r"^rollout.adaptive_budget: unknown key\(s\) tartget; valid keys: deadband"),
+    ]
+    for adaptive, compression, engine, match in bad:
+        with pytest.raises(ConfigError, match=match):
+            from_dict(TrainConfig, {"rollout": {"engine": engine, "compression": {**rkv, **compression},
+                                                "adaptive_budget": adaptive}})

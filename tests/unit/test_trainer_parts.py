@@ -176,3 +176,29 @@ def test_task_model_is_built_and_warm_started_once_then_reused(tmp_path):
     again = prepare_model(cfg, task, tmp_path)  # a re-run or a resume reuses both
     assert again.learner == dirs.learner and task.calls == []
     assert "reusing the warm-started model" in again.notes[-1]
+
+
+def test_engines_must_take_what_the_run_passes_them():
+    from sparse_rl_megatron.trainer.engine_pool import _check_group_ids, _check_takes
+
+    class Plain:
+        def generate(self, prompts, n, sampling):
+            return []
+
+    class Open:
+        def generate(self, prompts, n, sampling, **kwargs):
+            return []
+
+    with pytest.raises(UserError, match=r"^rollout.engine 'mine': its generate\(\) takes no compression, so it "
+                                        r"cannot sample"):
+        _check_takes(Plain(), "mine", "compression", "so it cannot sample each step with the adaptive budget")
+    with pytest.raises(UserError, match=r"takes no group_ids, so it can only run as the run's one engine; set "
+                                        r"rollout.gpus_per_engine=4"):
+        _check_group_ids(Plain(), "mine", 4)
+    _check_takes(Open(), "mine", "compression", "")
+    from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
+    from sparse_rl_megatron.rollout.sglang_engine import SGLangRolloutEngine
+
+    for engine in (HFRolloutEngine, SGLangRolloutEngine):  # the built-in engines take both
+        for keyword in ("compression", "group_ids", "budgets"):
+            _check_takes(type("E", (), {"generate": engine.generate})(), "x", keyword, "")
