@@ -86,8 +86,8 @@ class _Instrument:
                 raise Deadline(f"stopped after {len(self.marks) - 1} decode steps")
             return decode(tokens, cache)
 
-        def counted_cache(rows, capacity):
-            cache = new_cache(rows, capacity)
+        def counted_cache(rows, capacity, config):
+            cache = new_cache(rows, capacity, config)
             compress = cache.compress
 
             def timed_compress(which):
