@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 import mcore_spec as spec
 import numerics
-from mcore_worker import expect  # noqa: F401 - the workers use C.expect too
+from mcore_worker import expect
 
 
 def load_refs(path: str) -> dict:
