@@ -76,6 +76,8 @@ def test_the_error_model_is_what_its_formulas_say():
     assert numerics.gamma(10) == pytest.approx(10 * 2.0 ** -24, rel=1e-6)
     with pytest.raises(ValueError, match="K \\* u >= 1"):
         numerics.gamma(300, numerics.U_BF16)
+    # the flip allowance of the engine-shard tests: ~500 tokens whose log-probs move by ~1e-6
+    assert numerics.flip_probability(500, 1e-6) == pytest.approx(1e-3, rel=1e-3)
     # two real summation orders of K fp32 terms stay within the bound
     x = torch.randn(4096, generator=torch.Generator().manual_seed(0))
     forward, backward = x.sum().item(), x.flip(0).cumsum(0)[-1].item()
