@@ -51,7 +51,6 @@ def main(argv=None) -> None:
     from sparse_rl_megatron.learner import Learner, LearnerConfig, OptimConfig, SequenceBatch, TrainBatch
     from sparse_rl_megatron.rollout.engine import SamplingParams
     from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
-    from sparse_rl_megatron.trainer.engines import ENGINES
     from sparse_rl_megatron.trainer.weight_sync import probe_sequence, probe_weights, sync_weights
     from sparse_rl_megatron.utils.tiny_models import save_tiny_hf_checkpoint
 
@@ -69,7 +68,6 @@ def main(argv=None) -> None:
     prepared = prepare_correction(old, old.clone(), seqs.response_mask(), torch.rand(args.rows),
                                   torch.arange(args.rows) // 4)
     probe = probe_sequence(args.vocab, args.probe_tokens, seed=0)
-    spec = ENGINES.get("hf")
     sampling = SamplingParams(temperature=1.0, max_new_tokens=args.response_len, ignore_eos=True, seed=0)
     prompts = [p.tolist() for p, _ in rows[: args.rows // 4]]
 
@@ -79,7 +77,7 @@ def main(argv=None) -> None:
     for mb in args.buckets_mb:
         results.append((f"sync, {mb} MiB buckets", timed(lambda: sync_weights(learner, engine, 1, mb), args.iters)))
     results.append((f"probe ({args.probe_tokens} tokens)", timed(
-        lambda: probe_weights(learner, engine, spec, probe, 1e-3, "hf", 1), args.iters)))
+        lambda: probe_weights(learner, engine, probe, 1e-3, "hf", 1), args.iters)))
     ref = results[0][1][0]
     print(f"\n{platform.processor() or platform.machine()}, torch {torch.__version__}, one thread; model "
           f"{params / 1e6:.2f}M params ({4 * params / 2**20:.1f} MiB fp32); train step and rollout: {args.rows} rows "

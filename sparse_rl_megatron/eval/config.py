@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from sparse_rl_megatron.compression.config import CompressionConfig
 from sparse_rl_megatron.data.sets import BENCHMARKS
 from sparse_rl_megatron.rewards.pool import VerifierPoolConfig
+from sparse_rl_megatron.rollout.engines import EngineBuild
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -47,7 +49,7 @@ class EvalConfig:
     template: str = "qwen25_chat"
     """Prompt template name (``data.TEMPLATES``)."""
     engine: str = "hf"
-    """Rollout engine name (``eval.engines.ENGINES``)."""
+    """Rollout engine name (``rollout.engines.ENGINES``)."""
     compression: CompressionConfig = field(default_factory=CompressionConfig)
     """Inference mode: dense (method ``none``) or a compressor at a budget."""
     temperature: float = 0.8
@@ -88,6 +90,20 @@ class EvalConfig:
         if unknown:
             raise ValueError(f"EvalConfig.per_benchmark names {', '.join(sorted(unknown))}, which are not among "
                              f"the benchmarks being evaluated ({', '.join(self.benchmarks)})")
+
+    def engine_build(self, model_dir: str | Path) -> EngineBuild:
+        """What the evaluation's engine is built from (``rollout/engines.py``): the model at ``model_dir``, this
+        config's compression, dtype, batch size, tokenizer and seed (``sglang``: an in-process engine)."""
+        from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
+
+        sglang = None
+        if self.engine == "sglang":
+            sglang = SGLangEngineConfig(model_path=str(model_dir), tokenizer_path=self.tokenizer or "",
+                                        compression=self.compression, dtype=self.dtype,
+                                        max_running_requests=self.max_batch_size, random_seed=self.seed)
+        return EngineBuild(model_dir=str(model_dir), compression=self.compression, dtype=self.dtype,
+                           max_batch_size=self.max_batch_size, show_progress=self.show_progress,
+                           tokenizer=self.tokenizer, sglang=sglang)
 
     def settings(self, benchmark: str) -> BenchmarkSettings:
         return self.per_benchmark.get(benchmark, self.default)

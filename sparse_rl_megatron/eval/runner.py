@@ -170,15 +170,15 @@ def run_eval(config: EvalConfig, *, export_dir: str | None = None, engine=None) 
     ``engine``: an already built engine (tests, or a trainer evaluating its live policy); by default one
     is built by name (``config.engine``) from the model directory, once the lengths fit (``check_lengths``).
     """
-    from sparse_rl_megatron.eval.engines import ENGINES
     from sparse_rl_megatron.eval.model_source import resolve_hf_model
+    from sparse_rl_megatron.rollout.engines import ENGINES
 
     TEMPLATES.check(config.template, field="EvalConfig.template")
     datasets = {name: load_dataset(name, root=config.data_root, limit=config.limit, input_key=config.input_key,
                                    label_key=config.label_key) for name in config.benchmarks}
     hf_dir, exported = None, False
     if engine is None:
-        factory = ENGINES.get(config.engine)
+        spec = ENGINES.get(config.engine)
         hf_dir = resolve_hf_model(config.model, export_dir)
         exported = Path(hf_dir) != Path(config.model) and export_dir is None
         try:
@@ -186,11 +186,11 @@ def run_eval(config: EvalConfig, *, export_dir: str | None = None, engine=None) 
             check_lengths(config, datasets, _load_tokenizer(config.tokenizer or hf_dir),
                           hf_config.get("max_position_embeddings"))
             log.info("loading %s into the %s engine (%s, %s)", hf_dir, config.engine, config.dtype, config.mode())
-            engine = factory(hf_dir, config)
+            engine = spec.build(config.engine_build(hf_dir))
         finally:
             if exported:  # the weights are loaded: the temporary export is no longer needed
                 shutil.rmtree(hf_dir, ignore_errors=True)
-    elif getattr(engine, "tokenizer", None) is not None:
+    elif engine.tokenizer is not None:
         check_lengths(config, datasets, engine.tokenizer, None)
     results: dict[str, Any] = {
         "format_version": FORMAT_VERSION,

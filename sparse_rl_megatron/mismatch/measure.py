@@ -47,8 +47,8 @@ def measure(cfg: "TrainConfig", plan: "RunPlan", rows: list[tuple[str, "Compress
             correction: "CorrectionConfig", say: Callable[[str], None]) -> Measurement:
     """Sample and recompute every row of ``rows``; collective (every rank calls it). ``say`` prints on rank 0."""
     from sparse_rl_megatron.learner import Learner
+    from sparse_rl_megatron.rollout.engines import ENGINES
     from sparse_rl_megatron.mismatch.study import row_result
-    from sparse_rl_megatron.trainer.engines import ENGINES
     from sparse_rl_megatron.trainer.models import export_for_engine, prepare_model
     from sparse_rl_megatron.trainer.prompts import PromptOrder
     from sparse_rl_megatron.trainer.run import make_reward
@@ -66,17 +66,18 @@ def measure(cfg: "TrainConfig", plan: "RunPlan", rows: list[tuple[str, "Compress
         spec = ENGINES.get(cfg.rollout.engine)
         engine = reward = records = None
         if D.is_main():
-            engine = spec.build(hf_dir, cfg.rollout, cfg.log.progress)
+            engine = spec.build(cfg.rollout.engine_build(hf_dir, show_progress=cfg.log.progress))
+            stack.callback(engine.shutdown)
             reward = stack.enter_context(make_reward(cfg, plan))
             records = PromptOrder(plan.train_data.records, cfg.seed, cfg.data.shuffle).take(
                 cfg.rollout.prompts_per_step)
         D.wait_for_main()
         out = Measurement(learner=learner.describe())
-        out.probe_max_abs_diff = _serve_learner_weights(cfg, learner, engine, spec, push=dirs.engine_hf is None)
+        out.probe_max_abs_diff = _serve_learner_weights(cfg, learner, engine, push=dirs.engine_hf is None)
         for label, compression in rows:
             say(f"measuring {label}: {cfg.rollout.prompts_per_step} prompts x {cfg.rollout.samples_per_prompt} "
                 f"samples, up to {cfg.rollout.sampling.max_new_tokens} tokens")
-            view = spec.with_compression(engine, compression) if engine is not None else None
+            view = engine.with_compression(compression) if engine is not None else None
             batch = rollout_step(learner=learner, engine=view, reward=reward, records=records,
                                  template=plan.template, n=cfg.rollout.samples_per_prompt,
                                  sampling=cfg.rollout.sampling, correction=correction, seed=cfg.seed,
@@ -86,7 +87,7 @@ def measure(cfg: "TrainConfig", plan: "RunPlan", rows: list[tuple[str, "Compress
         return out
 
 
-def _serve_learner_weights(cfg: "TrainConfig", learner, engine, spec, push: bool) -> float | None:
+def _serve_learner_weights(cfg: "TrainConfig", learner, engine, push: bool) -> float | None:
     """Make the engine serve the learner's weights (push them when the engine was given an export, which may
     predate the checkpoint) and probe it; returns the probe's largest difference. Collective."""
     from sparse_rl_megatron.trainer.weight_sync import probe_sequence, probe_tolerance, probe_weights, sync_weights
@@ -97,4 +98,4 @@ def _serve_learner_weights(cfg: "TrainConfig", learner, engine, spec, push: bool
         return None
     probe = probe_sequence(learner.arch.vocab_size, cfg.sync.probe_tokens, cfg.seed)
     tolerance = probe_tolerance(cfg, learner)
-    return probe_weights(learner, engine, spec, probe, tolerance, cfg.rollout.engine, 0)["sync/probe_max_abs_diff"]
+    return probe_weights(learner, engine, probe, tolerance, cfg.rollout.engine, 0)["sync/probe_max_abs_diff"]

@@ -1,7 +1,9 @@
 """Rollout engines and what they return.
 
 - ``sample``: :class:`Sample` / :class:`CompressionInfo` (provenance travels with the data).
-- ``engine``: :class:`SamplingParams` and the :class:`RolloutEngine` protocol.
+- ``engine``: :class:`SamplingParams` and the :class:`RolloutEngine` protocol (everything callers use of an engine).
+- ``engines``: ``ENGINES``, the engines by name (``EngineSpec``), each built from an ``EngineBuild``; the trainer,
+  ``sparse-rl eval`` and ``sparse-rl mismatch`` build theirs here.
 - ``hf_engine``: :class:`HFRolloutEngine`, the HF-transformers reference engine with KV compression
   (``hf_forward`` decode pass, ``kv_cache`` per-head compressed cache, ``sampling``, ``stopping``, ``weights``);
   its ``teacher_forced`` mode is the oracle other engines are checked against.

@@ -2,9 +2,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Iterable, Protocol, Sequence, runtime_checkable
+
+import torch
 
 from sparse_rl_megatron.rollout.sample import Sample
+
+if TYPE_CHECKING:
+    from sparse_rl_megatron.compression import CompressionConfig
 
 
 @dataclass
@@ -65,18 +70,38 @@ def check_group_ids(group_ids: Sequence[int] | None, prompts: int) -> list[int]:
 
 @runtime_checkable
 class RolloutEngine(Protocol):
-    """A generator of GRPO groups that can receive new weights."""
+    """A generator of GRPO groups that can receive new weights: everything the trainer, the evaluator and the
+    mismatch study call on an engine (``rollout/engines.py`` builds them by name). Both built-in engines,
+    ``HFRolloutEngine`` and ``SGLangRolloutEngine``, implement every member; a plugin engine must too."""
 
     weight_version: int
+    """Version of the weights the engine serves (stamped on every sample; the weight-sync probe checks it)."""
+
+    @property
+    def tokenizer(self) -> Any:
+        """The model's HF tokenizer, or None (then prompts must be token ids and stop strings are refused)."""
+        ...
 
     def generate(
         self, prompts: Sequence[str | list[int]], n: int, sampling: SamplingParams, *,
-        group_ids: Sequence[int] | None = None,
+        group_ids: Sequence[int] | None = None, compression: "CompressionConfig | None" = None,
+        budgets: Sequence[int] | None = None,
     ) -> list[Sample]:
         """Sample ``n`` responses per prompt; returns ``len(prompts) * n`` samples, group-major
         (all samples of prompt 0 first), with ``group_id`` = ``group_ids[p]`` (default: the prompt index p).
         A sample's randomness comes from ``(sampling.seed, group_id, index_in_group)``, so one shard of a batch
-        sampled with its global group ids is the same shard of the batch sampled whole."""
+        sampled with its global group ids is the same shard of the batch sampled whole. ``compression`` replaces
+        the engine's KV compression for this call (the adaptive budget); ``budgets[p]`` is prompt p's own budget."""
+        ...
+
+    def dense_logprobs(self, prompts: Sequence[Sequence[int]],
+                       responses: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """``[len(response)]`` T=1 log-probs of each response after its prompt under full attention (the
+        weight-sync probe's engine side)."""
+        ...
+
+    def with_compression(self, compression: "CompressionConfig") -> "RolloutEngine":
+        """A view of this engine that samples with another KV compression and serves the same (live) weights."""
         ...
 
     def update_weights(self, named_tensors: Iterable, version: int) -> None:
@@ -86,10 +111,24 @@ class RolloutEngine(Protocol):
         sync): there one call carries every weight."""
         ...
 
+    @property
+    def takes_payloads(self) -> bool:
+        """Whether ``update_weights_from_payloads`` applies (SGLang in process with ``tensor`` sync)."""
+        ...
+
+    def update_weights_from_payloads(self, payloads: Iterable[list], version: int) -> None:
+        """Load buckets serialized once per TP rank (per bucket, one payload per TP rank) and set the version;
+        only where ``takes_payloads``."""
+        ...
+
     def release_memory(self) -> None:
         """Free what the engine can while the learner trains (KV cache, optionally weights)."""
         ...
 
     def resume_memory(self) -> None:
         """Undo ``release_memory``."""
+        ...
+
+    def shutdown(self) -> None:
+        """Stop the engine's servers and child processes (a no-op for an engine that has none)."""
         ...

@@ -93,6 +93,17 @@ class HFRolloutEngine:
         """Load the weights of an HF directory (safetensors) into the model."""
         self.load_weights(read_hf_safetensors(path), version=version)
 
+    @property
+    def takes_payloads(self) -> bool:
+        """Never: weights arrive as tensors (``update_weights``)."""
+        return False
+
+    def update_weights_from_payloads(self, payloads: Iterable[list], version: int) -> None:
+        raise RuntimeError("HFRolloutEngine takes weights as tensors (update_weights), not per-TP-rank payloads")
+
+    def shutdown(self) -> None:
+        """Nothing to stop: the engine is this process's model."""
+
     def release_memory(self) -> None:
         """Nothing persists between ``generate`` calls (KV caches are per call); refuse generation until resumed."""
         self._released = True
@@ -135,6 +146,29 @@ batched with other rows may get other BLAS kernels; see ``kv_cache.KEY_ALIGN``).
         for s in samples:
             s.group_id = gids[s.group_id]
         return samples
+
+    def with_compression(self, compression: CompressionConfig) -> "HFRolloutEngine":
+        """An engine on the same model (same live weights) sampling with another KV compression."""
+        return HFRolloutEngine(self.model, self.tokenizer, compression=compression, dtype=self.dtype,
+                               max_batch_size=self.max_batch_size, show_progress=self.show_progress,
+                               weight_version=self.weight_version)
+
+    @torch.no_grad()
+    def dense_logprobs(self, prompts: Sequence[Sequence[int]],
+                       responses: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """``[len(response)]`` log-probs of each response's tokens after its prompt under full attention, one
+        forward pass each (the weight-sync probe's engine side)."""
+        rows = []
+        for prompt, response in zip(prompts, responses):
+            prompt, response = torch.as_tensor(prompt, dtype=torch.long), torch.as_tensor(response, dtype=torch.long)
+            if response.numel() == 0:
+                rows.append(torch.zeros(0))
+                continue
+            ids = torch.cat([prompt, response]).unsqueeze(0).to(self.device)
+            logits = self.model(input_ids=ids).logits[0, prompt.numel() - 1:-1].float()
+            lp = torch.log_softmax(logits, dim=-1).gather(-1, response.to(logits.device).unsqueeze(-1)).squeeze(-1)
+            rows.append(lp.cpu())
+        return rows
 
     @staticmethod
     def _prompt_configs(base: CompressionConfig, budgets: Sequence[int] | None, prompts: int

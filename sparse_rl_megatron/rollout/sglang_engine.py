@@ -77,7 +77,8 @@ class SGLangRolloutEngine:
         self.weight_version = weight_version
         self.tokenizer = self._load_tokenizer()
         self._released = False
-        self._group_ready = False
+        self._seeded = False
+        """Requests carry a ``sampling_seed`` (the in-process CPU engine; see the module docstring)."""
         self.resubmitted = 0
         """Requests resubmitted after a refused retraction, over this engine's life."""
         if config.urls:
@@ -218,7 +219,7 @@ class SGLangRolloutEngine:
                                   "ignore_eos": s.ignore_eos, "no_stop_trim": True}
         if s.stop:
             params["stop"] = list(s.stop)
-        if s.seed is not None and getattr(self, "_seeded", False):
+        if s.seed is not None and self._seeded:
             params["sampling_seed"] = (sample_seed(s.seed, group, index) + attempt) % _SEED_MOD
         if overrides is not None:
             from sglang_ext.config import REQUEST_KEY
@@ -350,7 +351,7 @@ class SGLangRolloutEngine:
 
 class CompressionView:
     """An :class:`SGLangRolloutEngine` whose ``generate`` uses another KV compression (e.g. dense evaluation of a
-    sparse-rollout server); weights, version and memory state are the engine's."""
+    sparse-rollout server); weights, version, memory state and shutdown are the engine's (a view owns nothing)."""
 
     def __init__(self, engine: SGLangRolloutEngine, compression: CompressionConfig):
         self.engine, self.compression = engine, compression
@@ -363,6 +364,35 @@ class CompressionView:
     def weight_version(self) -> int:
         return self.engine.weight_version
 
+    @property
+    def takes_payloads(self) -> bool:
+        return self.engine.takes_payloads
+
     def generate(self, prompts: Sequence[str | list[int]], n: int, sampling: SamplingParams, *,
-                 group_ids: Sequence[int] | None = None) -> list[Sample]:
-        return self.engine.generate(prompts, n, sampling, compression=self.compression, group_ids=group_ids)
+                 group_ids: Sequence[int] | None = None, compression: CompressionConfig | None = None,
+                 budgets: Sequence[int] | None = None) -> list[Sample]:
+        """The engine's ``generate`` with this view's compression (``compression``, when given, replaces it)."""
+        return self.engine.generate(prompts, n, sampling, compression=compression or self.compression,
+                                    group_ids=group_ids, budgets=budgets)
+
+    def dense_logprobs(self, prompts: Sequence[Sequence[int]],
+                       responses: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        return self.engine.dense_logprobs(prompts, responses)
+
+    def with_compression(self, compression: CompressionConfig) -> "CompressionView":
+        return CompressionView(self.engine, compression)
+
+    def update_weights(self, named_tensors: Iterable, version: int) -> None:
+        self.engine.update_weights(named_tensors, version)
+
+    def update_weights_from_payloads(self, payloads: Iterable[list], version: int) -> None:
+        self.engine.update_weights_from_payloads(payloads, version)
+
+    def release_memory(self) -> None:
+        self.engine.release_memory()
+
+    def resume_memory(self) -> None:
+        self.engine.resume_memory()
+
+    def shutdown(self) -> None:
+        """Nothing: the engine is shut down by its owner."""

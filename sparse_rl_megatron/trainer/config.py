@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from sparse_rl_megatron.algo.config import CorrectionConfig
 from sparse_rl_megatron.compression.budget_controller import AdaptiveBudgetConfig
@@ -22,7 +22,11 @@ from sparse_rl_megatron.compression.config import CompressionConfig
 from sparse_rl_megatron.learner.config import LearnerConfig
 from sparse_rl_megatron.rewards.pool import VerifierPoolConfig
 from sparse_rl_megatron.rollout.engine import SamplingParams
+from sparse_rl_megatron.rollout.engines import EngineBuild
 from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
+
+if TYPE_CHECKING:
+    from sparse_rl_megatron.rollout.layout import EngineSlot
 
 ENGINE_DTYPES = ("float32", "bfloat16", "float16")
 RESUME_MODES = ("auto", "never")
@@ -103,7 +107,7 @@ class RolloutConfig:
     """How responses are sampled (the sparse sampler pi_sparse)."""
 
     engine: str = "hf"
-    """Rollout engine (``trainer.engines.ENGINES``): ``hf`` (reference engine, in its rank's process) or ``sglang``
+    """Rollout engine (``rollout.engines.ENGINES``): ``hf`` (reference engine, in its rank's process) or ``sglang``
     (SGLang with the sparse_kv plugin, in-process in its rank or HTTP servers; options in ``sglang``)."""
     gpus_per_engine: int = 1
     """GPUs (ranks) per rollout engine: one engine per group of this many ranks on every node, in the group's
@@ -178,6 +182,28 @@ class RolloutConfig:
         if self.engine != "sglang" or self.sglang.random_seed is not None:
             return self
         return dataclasses.replace(self, sglang=dataclasses.replace(self.sglang, random_seed=seed))
+
+    def engine_build(self, model_dir: str, *, show_progress: bool = False, slot: "EngineSlot | None" = None,
+                     run_seed: int | None = None) -> EngineBuild:
+        """What an engine of this rollout section is built from (``rollout/engines.py``), the run-owned fields
+        filled in here and nowhere else: the model the run exported for the engine (``model_dir``); with
+        ``run_seed``, an ``sglang`` engine's unset ``random_seed`` (``for_run``); with ``slot``, the engine's place
+        in the run's layout (``rollout/layout.py``: its first GPU, its server URL) and, for ``sglang``, its
+        ``random_seed`` offset by the engine's index (SGLang samples from its scheduler's RNG, ignoring per-request
+        seeds with the sparse_kv backend: engines with the same seed would draw the same numbers for their
+        different groups). Without ``slot``: one engine on every server of ``sglang.urls``, from GPU 0."""
+        rollout = self if run_seed is None else self.for_run(run_seed)
+        sglang = None
+        if self.engine == "sglang":
+            if slot is None:
+                sglang = rollout.sglang_config(model_dir)
+            else:
+                sglang = rollout.sglang_config(model_dir, base_gpu_id=slot.base_gpu_id,
+                                               urls=[slot.url] if slot.url else None)
+                sglang = dataclasses.replace(sglang, random_seed=(sglang.random_seed or 0) + slot.index)
+        return EngineBuild(model_dir=model_dir, compression=self.compression, dtype=self.dtype,
+                           max_batch_size=self.max_batch_size, show_progress=show_progress, sglang=sglang,
+                           options=dict(self.engine_options))
 
     @property
     def batch_size(self) -> int:

@@ -18,7 +18,6 @@ Engine calls run on the engine's own thread (``engine_worker.py``) and are waite
 """
 from __future__ import annotations
 
-import inspect
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -31,9 +30,13 @@ from sparse_rl_megatron.utils.errors import UserError
 
 if TYPE_CHECKING:
     from sparse_rl_megatron.compression import CompressionConfig
-    from sparse_rl_megatron.rollout.engine import SamplingParams
+    from sparse_rl_megatron.rollout.engine import RolloutEngine, SamplingParams
     from sparse_rl_megatron.rollout.layout import EngineSlot, RolloutLayout
+    from sparse_rl_megatron.learner.batch import SequenceBatch
+    from sparse_rl_megatron.learner.learner import Learner
+    from sparse_rl_megatron.rewards.reward import SampleReward
     from sparse_rl_megatron.rollout.sample import Sample
+    from sparse_rl_megatron.trainer.colocated_weights import ColocatedPayloads
 
 MIB = 1024 * 1024
 PHASE_REPORT_MARGIN_S = 60.0
@@ -57,7 +60,7 @@ class LocalEngine:
     """One engine this rank drives."""
 
     slot: "EngineSlot"
-    engine: Any
+    engine: "RolloutEngine"
     worker: EngineWorker
     label: str
 
@@ -70,10 +73,10 @@ class EnginePool:
     name: str
     """``rollout.engine``."""
     deadline_s: float
-    spec: Any = None
     local: list[LocalEngine] = field(default_factory=list)
-    reward: Any = None
-    payloads: Any = None
+    reward: "SampleReward | None" = None
+    """Scores this rank's engines' samples (None on a rank that drives none)."""
+    payloads: "ColocatedPayloads | None" = None
     """``ColocatedPayloads`` when colocated engines load per-TP-rank payloads (this rank serializes its copy)."""
     probed: dict[int, torch.Tensor] = field(default_factory=dict)
     """The learner's log-probs of the probe's response tokens at the versions last probed (the latest one is the
@@ -84,28 +87,21 @@ class EnginePool:
     def start(cls, cfg, plan, hf_dir: str, stack, make_reward: Callable[[], Any]) -> "EnginePool":
         """Build this rank's engines (and its reward, a context manager entered on ``stack``). Collective; a
         rank that fails to start its engine fails every rank."""
+        from sparse_rl_megatron.rollout.engines import ENGINES
         from sparse_rl_megatron.trainer.colocated_weights import ColocatedPayloads
-        from sparse_rl_megatron.trainer.engines import ENGINES
 
         rank, layout = D.rank(), plan.layout
-        pool = cls(layout, cfg.rollout.engine, engine_deadline(cfg.phase_timeout_s),
-                   spec=ENGINES.get(cfg.rollout.engine))
+        pool = cls(layout, cfg.rollout.engine, engine_deadline(cfg.phase_timeout_s))
+        spec = ENGINES.get(cfg.rollout.engine)
         stack.callback(pool.close)
         error, label = None, f"the reward of rank {rank}"
-        rollout = cfg.rollout.for_run(cfg.seed)
         try:
             for slot in layout.slots_of(rank):
                 label = pool.label_of(slot)
-                engine = pool.spec.make(hf_dir, rollout, cfg.log.progress and rank == 0, slot)
-                if hasattr(engine, "shutdown"):  # an engine with servers or child processes (sglang)
-                    stack.callback(engine.shutdown)
+                engine = spec.build(cfg.rollout.engine_build(hf_dir, show_progress=cfg.log.progress and rank == 0,
+                                                             slot=slot, run_seed=cfg.seed))
+                stack.callback(engine.shutdown)
                 pool.local.append(LocalEngine(slot, engine, EngineWorker(label), label))
-                if layout.num_engines > 1:
-                    _check_group_ids(engine, cfg.rollout.engine, layout.world)
-                if cfg.rollout.adaptive_budget.enabled:
-                    _check_takes(engine, cfg.rollout.engine, "compression",
-                                 "so it cannot sample each step with the adaptive budget; set "
-                                 "rollout.adaptive_budget.enabled=false")
             if pool.local:
                 label = f"the reward of rank {rank}"
                 pool.reward = stack.enter_context(make_reward())
@@ -115,20 +111,20 @@ class EnginePool:
             error = EngineError(f"{label} failed to start: {type(err).__name__}: {err}")
             error.__cause__ = err
         D.relay(error, EngineError)
-        spec = pool.spec
-        if not layout.servers and spec.payload_sync is not None and spec.payload_sync(cfg.rollout):
+        if not layout.servers and spec.takes_payloads(cfg.rollout.engine_build(hf_dir, slot=layout.slots[0])):
             pool.payloads = ColocatedPayloads(layout, rank, cfg.phase_timeout_s)
         return pool
 
     @classmethod
-    def single(cls, engine, reward, name: str, spec=None, deadline_s: float = 4 * 3600.0) -> "EnginePool":
+    def single(cls, engine: "RolloutEngine | None", reward: "SampleReward | None", name: str,
+               deadline_s: float = 4 * 3600.0) -> "EnginePool":
         """One engine on rank 0 (``engine`` there, None elsewhere) serving every rank: the form of callers that
         build their engine themselves (``sparse-rl mismatch``, the experiment's control)."""
         from sparse_rl_megatron.rollout.layout import RolloutLayout
 
         world = D.world_size()
         layout = RolloutLayout.build(engine=name, world=world, ranks_per_node=world, gpus_per_engine=world, groups=0)
-        pool = cls(layout, name, deadline_s, spec=spec, reward=reward)
+        pool = cls(layout, name, deadline_s, reward=reward)
         if D.is_main():
             slot = layout.slots[0]
             pool.local.append(LocalEngine(slot, engine, EngineWorker(pool.label_of(slot)), pool.label_of(slot)))
@@ -143,12 +139,12 @@ class EnginePool:
             local.worker.close()
 
     @property
-    def engines(self) -> list:
+    def engines(self) -> list["RolloutEngine"]:
         """This rank's engines (none on a rank that drives none)."""
         return [local.engine for local in self.local]
 
     # -------------------------------------------------------------------------------------- per engine
-    def on_engines(self, work: Callable[[Any, "EngineSlot"], Any], what: str) -> list[Any]:
+    def on_engines(self, work: Callable[["RolloutEngine", "EngineSlot"], Any], what: str) -> list[Any]:
         """``work(engine, slot)`` for every engine of the run, each on its rank's engine thread, waited for until the
         phase deadline; returns every engine's result, in engine order, on every rank. Collective. An engine that
         fails or hangs raises ``EngineError`` on every rank: ``<engine> on rank <r> failed while <what>: ...``."""
@@ -215,7 +211,7 @@ class EnginePool:
         t0 = time.perf_counter()
         plan = None
         if D.is_main():
-            tokenizer = getattr(self.local[0].engine, "tokenizer", None)
+            tokenizer = self.local[0].engine.tokenizer
             prompts = [render_prompt(template, r.prompt, tokenizer) for r in records]
             lengths = [len(tokenizer(p, add_special_tokens=False)["input_ids"]) if tokenizer is not None else len(p)
                        for p in prompts]
@@ -227,11 +223,9 @@ class EnginePool:
             share = shares[slot.index]
             if not share:
                 return [], 0.0, 0.0
-            kwargs = {} if share == list(range(len(prompts))) else {"group_ids": share}  # one engine: the plain call
-            if compression is not None:
-                kwargs["compression"] = compression
             t_gen = time.perf_counter()
-            samples = engine.generate([prompts[g] for g in share], n, sampling, **kwargs)
+            samples = engine.generate([prompts[g] for g in share], n, sampling, group_ids=share,
+                                      compression=compression)
             t_reward = time.perf_counter()
             if sorted((s.group_id, s.index_in_group) for s in samples) != [(g, i) for g in share for i in range(n)]:
                 raise RuntimeError(f"it returned {len(samples)} samples, not the n={n} samples of each of its "
@@ -253,7 +247,7 @@ class EnginePool:
         return samples, metrics
 
     # ------------------------------------------------------------------------------------- weight sync
-    def sync(self, learner, version: int, bucket_mb: int) -> dict[str, float]:
+    def sync(self, learner: "Learner", version: int, bucket_mb: int) -> dict[str, float]:
         """Push the learner's weights to every engine as ``version``. Collective: every rank iterates the export;
         each driving rank hands every bucket to its engine(s), one at a time."""
         t0 = time.perf_counter()
@@ -287,11 +281,11 @@ class EnginePool:
         return {"sync/seconds": time.perf_counter() - t0, "sync/buckets": float(buckets), "sync/mib": nbytes / MIB}
 
     # ------------------------------------------------------------------------------------------- probe
-    def probe(self, learner, probe, tolerance: float, version: int) -> dict[str, float]:
+    def probe(self, learner: "Learner", probe: "SequenceBatch", tolerance: float, version: int) -> dict[str, float]:
         """Every engine's dense log-probs of ``probe`` against the learner's at ``version`` and, when this pool
         probed an earlier version, the latest such (``weight_sync.probe_verdict``). Collective; raises
         ``WeightSyncError`` (one line) on every rank naming the first engine (and rank) that is stale or garbled."""
-        from sparse_rl_megatron.trainer.weight_sync import WeightSyncError, probe_verdict
+        from sparse_rl_megatron.trainer.weight_sync import WeightSyncError, engine_logprobs, probe_verdict
 
         learner_lp = learner.logprobs(probe)
         mask = probe.response_mask()
@@ -300,10 +294,9 @@ class EnginePool:
         previous = (max(older), self.probed[max(older)]) if older else None
 
         def work(engine, slot):
-            served = getattr(engine, "weight_version", version)
-            if served != version:
-                return ("stale", served)
-            return ("scored", self.spec.dense_logprobs(engine, probe)[mask])
+            if engine.weight_version != version:
+                return ("stale", engine.weight_version)
+            return ("scored", engine_logprobs(engine, probe)[mask])
 
         results = self.on_engines(work, f"scoring the weight-sync probe (version {version})")
         bad, verdicts = [], []
@@ -325,19 +318,6 @@ class EnginePool:
             self.probed[previous[0]] = previous[1]
         return {"sync/probe_mean_abs_diff": max(v.mean_abs_diff for v in verdicts),
                 "sync/probe_max_abs_diff": max(v.max_abs_diff for v in verdicts)}
-
-
-def _check_group_ids(engine, name: str, world: int) -> None:
-    """An engine that is one of several must take the global group ids (they seed its samples)."""
-    _check_takes(engine, name, "group_ids", f"so it can only run as the run's one engine; set "
-                                            f"rollout.gpus_per_engine={world}")
-
-
-def _check_takes(engine, name: str, keyword: str, consequence: str) -> None:
-    """``engine.generate`` takes ``keyword`` (or ``**kwargs``), else a ``UserError`` saying ``consequence``."""
-    params = inspect.signature(engine.generate).parameters
-    if keyword not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        raise UserError(f"rollout.engine '{name}': its generate() takes no {keyword}, {consequence}")
 
 
 def rollout_metrics(samples: Sequence["Sample"]) -> dict[str, float]:

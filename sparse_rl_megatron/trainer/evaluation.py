@@ -40,12 +40,12 @@ def modes(cfg: "TrainConfig") -> list[str]:
     return [m for m in cfg.eval.modes if not (m == "sparse" and sparse_compression(cfg).is_dense)]
 
 
-def evaluate(engine, spec, reward, datasets: dict[str, "Dataset"], cfg: "TrainConfig", template: str, step: int,
+def evaluate(engine, reward, datasets: dict[str, "Dataset"], cfg: "TrainConfig", template: str, step: int,
              run_dir: str | Path) -> dict[str, float]:
     """Evaluate one engine's current weights (rank 0's; None elsewhere) on ``datasets`` in every mode."""
     from sparse_rl_megatron.trainer.engine_pool import EnginePool
 
-    pool = EnginePool.single(engine, reward, cfg.rollout.engine, spec=spec)
+    pool = EnginePool.single(engine, reward, cfg.rollout.engine)
     try:
         return evaluate_pool(pool, datasets, cfg, template, step, run_dir)
     finally:
@@ -80,7 +80,7 @@ def evaluate_pool(pool, datasets: dict[str, "Dataset"], cfg: "TrainConfig", temp
             shares = split_groups([1.0] * len(dataset), pool.layout.num_engines)
 
             def work(engine, slot, name=name, dataset=dataset, shares=shares):
-                view = pool.spec.with_compression(engine, compression)
+                view = engine.with_compression(compression)
                 one = pool.layout.num_engines == 1  # one engine: the plain call (any engine takes it)
                 return sample_problems(name, dataset, view, pool.reward, econf, None if one else shares[slot.index])
 

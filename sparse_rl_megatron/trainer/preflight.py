@@ -56,7 +56,7 @@ def rollout_layout(cfg: "TrainConfig", world_size: int, ranks_per_node: int | No
     import os
 
     from sparse_rl_megatron.rollout.layout import LayoutError, RolloutLayout
-    from sparse_rl_megatron.trainer.engines import ENGINES
+    from sparse_rl_megatron.rollout.engines import ENGINES
 
     if ranks_per_node is None:
         ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
@@ -233,7 +233,7 @@ def preflight(cfg: "TrainConfig", world_size: int, ranks_per_node: int | None = 
     from sparse_rl_megatron.rewards.registry import REWARDS
     from sparse_rl_megatron.tasks import is_task_ref
     from sparse_rl_megatron.trainer.checkpoints import resolve_resume
-    from sparse_rl_megatron.trainer.engines import ENGINES
+    from sparse_rl_megatron.rollout.engines import ENGINES
     from sparse_rl_megatron.utils.registry import UnknownNameError
 
     if on_gpu is None:

@@ -21,6 +21,7 @@ from sparse_rl_megatron.utils.errors import RunFailed
 
 if TYPE_CHECKING:
     from sparse_rl_megatron.learner.batch import SequenceBatch
+    from sparse_rl_megatron.rollout.engine import RolloutEngine
 
 PROBE_TOLERANCE_FP32 = 1e-3
 """Default probe tolerance when the engine and the learner both compute in float32: they agree to ~1e-5 in mean
@@ -47,6 +48,7 @@ class WeightSyncError(RunFailed):
 def probe_sequence(vocab_size: int, tokens: int, seed: int) -> "SequenceBatch":
     """One row of ``tokens`` token ids drawn from ``seed`` (first half prompt, second half response)."""
     from sparse_rl_megatron.learner.batch import SequenceBatch
+    from sparse_rl_megatron.rollout.engine import RolloutEngine
 
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(vocab_size, (tokens,), generator=gen)
@@ -133,13 +135,24 @@ def sync_weights(learner, engine, version: int, bucket_mb: int) -> dict[str, flo
         pool.close()
 
 
-def probe_weights(learner, engine, spec, probe: "SequenceBatch", tolerance: float, engine_name: str,
+def engine_logprobs(engine: "RolloutEngine", seqs: "SequenceBatch") -> torch.Tensor:
+    """``[B, T]`` log-probs of each row's response tokens under ``engine`` with full attention, 0 at padding (rows
+    without a response are not sent to the engine)."""
+    keep = [i for i, r in enumerate(seqs.responses) if r.numel() > 0]
+    scored = engine.dense_logprobs([seqs.prompts[i].tolist() for i in keep], [seqs.responses[i].tolist() for i in keep])
+    out = torch.zeros(len(seqs), seqs.max_response_len, dtype=torch.float32)
+    for i, row in zip(keep, scored):
+        out[i, : row.numel()] = row
+    return out
+
+
+def probe_weights(learner, engine, probe: "SequenceBatch", tolerance: float, engine_name: str,
                   version: int) -> dict[str, float]:
     """Compare the dense log-probs of one engine on rank 0 (``engine``; None elsewhere) with the learner's.
     Collective; raises ``WeightSyncError`` on every rank past ``tolerance``. (A run's engines: ``EnginePool.probe``.)"""
     from sparse_rl_megatron.trainer.engine_pool import EnginePool
 
-    pool = EnginePool.single(engine, None, engine_name, spec=spec)
+    pool = EnginePool.single(engine, None, engine_name)
     try:
         return pool.probe(learner, probe, tolerance, version)
     finally:

@@ -72,7 +72,7 @@ import os as _os  # noqa: E402
 import threading as _threading  # noqa: E402
 
 from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine  # noqa: E402
-from sparse_rl_megatron.trainer.engines import ENGINES, EngineSpec  # noqa: E402
+from sparse_rl_megatron.rollout.engines import ENGINES, EngineSpec  # noqa: E402
 
 
 class FlakyEngine(HFRolloutEngine):
@@ -104,18 +104,16 @@ class FlakyEngine(HFRolloutEngine):
         return samples
 
 
-def _build_flaky(model_dir, rollout, show_progress):
+def _build_flaky(build):
     import torch
 
-    options = dict(rollout.engine_options)
-    return FlakyEngine(model_dir, compression=rollout.compression, dtype=getattr(torch, rollout.dtype),
-                       max_batch_size=rollout.max_batch_size, show_progress=show_progress,
+    options = dict(build.options)
+    return FlakyEngine(build.model_dir, compression=build.compression, dtype=getattr(torch, build.dtype),
+                       max_batch_size=build.max_batch_size, show_progress=build.show_progress,
                        fail_at=int(options.get("fail_at", 0)), hang_at=int(options.get("hang_at", 0)),
                        fail_rank=options.get("fail_rank"), record=str(options.get("record", "")),
                        fail_start=options.get("fail_start"))
 
 
 if "flaky" not in ENGINES:
-    hf = ENGINES.get("hf")
-    ENGINES.add("flaky", EngineSpec(build=_build_flaky, with_compression=hf.with_compression,
-                                    dense_logprobs=hf.dense_logprobs))
+    ENGINES.add("flaky", EngineSpec(build=_build_flaky))

@@ -49,7 +49,7 @@ def _fresh_engine_per_cache(cfg, model_dir: Path, works: list[Path]) -> list[dic
     """What the study did before: preflight, an engine and a reward for every cache."""
     import dataclasses
 
-    from sparse_rl_megatron.trainer.engines import ENGINES
+    from sparse_rl_megatron.rollout.engines import ENGINES
     from sparse_rl_megatron.trainer.evaluation import evaluate
     from sparse_rl_megatron.trainer.preflight import preflight
     from sparse_rl_megatron.trainer.run import make_reward
@@ -59,9 +59,9 @@ def _fresh_engine_per_cache(cfg, model_dir: Path, works: list[Path]) -> list[dic
         ecfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, compression=cache))
         plan = preflight(ecfg, 1, lengths=("eval",))
         spec = ENGINES.get(ecfg.rollout.engine)
-        engine = spec.build(str(model_dir), ecfg.rollout, False)
+        engine = spec.build(ecfg.rollout.engine_build(str(model_dir)))
         with make_reward(ecfg, plan) as reward:
-            results.append(evaluate(engine, spec, reward, plan.eval_data, ecfg, plan.template, STEP, work))
+            results.append(evaluate(engine, reward, plan.eval_data, ecfg, plan.template, STEP, work))
     return results
 
 

@@ -15,9 +15,8 @@ import torch
 
 from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
 from sparse_rl_megatron.trainer.engine_pool import EnginePool
-from sparse_rl_megatron.trainer.engines import ENGINES
 from sparse_rl_megatron.trainer.weight_sync import (PROBE_TOLERANCE_16BIT, PROBE_TOLERANCE_FP32, WeightSyncError,
-                                                    default_tolerance, probe_sequence, probe_verdict)
+                                                    default_tolerance, engine_logprobs, probe_sequence, probe_verdict)
 from sparse_rl_megatron.utils.errors import RunFailed
 from sparse_rl_megatron.utils.tiny_models import build_tiny_model
 
@@ -40,7 +39,7 @@ class FakeLearner:
         self.scorer = HFRolloutEngine(model, show_progress=False)
 
     def logprobs(self, batch):
-        return ENGINES.get("hf").dense_logprobs(self.scorer, batch)
+        return engine_logprobs(self.scorer, batch)
 
     def export_weights(self, bucket_bytes: int):
         items = [(k, v.detach().clone()) for k, v in self.model.state_dict().items() if k != "lm_head.weight"]
@@ -57,7 +56,7 @@ class FakeLearner:
 
 def _pool(dtype: torch.dtype):
     engine = HFRolloutEngine(_model(seed=9), show_progress=False, dtype=dtype)  # other weights until the sync
-    return EnginePool.single(engine, None, "hf", spec=ENGINES.get("hf")), engine
+    return EnginePool.single(engine, None, "hf"), engine
 
 
 PROBE = probe_sequence(512, 32, seed=0)
