@@ -44,6 +44,7 @@ from sparse_rl_megatron.rollout.engine import SamplingParams, check_group_ids, e
 from sparse_rl_megatron.rollout.sample import CompressionInfo, Sample
 from sparse_rl_megatron.rollout.sampling import sample_seed
 from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
+from sparse_rl_megatron.rollout.sglang_weights import SGLangWeightTransport
 from sparse_rl_megatron.utils.config_io import to_dict
 
 _SEED_MOD = 2**31 - 1  # SGLang's sampling_seed is a 32-bit signed int
@@ -92,6 +93,8 @@ class SGLangRolloutEngine:
         else:
             self.client = self._start_in_process()
             self._per_request = None  # the in-process server's default is config.compression
+        self.weights = SGLangWeightTransport(config, self.client)
+        """Moves weights into the servers by ``config.weight_sync`` (``sglang_weights.py``)."""
 
     # ------------------------------------------------------------------------------------------ set-up
     def _load_tokenizer(self):
@@ -292,10 +295,9 @@ class SGLangRolloutEngine:
     def update_weights(self, named_tensors: Iterable, version: int) -> None:
         """Load HF-named full tensors (pairs or buckets of pairs, possibly lazy: streamed bucket by bucket) into
         every server and set the version. ``disk`` sync needs every weight in one call."""
-        from sparse_rl_megatron.rollout.sglang_weights import push_weights
         from sparse_rl_megatron.rollout.weights import iter_buckets
 
-        push_weights(self, iter_buckets(named_tensors), str(version))
+        self.weights.push(iter_buckets(named_tensors), str(version))
         self.client.flush_cache()
         self.weight_version = version
 
@@ -309,19 +311,15 @@ class SGLangRolloutEngine:
         ``tp_size`` payloads from ``sglang_weights.serialize_bucket``; TP rank r opens only the r-th). A colocated
         engine on several GPUs gets each TP rank's payload from the learner rank on that GPU (CUDA IPC: no copy
         through the host, none across GPUs). Lazy streams are consumed bucket by bucket."""
-        from sparse_rl_megatron.rollout.sglang_weights import push_payloads
-
         if not self.takes_payloads:
             raise RuntimeError("update_weights_from_payloads needs the in-process engine with weight_sync 'tensor'")
-        push_payloads(self, payloads, str(version))
+        self.weights.push_payloads(payloads, str(version))
         self.client.flush_cache()
         self.weight_version = version
 
     def update_weights_from_disk(self, model_path: str, version: int) -> None:
         """Reload every server from an HF directory visible to it."""
-        from sparse_rl_megatron.rollout.sglang_weights import reload_from_disk
-
-        reload_from_disk(self.client, model_path, str(version))
+        self.weights.reload(model_path, str(version))
         self.weight_version = version
 
     # ------------------------------------------------------------------------------------------- memory
@@ -335,10 +333,8 @@ class SGLangRolloutEngine:
         self._released = False
 
     def shutdown(self) -> None:
-        from sparse_rl_megatron.rollout.sglang_weights import close_process_group
-
         try:
-            close_process_group(self)
+            self.weights.close()
         finally:
             self.client.shutdown()
 

@@ -1,4 +1,5 @@
-"""Pushing HF-named weights into SGLang servers: ``tensor`` (in-process), ``distributed``, or ``disk``.
+"""Pushing HF-named weights into SGLang servers: ``tensor`` (in-process), ``distributed``, or ``disk``
+(``SGLangWeightTransport``, one per engine, owning the transport's state).
 
 ``tensor`` (and ``push_payloads``, the per-TP-rank form a colocated multi-GPU engine takes from its learner
 ranks) and ``distributed`` run inside SGLang's weight-update session (``begin_weight_update`` ...
@@ -19,9 +20,12 @@ import contextlib
 import shutil
 import socket
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import torch
+
+if TYPE_CHECKING:
+    from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
 
 GROUP_PREFIX = "sparse_rl_weight_sync"
 """Process-group names are this plus the rendezvous port: unique per engine, in this process and on the servers."""
@@ -63,9 +67,9 @@ def shares_gpu(info: dict, device: int) -> bool:
     return device in range(first, first + tp * dp * pp * step, step)
 
 
-def _check_distributed(engine, infos: list[dict]) -> None:
+def _check_distributed(transport, infos: list[dict]) -> None:
     """Refuse before any collective what cannot work: NCCL with an in-process engine on this process's GPU."""
-    if engine.config.distributed_backend != "nccl" or not hasattr(engine.client, "engine"):
+    if transport.config.distributed_backend != "nccl" or not hasattr(transport.client, "engine"):
         return
     if torch.cuda.is_available() and shares_gpu(infos[0], torch.cuda.current_device()):
         raise RuntimeError(f"weight_sync 'distributed' (nccl): the in-process engine runs on this process's GPU "
@@ -82,43 +86,97 @@ def _weight_update_session(client):
         client.call_each("end_weight_update", [{}] * client.num_servers)
 
 
-def push_weights(engine, buckets: Iterable[list[tuple[str, torch.Tensor]]], version: str) -> None:
-    c = engine.config
-    if c.weight_sync == "disk":
-        out = write_hf_dir(buckets, Path(c.weight_sync_dir) / f"v{version}", c.model_path)
-        reload_from_disk(engine.client, out, version)
-        previous, engine._disk_weights = getattr(engine, "_disk_weights", None), out
-        if previous is not None and previous != out:
-            shutil.rmtree(previous, ignore_errors=True)  # one model copy on disk at a time
-        return
-    client = engine.client
-    with _weight_update_session(client):
-        if c.weight_sync == "tensor":
-            for bucket in buckets:
-                client.update_weights_from_tensor(bucket, version)
-        else:
-            group = _process_group(engine)
-            for bucket in buckets:
-                body = {"names": [n for n, _ in bucket],
-                        "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
-                        "shapes": [list(t.shape) for _, t in bucket], "group_name": engine._weight_group_name,
-                        "flush_cache": False, "weight_version": version}
-                pending = client.submit_each("update_weights_from_distributed", [body] * client.num_servers)
-                device = "cuda" if c.distributed_backend == "nccl" else "cpu"
-                for _, tensor in bucket:
-                    torch.distributed.broadcast(tensor.detach().to(device).contiguous(), src=0, group=group)
-                for future in pending:
-                    future.result()
+class SGLangWeightTransport:
+    """Moves HF-named weights into one SGLang engine's servers by its config's ``weight_sync`` (module docstring),
+    and owns what that needs between updates: the ``distributed`` process group (made on first use, left by
+    ``close``) and the directory of the last ``disk`` update (one model copy on disk at a time)."""
 
+    def __init__(self, config: "SGLangEngineConfig", client):
+        self.config, self.client = config, client
+        self._group = None
+        self._group_name = ""
+        self._disk_weights: Path | None = None
 
-def push_payloads(engine, payloads: Iterable[list], version: str) -> None:
-    """In-process engine: load buckets already serialized once per TP rank (ForkingPickler payloads; TP rank r
-    opens only ``payloads[k][r]``: on CUDA the IPC handles of the learner rank on its own GPU), inside SGLang's
-    weight-update session."""
-    client = engine.client
-    with _weight_update_session(client):
-        for per_rank in payloads:
-            client.update_weights_from_payloads(list(per_rank), version)
+    def push(self, buckets: Iterable[list[tuple[str, torch.Tensor]]], version: str) -> None:
+        """Load a stream of buckets of HF-named full tensors (``disk``: every weight) as ``version``."""
+        c, client = self.config, self.client
+        if c.weight_sync == "disk":
+            out = write_hf_dir(buckets, Path(c.weight_sync_dir) / f"v{version}", c.model_path)
+            self.reload(out, version)
+            previous, self._disk_weights = self._disk_weights, out
+            if previous is not None and previous != out:
+                shutil.rmtree(previous, ignore_errors=True)  # one model copy on disk at a time
+            return
+        with _weight_update_session(client):
+            if c.weight_sync == "tensor":
+                for bucket in buckets:
+                    client.update_weights_from_tensor(bucket, version)
+            else:
+                group = self._process_group()
+                for bucket in buckets:
+                    body = {"names": [n for n, _ in bucket],
+                            "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
+                            "shapes": [list(t.shape) for _, t in bucket], "group_name": self._group_name,
+                            "flush_cache": False, "weight_version": version}
+                    pending = client.submit_each("update_weights_from_distributed", [body] * client.num_servers)
+                    device = "cuda" if c.distributed_backend == "nccl" else "cpu"
+                    for _, tensor in bucket:
+                        torch.distributed.broadcast(tensor.detach().to(device).contiguous(), src=0, group=group)
+                    for future in pending:
+                        future.result()
+
+    def push_payloads(self, payloads: Iterable[list], version: str) -> None:
+        """In-process engine: load buckets already serialized once per TP rank (ForkingPickler payloads; TP rank r
+        opens only ``payloads[k][r]``: on CUDA the IPC handles of the learner rank on its own GPU), inside SGLang's
+        weight-update session."""
+        with _weight_update_session(self.client):
+            for per_rank in payloads:
+                self.client.update_weights_from_payloads(list(per_rank), version)
+
+    def reload(self, path, version: str) -> None:
+        """Every server reloads the HF directory ``path`` (visible to it) and takes weight version ``version``."""
+        self.client.call_each("update_weights_from_disk", [{"model_path": str(path), "weight_version": version}]
+                              * self.client.num_servers)
+
+    def _process_group(self):
+        """The process group with every server's TP ranks (created on first use, named after its port)."""
+        if self._group is not None:
+            return self._group
+        from sglang.srt.utils import init_custom_process_group
+
+        c, client = self.config, self.client
+        port = c.master_port or _free_port()
+        address = c.master_address or (route_address(c.urls[0]) if c.urls else "127.0.0.1")  # in process: this host
+        name = f"{GROUP_PREFIX}_{port}"
+        infos = server_infos(client)
+        _check_distributed(self, infos)
+        offsets, world = rank_layout([widths(i) for i in infos])
+        bodies = [{"master_address": address, "master_port": port, "rank_offset": offsets[i],
+                   "world_size": world, "group_name": name, "backend": c.distributed_backend}
+                  for i in range(client.num_servers)]
+        pending = client.submit_each("init_weights_update_group", bodies)
+        try:
+            group = init_custom_process_group(backend=c.distributed_backend, init_method=f"tcp://{address}:{port}",
+                                              world_size=world, rank=0, group_name=name)
+            for future in pending:
+                future.result()
+        except Exception as err:
+            if c.distributed_backend == "nccl" and "duplicate gpu" in str(err).lower():
+                raise RuntimeError(f"{NCCL_COLOCATED} ({err})") from None
+            raise
+        self._group, self._group_name = group, name
+        return group
+
+    def close(self) -> None:
+        """Leave the ``distributed`` sync group (if one was made): the servers drop theirs, this process its own."""
+        group, self._group = self._group, None
+        if group is None:
+            return
+        try:
+            self.client.call_each("destroy_weights_update_group",
+                                  [{"group_name": self._group_name}] * self.client.num_servers)
+        finally:
+            torch.distributed.destroy_process_group(group)
 
 
 def serialize_bucket(bucket: list[tuple[str, torch.Tensor]]) -> bytes:
@@ -132,12 +190,6 @@ def serialize_bucket(bucket: list[tuple[str, torch.Tensor]]) -> bytes:
     if any(t.is_cuda for _, t in bucket):  # the patch handles CUDA tensors only (it breaks CPU ones)
         monkey_patch_torch_reductions()
     return MultiprocessingSerializer.serialize([(n, t.detach()) for n, t in bucket])
-
-
-def reload_from_disk(client, path, version: str) -> None:
-    """Every server reloads the HF directory ``path`` (visible to it) and takes weight version ``version``."""
-    client.call_each("update_weights_from_disk", [{"model_path": str(path), "weight_version": version}]
-                     * client.num_servers)
 
 
 def _free_port() -> int:
@@ -154,49 +206,6 @@ def route_address(url: str) -> str:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.connect((socket.gethostbyname(parts.hostname or "127.0.0.1"), parts.port or 80))  # no packet is sent
         return s.getsockname()[0]
-
-
-def _process_group(engine):
-    """The process group with every server's TP ranks (created on first use, named after its port)."""
-    if getattr(engine, "_weight_group", None) is not None:
-        return engine._weight_group
-    from sglang.srt.utils import init_custom_process_group
-
-    c = engine.config
-    port = c.master_port or _free_port()
-    address = c.master_address or (route_address(c.urls[0]) if c.urls else "127.0.0.1")  # in process: this host
-    name = f"{GROUP_PREFIX}_{port}"
-    infos = server_infos(engine.client)
-    _check_distributed(engine, infos)
-    offsets, world = rank_layout([widths(i) for i in infos])
-    bodies = [{"master_address": address, "master_port": port, "rank_offset": offsets[i],
-               "world_size": world, "group_name": name, "backend": c.distributed_backend}
-              for i in range(engine.client.num_servers)]
-    pending = engine.client.submit_each("init_weights_update_group", bodies)
-    try:
-        group = init_custom_process_group(backend=c.distributed_backend, init_method=f"tcp://{address}:{port}",
-                                          world_size=world, rank=0, group_name=name)
-        for future in pending:
-            future.result()
-    except Exception as err:
-        if c.distributed_backend == "nccl" and "duplicate gpu" in str(err).lower():
-            raise RuntimeError(f"{NCCL_COLOCATED} ({err})") from None
-        raise
-    engine._weight_group, engine._weight_group_name = group, name
-    return group
-
-
-def close_process_group(engine) -> None:
-    """Leave the ``distributed`` sync group (if one was made): the servers drop theirs, this process its own."""
-    group = getattr(engine, "_weight_group", None)
-    if group is None:
-        return
-    engine._weight_group = None
-    try:
-        engine.client.call_each("destroy_weights_update_group",
-                                [{"group_name": engine._weight_group_name}] * engine.client.num_servers)
-    finally:
-        torch.distributed.destroy_process_group(group)
 
 
 def write_hf_dir(buckets: Iterable[list[tuple[str, torch.Tensor]]], out: Path, model_path: str) -> Path:
