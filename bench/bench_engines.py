@@ -48,7 +48,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(1)
-    from sparse_rl_megatron.trainer import distributed as D
+    from sparse_rl_megatron.trainer.runtime import distributed as D
     from sparse_rl_megatron.trainer.config import TrainConfig
     from sparse_rl_megatron.trainer.optimize import optimizer_steps
     from sparse_rl_megatron.trainer.run import start_run

@@ -51,7 +51,8 @@ def main(argv=None) -> None:
     from sparse_rl_megatron.learner import Learner, LearnerConfig, OptimConfig, SequenceBatch, TrainBatch
     from sparse_rl_megatron.rollout.engine import SamplingParams
     from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
-    from sparse_rl_megatron.trainer.weight_sync import probe_sequence, probe_weights, sync_weights
+    from sparse_rl_megatron.trainer.engines.pool import probe_weights, sync_weights
+    from sparse_rl_megatron.trainer.engines.weight_probe import probe_sequence
     from sparse_rl_megatron.utils.tiny_models import save_tiny_hf_checkpoint
 
     model_dir = tempfile.mkdtemp(prefix="bench-sync-")

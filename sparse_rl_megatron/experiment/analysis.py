@@ -172,3 +172,10 @@ def write_analysis(out: Path, records: dict[str, dict[int, list[dict]]], extra: 
     (out / ANALYSIS_JSON).write_text(json.dumps(result, indent=1, default=str) + "\n")
     (out / ANALYSIS_MD).write_text(analysis_markdown(result))
     return out / ANALYSIS_MD
+
+
+def write_full_analysis(cfg, records: dict) -> Path:
+    """``analysis.md`` / ``.json`` with the study's summaries, in the experiment directory."""
+    from sparse_rl_megatron.experiment.analysis_report import study_summary
+
+    return write_analysis(Path(cfg.experiment.out), records, study_summary(cfg, records))

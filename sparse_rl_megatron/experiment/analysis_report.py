@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 ARM_ORDER = ("dense", "naive", "sparse_rl", "naive_harsh", "sft")
 
@@ -76,7 +75,7 @@ def tests_markdown(tests: dict) -> str:
 
 def study_summary(cfg, records: dict) -> dict:
     """The compounding test and the other caches, per arm and seed, from the study files (absent: empty)."""
-    from sparse_rl_megatron.experiment.runner import seed_dir
+    from sparse_rl_megatron.experiment.arm_dirs import seed_dir
     from sparse_rl_megatron.experiment.study import CACHES_FILE, STUDY_DIR, mismatch_file
 
     steps = [0, *cfg.experiment.study.checkpoint_steps]
@@ -184,10 +183,3 @@ def analysis_markdown(result: dict) -> str:
                  "\n## Final models under other caches (greedy accuracy, points)\n", caches_markdown(result["caches"]),
                  "\n## Study tests (secondary, unadjusted)\n", study_tests_markdown(result.get("study_tests", {}))]
     return "".join(text)
-
-
-def write_full_analysis(cfg, records: dict) -> Path:
-    """``analysis.md`` / ``.json`` with the study's summaries, in the experiment directory."""
-    from sparse_rl_megatron.experiment.analysis import write_analysis
-
-    return write_analysis(Path(cfg.experiment.out), records, study_summary(cfg, records))

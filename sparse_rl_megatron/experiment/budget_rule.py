@@ -122,7 +122,7 @@ def run_budget_stage(cfg: ExperimentConfig, warm_dirs: dict[int, Path], log: Cal
     """Mismatch on every seed's warm start, then the rule; writes ``<out>/budget_rule.json`` (an existing one is
     kept: the choice is made once)."""
     from sparse_rl_megatron.experiment.arms import ArmRun
-    from sparse_rl_megatron.experiment.runner import arm_train_config, seed_dir
+    from sparse_rl_megatron.experiment.arm_dirs import arm_train_config, seed_dir
 
     out = Path(cfg.experiment.out)
     rule = cfg.experiment.budget_rule

@@ -19,8 +19,8 @@ CONTROL_MODEL = "model"
 
 def control_steps(cfg: ExperimentConfig, seed: int, warm: Path) -> tuple[int, float | None]:
     """Supervised steps of the control, and the CPU seconds they are meant to match (None when fixed)."""
-    from sparse_rl_megatron.experiment.runner import ARM_DONE, read_json, seed_dir
-    from sparse_rl_megatron.trainer.models import WARM_METRICS
+    from sparse_rl_megatron.experiment.arm_dirs import ARM_DONE, read_json, seed_dir
+    from sparse_rl_megatron.trainer.runtime.model_dirs import WARM_METRICS
 
     control = cfg.experiment.control
     if control.steps is not None:
@@ -45,7 +45,7 @@ def run_control(cfg: ExperimentConfig, train_cfg: TrainConfig, seed: int, warm: 
     from sparse_rl_megatron.observability.metrics_writer import MetricsWriter
     from sparse_rl_megatron.tasks import get_task
     from sparse_rl_megatron.observability.metrics_writer import METRICS_FILE
-    from sparse_rl_megatron.trainer.models import WARM_METRICS, build_once
+    from sparse_rl_megatron.trainer.runtime.model_dirs import WARM_METRICS, build_once
 
     run_dir = Path(train_cfg.run_dir)
     steps, target_cpu = control_steps(cfg, seed, warm)

@@ -31,7 +31,7 @@ STEP_MIN = {"rho_min": "sparse/rho_min"}
 
 def arm_records(cfg: ExperimentConfig) -> dict[str, dict[int, list[dict]]]:
     """``{arm run name: {seed: metrics records}}`` of the complete arms (incomplete ones are left out)."""
-    from sparse_rl_megatron.experiment.runner import ARM_DONE, seed_dir
+    from sparse_rl_megatron.experiment.arm_dirs import ARM_DONE, seed_dir
     from sparse_rl_megatron.observability.metrics_writer import METRICS_FILE, read_metrics
 
     out: dict[str, dict[int, list[dict]]] = {}
@@ -85,7 +85,7 @@ def mean_spread(values: list[float | None]) -> tuple[float | None, float | None]
 
 def summarise(cfg: ExperimentConfig) -> dict:
     """``{"arms": {name: {"seeds": {seed: row}, "mean": row, "std": row}}}`` over the complete arms."""
-    from sparse_rl_megatron.experiment.runner import ARM_DONE, read_json, seed_dir
+    from sparse_rl_megatron.experiment.arm_dirs import ARM_DONE, read_json, seed_dir
 
     arms = {}
     for name, by_seed in arm_records(cfg).items():
@@ -166,7 +166,7 @@ def write_report(cfg: ExperimentConfig) -> tuple[Path, Path | None]:
     main = {r.name: records[r.name] for r in runs if r.budget is None}
     figure = draw_figure(main, out / FIGURE_FILE, "arms")
     if main:  # the pre-registered analysis (issue 20) of whatever is complete
-        from sparse_rl_megatron.experiment.analysis_report import write_full_analysis
+        from sparse_rl_megatron.experiment.analysis import write_full_analysis
         from sparse_rl_megatron.experiment.figure import CLAIM_PANELS, CLAIMS_FIGURE_FILE
 
         write_full_analysis(cfg, main)

@@ -25,17 +25,14 @@ from typing import Callable
 
 import yaml
 
-from sparse_rl_megatron.experiment.arms import ArmRun, arm_runs
+from sparse_rl_megatron.experiment.arm_dirs import (ARM_DONE, ARM_RECIPE, ARM_USAGE, EXPERIMENT_FILE,
+                                                    arm_train_config, read_json, seed_dir)
+from sparse_rl_megatron.experiment.arms import arm_runs
 from sparse_rl_megatron.experiment.config import ExperimentConfig
 from sparse_rl_megatron.trainer.config import TrainConfig
-from sparse_rl_megatron.utils.config_io import deep_merge, from_dict, to_dict
+from sparse_rl_megatron.utils.config_io import to_dict
 from sparse_rl_megatron.utils.errors import UserError
 
-ARM_RECIPE = "arm.yaml"
-ARM_DONE = "arm_done.json"
-ARM_USAGE = "arm_usage.json"
-"""CPU and wall seconds of an arm's processes so far (summed over a stopped and a resumed run)."""
-EXPERIMENT_FILE = "experiment.yaml"
 
 
 class ArmStopped(UserError):
@@ -44,36 +41,12 @@ class ArmStopped(UserError):
     exit_code = 130
 
 
-def seed_dir(cfg: ExperimentConfig, seed: int) -> Path:
-    return Path(cfg.experiment.out) / f"seed_{seed}"
-
-
-def arm_train_config(cfg: ExperimentConfig, run: ArmRun, seed: int, model_dir: str | Path | None = None
-                     ) -> TrainConfig:
-    """The ``TrainConfig`` of ``run`` for ``seed``: the base recipe + the arm's overrides, its budget, its run
-    directory, and the seed's warm start as the model (``model_dir``; None keeps the task reference). The
-    ``sparse`` evaluation of every arm uses the base recipe's rollout compression unless ``eval.compression``
-    is set, so all arms are evaluated under the same compressed cache."""
-    data = to_dict(cfg.train)
-    if data["eval"]["compression"] is None:
-        data["eval"]["compression"] = data["rollout"]["compression"]
-    data = deep_merge(data, run.spec.overrides)
-    if run.budget is not None:
-        data["rollout"]["compression"]["budget"] = run.budget
-    elif run.spec.harsh and cfg.experiment.harsh_budget:  # unset (before the budget rule): refused by the runner
-        data["rollout"]["compression"]["budget"] = cfg.experiment.harsh_budget
-    data.update(seed=seed, run_dir=str(seed_dir(cfg, seed) / run.name))
-    if model_dir is not None:
-        data.update(model_path=str(model_dir), warm_start={})
-    return from_dict(TrainConfig, data, f"experiment arm {run.name}")
-
-
 def build_warm_start(cfg: ExperimentConfig, seed: int, log: Callable[[str], None]) -> Path:
     """The seed's task model and warm start in ``seed_<s>/model`` (built once, as ``sparse-rl train`` does)."""
     from dataclasses import replace
 
     from sparse_rl_megatron.tasks import get_task
-    from sparse_rl_megatron.trainer.models import prepare_model
+    from sparse_rl_megatron.trainer.runtime.model_dirs import prepare_model
 
     dirs = prepare_model(replace(cfg.train, seed=seed), get_task(cfg.train.model_path), seed_dir(cfg, seed))
     for note in dirs.notes:
@@ -84,10 +57,6 @@ def build_warm_start(cfg: ExperimentConfig, seed: int, log: Callable[[str], None
 def _children_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
-
-
-def read_json(path: Path, default=None):
-    return json.loads(path.read_text()) if path.is_file() else default
 
 
 def _add_usage(run_dir: Path, cpu: float, wall: float) -> dict[str, float]:
@@ -102,7 +71,7 @@ def run_rl_arm(train_cfg: TrainConfig) -> dict[str, float]:
     its last step, else raises ``ArmStopped``. Ctrl-C reaches the child, which saves and exits at the end of
     its step; this process waits for it."""
     from sparse_rl_megatron.observability.metrics_writer import METRICS_FILE, read_metrics
-    from sparse_rl_megatron.trainer.checkpoints import latest_checkpoint, read_state
+    from sparse_rl_megatron.trainer.checkpointing.checkpoints import latest_checkpoint, read_state
 
     run_dir = Path(train_cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

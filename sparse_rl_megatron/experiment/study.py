@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from sparse_rl_megatron.experiment.config import ExperimentConfig
-from sparse_rl_megatron.trainer.checkpoints import step_dir
+from sparse_rl_megatron.trainer.checkpointing.checkpoints import step_dir
 
 STUDY_DIR = "study"
 CACHES_FILE = "caches.json"
@@ -32,7 +32,7 @@ def mismatch_file(arm_dir: Path | None, seed_dir: Path, step: int) -> Path:
 
 def _study_recipe(cfg: ExperimentConfig, run, seed: int, model: Path) -> dict:
     """The train recipe the mismatch study measures: the arm's, on ``model``, with the main compressed cache."""
-    from sparse_rl_megatron.experiment.runner import arm_train_config
+    from sparse_rl_megatron.experiment.arm_dirs import arm_train_config
     from sparse_rl_megatron.utils.config_io import to_dict
 
     data = to_dict(arm_train_config(cfg, run, seed, model))
@@ -42,7 +42,7 @@ def _study_recipe(cfg: ExperimentConfig, run, seed: int, model: Path) -> dict:
 
 def compounding(cfg: ExperimentConfig, seed: int, warm: Path, runs: list, log: Callable[[str], None]) -> None:
     from sparse_rl_megatron.experiment.budget_rule import run_mismatch
-    from sparse_rl_megatron.experiment.runner import ARM_DONE, seed_dir
+    from sparse_rl_megatron.experiment.arm_dirs import ARM_DONE, seed_dir
 
     study = cfg.experiment.study
     budget = [cfg.train.rollout.compression.budget]
@@ -87,7 +87,7 @@ def final_model(arm_dir: Path, supervised: bool, steps: int) -> Path | None:
 
 def robustness(cfg: ExperimentConfig, seed: int, runs: list, log: Callable[[str], None]) -> None:
     """Every complete arm's final model under each of ``study.caches`` (greedy, the recipe's held-out set)."""
-    from sparse_rl_megatron.experiment.runner import ARM_DONE, arm_train_config, seed_dir
+    from sparse_rl_megatron.experiment.arm_dirs import ARM_DONE, arm_train_config, seed_dir
     from sparse_rl_megatron.experiment.saved_eval import evaluate_saved
 
     caches = cfg.experiment.study.caches

@@ -34,7 +34,8 @@ class WriterDied(RuntimeError):
     """A checkpoint writer process died before it reported its result (the message says which and how)."""
 
     TEXT = re.compile(r"checkpoint writer process \d+ died \([^)]*\) before it wrote its files")
-    """Its message: what ``trainer.checkpoints.save_failure`` finds, also in a failure megatron gathered as text."""
+    """Its message: what ``trainer.checkpointing.checkpoints.save_failure`` finds, also in a failure megatron
+    gathered as text."""
 
     @classmethod
     def of(cls, pid: int, how: str) -> "WriterDied":

@@ -109,9 +109,9 @@ def run(args: argparse.Namespace) -> int:
     from sparse_rl_megatron.compression.scorers import SCORERS
     from sparse_rl_megatron.mismatch.measure import measure
     from sparse_rl_megatron.mismatch.study import rejecting_correction, study_rows
-    from sparse_rl_megatron.trainer import distributed as D
+    from sparse_rl_megatron.trainer.runtime import distributed as D
     from sparse_rl_megatron.trainer.cli import load
-    from sparse_rl_megatron.trainer.preflight import preflight
+    from sparse_rl_megatron.trainer.runtime.run_plan import preflight
     from sparse_rl_megatron.utils.errors import UserError
 
     overrides = [*args.overrides, *flag_overrides(args), *STUDY_OVERRIDES]
@@ -155,9 +155,9 @@ def _report(cfg, plan, measurement, correction, notes, json_path: Path, png_path
     from sparse_rl_megatron.eval.results import write_results
     from sparse_rl_megatron.mismatch.measure import STUDY_STEP
     from sparse_rl_megatron.mismatch.report import build_table, dense_check, plot_histograms, results_document
-    from sparse_rl_megatron.trainer import distributed as D
+    from sparse_rl_megatron.trainer.runtime import distributed as D
     from sparse_rl_megatron.trainer.step import step_seed
-    from sparse_rl_megatron.trainer.weight_sync import probe_tolerance
+    from sparse_rl_megatron.trainer.engines.weight_probe import probe_tolerance
     from sparse_rl_megatron.utils.config_io import to_dict
 
     meta = {

@@ -18,14 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from sparse_rl_megatron.trainer import distributed as D
+from sparse_rl_megatron.trainer.runtime import distributed as D
 
 if TYPE_CHECKING:
     from sparse_rl_megatron.algo import CorrectionConfig
     from sparse_rl_megatron.compression import CompressionConfig
     from sparse_rl_megatron.mismatch.study import RowResult
     from sparse_rl_megatron.trainer.config import TrainConfig
-    from sparse_rl_megatron.trainer.preflight import RunPlan
+    from sparse_rl_megatron.trainer.runtime.run_plan import RunPlan
 
 STUDY_STEP = 1
 """The rollout step whose prompts and sampler seed every row uses (the run's first step)."""
@@ -49,8 +49,8 @@ def measure(cfg: "TrainConfig", plan: "RunPlan", rows: list[tuple[str, "Compress
     from sparse_rl_megatron.learner import Learner
     from sparse_rl_megatron.rollout.engines import ENGINES
     from sparse_rl_megatron.mismatch.study import row_result
-    from sparse_rl_megatron.trainer.models import export_for_engine, prepare_model
-    from sparse_rl_megatron.trainer.prompts import PromptOrder
+    from sparse_rl_megatron.trainer.runtime.model_dirs import export_for_engine, prepare_model
+    from sparse_rl_megatron.trainer.runtime.prompts import PromptOrder
     from sparse_rl_megatron.trainer.run import make_reward
     from sparse_rl_megatron.trainer.step import rollout_step
 
@@ -90,7 +90,8 @@ def measure(cfg: "TrainConfig", plan: "RunPlan", rows: list[tuple[str, "Compress
 def _serve_learner_weights(cfg: "TrainConfig", learner, engine, push: bool) -> float | None:
     """Make the engine serve the learner's weights (push them when the engine was given an export, which may
     predate the checkpoint) and probe it; returns the probe's largest difference. Collective."""
-    from sparse_rl_megatron.trainer.weight_sync import probe_sequence, probe_tolerance, probe_weights, sync_weights
+    from sparse_rl_megatron.trainer.engines.pool import probe_weights, sync_weights
+    from sparse_rl_megatron.trainer.engines.weight_probe import probe_sequence, probe_tolerance
 
     if push:
         sync_weights(learner, engine, version=0, bucket_mb=cfg.sync.bucket_mb)

@@ -37,7 +37,7 @@ def load(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from sparse_rl_megatron.trainer import distributed as D
+    from sparse_rl_megatron.trainer.runtime import distributed as D
     from sparse_rl_megatron.utils.errors import RunFailed, UserError
 
     cfg = load(args)
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
         return 0
     from sparse_rl_megatron.trainer.loop import train
-    from sparse_rl_megatron.trainer.signals import early_stops_noted
+    from sparse_rl_megatron.trainer.runtime.signals import early_stops_noted
 
     try:
         with early_stops_noted():
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
             return err.exit_code
         raise
     except KeyboardInterrupt:
-        from sparse_rl_megatron.trainer.checkpoints import latest_checkpoint
+        from sparse_rl_megatron.trainer.checkpointing.checkpoints import latest_checkpoint
 
         latest = latest_checkpoint(cfg.run_dir)
         print(f"sparse-rl train: aborted by a second Ctrl-C; "

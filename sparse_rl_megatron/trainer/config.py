@@ -4,7 +4,7 @@
 ``utils.config_io``; an unknown key, a wrong type or a bad value is a ``ConfigError`` naming the dotted field
 and, where there is a choice, the valid values. Checks that need no file and no model run here (in the
 dataclasses' ``__post_init__``); checks against files, the world size and the registries run in
-``trainer/preflight.py``, still before any model loads.
+``trainer/runtime/run_plan.py``, still before any model loads.
 
 The ``learner`` section has every ``LearnerConfig`` field except ``model_path`` (the run's ``model_path``);
 Megatron's own knobs pass through its ``megatron_overrides`` / ``optimizer_overrides``.
@@ -233,7 +233,7 @@ class SyncConfig:
     """Length of the probe sequence (half prompt, half response), drawn once from the run's seed."""
     probe_tolerance: float | None = None
     """Largest allowed MEAN |log-prob difference| over the probe's response tokens (None: 1e-3 when the engine and
-    the learner compute in float32, 0.3 when either is 16-bit; derived in ``trainer/weight_sync.py``)."""
+    the learner compute in float32, 0.3 when either is 16-bit; derived in ``trainer/engines/weight_probe.py``)."""
 
     def __post_init__(self) -> None:
         if self.bucket_mb < 1:

@@ -43,7 +43,7 @@ def modes(cfg: "TrainConfig") -> list[str]:
 def evaluate(engine, reward, datasets: dict[str, "Dataset"], cfg: "TrainConfig", template: str, step: int,
              run_dir: str | Path) -> dict[str, float]:
     """Evaluate one engine's current weights (rank 0's; None elsewhere) on ``datasets`` in every mode."""
-    from sparse_rl_megatron.trainer.engine_pool import EnginePool
+    from sparse_rl_megatron.trainer.engines.pool import EnginePool
 
     pool = EnginePool.single(engine, reward, cfg.rollout.engine)
     try:
@@ -61,7 +61,7 @@ def evaluate_pool(pool, datasets: dict[str, "Dataset"], cfg: "TrainConfig", temp
     from sparse_rl_megatron.eval.runner import benchmark_section, sample_problems
     from sparse_rl_megatron.eval.subsets import shortcut_free_metrics, subset_metrics
     from sparse_rl_megatron.rollout.work_split import split_groups
-    from sparse_rl_megatron.trainer import distributed as D
+    from sparse_rl_megatron.trainer.runtime import distributed as D
 
     settings = BenchmarkSettings(n=cfg.eval.n, max_new_tokens=cfg.eval.max_new_tokens
                                  or cfg.rollout.sampling.max_new_tokens)

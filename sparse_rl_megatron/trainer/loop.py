@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import time
 
-from sparse_rl_megatron.trainer import distributed as D
+from sparse_rl_megatron.trainer.runtime import distributed as D
 from sparse_rl_megatron.trainer.config import TrainConfig
 from sparse_rl_megatron.trainer.optimize import optimizer_steps
-from sparse_rl_megatron.trainer.progress import print_step
+from sparse_rl_megatron.trainer.runtime.progress import print_step
 from sparse_rl_megatron.trainer.run import Run, exit_note, start_run
 from sparse_rl_megatron.trainer.step import rollout_step
 from sparse_rl_megatron.utils.errors import RunFailed

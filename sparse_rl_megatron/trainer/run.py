@@ -4,7 +4,7 @@ Order of set-up (each step fails with one clear line before the costly ones star
 preflight (every rank: config vs files, registries, world size, the rollout layout; the data is loaded) ->
 process groups -> rank 0 takes the run-directory lock and decides fresh start (earlier outputs archived) or
 resume (metrics past the checkpoint dropped) -> models built once (tiny / task warm start) -> learner
-(+ reference policy when KL is on) -> every engine and its rank's reward (``engine_pool.py``) -> checkpoint
+(+ reference policy when KL is on) -> every engine and its rank's reward (``engines/pool.py``) -> checkpoint
 loaded -> weights synced to every engine and probed on each.
 """
 from __future__ import annotations
@@ -12,18 +12,31 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from sparse_rl_megatron.observability.metrics_writer import METRICS_FILE
 from sparse_rl_megatron.observability.plots import PLOT_FILE
-from sparse_rl_megatron.trainer import checkpoints, distributed as D
+from sparse_rl_megatron.trainer.checkpointing import checkpoints
 from sparse_rl_megatron.trainer.config import TrainConfig
 from sparse_rl_megatron.trainer.evaluation import EVAL_DIR
-from sparse_rl_megatron.trainer.progress import HEARTBEAT_DIR
-from sparse_rl_megatron.trainer.preflight import RunPlan, preflight
+from sparse_rl_megatron.trainer.runtime import distributed as D
+from sparse_rl_megatron.trainer.runtime.progress import HEARTBEAT_DIR
+from sparse_rl_megatron.trainer.runtime.run_plan import RunPlan, preflight
 from sparse_rl_megatron.utils.config_io import to_dict
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from sparse_rl_megatron.compression.budget_controller import BudgetController
+    from sparse_rl_megatron.learner.batch import SequenceBatch
+    from sparse_rl_megatron.learner.learner import Learner
+    from sparse_rl_megatron.observability.metrics_writer import MetricsWriter
+    from sparse_rl_megatron.trainer.engines.pool import EnginePool
+    from sparse_rl_megatron.trainer.runtime.progress import Heartbeat
+    from sparse_rl_megatron.trainer.runtime.prompts import PromptOrder
+    from sparse_rl_megatron.trainer.runtime.signals import StopRequest
 
 CONFIG_FILE = "config.yaml"
 OUTPUTS = (CONFIG_FILE, METRICS_FILE, PLOT_FILE, "tensorboard", checkpoints.CHECKPOINTS_DIR, EVAL_DIR, HEARTBEAT_DIR)
@@ -38,17 +51,18 @@ class Run:
     plan: RunPlan
     run_dir: Path
     stack: contextlib.ExitStack
-    learner: Any = None
-    ref_learner: Any = None
-    pool: Any = None
-    """The run's rollout engines as this rank sees them (``EnginePool``: its own engines and reward)."""
-    prompts: Any = None
-    writer: Any = None
-    console: Any = None
-    heartbeat: Any = None
-    stop: Any = None
-    probe: Any = None
-    budget: Any = None
+    learner: "Learner | None" = None
+    ref_learner: "Learner | None" = None
+    pool: "EnginePool | None" = None
+    """The run's rollout engines as this rank sees them (its own engines and reward)."""
+    prompts: "PromptOrder | None" = None
+    writer: "MetricsWriter | None" = None
+    console: "Console | None" = None
+    heartbeat: "Heartbeat | None" = None
+    stop: "StopRequest | None" = None
+    probe: "SequenceBatch | None" = None
+    """The weight-sync probe sequence (``engines/weight_probe.py``)."""
+    budget: "BudgetController | None" = None
     """The adaptive KV budget's ``BudgetController`` (``rollout.adaptive_budget.enabled``), else None."""
     step: int = 0
     """Rollout steps completed (the checkpoint's step when resumed)."""
@@ -66,7 +80,7 @@ class Run:
     # ----------------------------------------------------------------------------------------------- sync
     def sync(self, version: int, push: bool = True) -> dict[str, float]:
         """Push the learner's weights to every engine as ``version`` (unless ``push`` is False), then probe each."""
-        from sparse_rl_megatron.trainer.weight_sync import probe_tolerance
+        from sparse_rl_megatron.trainer.engines.weight_probe import probe_tolerance
 
         metrics: dict[str, float] = {}
         if push:
@@ -96,7 +110,7 @@ class Run:
 def _claim_run_dir(cfg: TrainConfig, run: Run) -> tuple[Any, list[str]]:
     """Rank 0: lock the run directory, choose fresh start or resume (the newest intact checkpoint: ``resume.py``),
     write the resolved config."""
-    from sparse_rl_megatron.trainer.resume import choose
+    from sparse_rl_megatron.trainer.checkpointing.resume import choose
     from sparse_rl_megatron.utils.run_dir import RunDirLock, archive_previous_outputs
 
     lock = run.stack.enter_context(RunDirLock(run.run_dir))
@@ -121,9 +135,9 @@ def _claim_run_dir(cfg: TrainConfig, run: Run) -> tuple[Any, list[str]]:
 def _build_models(cfg: TrainConfig, run: Run) -> None:
     """Learner (+ reference), every engine and its rank's reward; rank 0 builds the model directories first."""
     from sparse_rl_megatron.learner import Learner
-    from sparse_rl_megatron.trainer.engine_pool import EnginePool
-    from sparse_rl_megatron.trainer.models import export_for_engine, prepare_model
-    from sparse_rl_megatron.trainer.weight_sync import probe_sequence
+    from sparse_rl_megatron.trainer.engines.pool import EnginePool
+    from sparse_rl_megatron.trainer.runtime.model_dirs import export_for_engine, prepare_model
+    from sparse_rl_megatron.trainer.engines.weight_probe import probe_sequence
 
     dirs = D.on_main(lambda: prepare_model(cfg, run.plan.task, run.run_dir))
     for note in dirs.notes:
@@ -152,9 +166,9 @@ def start_run(cfg: TrainConfig):
     from rich.console import Console
 
     from sparse_rl_megatron.observability.metrics_writer import MetricsWriter
-    from sparse_rl_megatron.trainer.progress import Heartbeat
-    from sparse_rl_megatron.trainer.prompts import PromptOrder
-    from sparse_rl_megatron.trainer.signals import StopRequest
+    from sparse_rl_megatron.trainer.runtime.progress import Heartbeat
+    from sparse_rl_megatron.trainer.runtime.prompts import PromptOrder
+    from sparse_rl_megatron.trainer.runtime.signals import StopRequest
 
     plan = preflight(cfg, D.env_world_size())
     D.init(cfg.phase_timeout_s)
@@ -178,7 +192,7 @@ def start_run(cfg: TrainConfig):
 
             run.budget = BudgetController(cfg.rollout.adaptive_budget, cfg.rollout.compression.budget)
         if resume is not None:  # an older intact checkpoint if this one does not load (resume.py)
-            from sparse_rl_megatron.trainer.resume import load as load_checkpoint
+            from sparse_rl_megatron.trainer.checkpointing.resume import load as load_checkpoint
 
             choice = load_checkpoint(run, choice)
             state, restored = choice.state, choice.rng_restored

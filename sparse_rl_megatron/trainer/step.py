@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sparse_rl_megatron.trainer.engine_pool import EngineError, EnginePool, rollout_metrics
+from sparse_rl_megatron.trainer.engines.pool import EngineError, EnginePool, rollout_metrics
 
 if TYPE_CHECKING:
     from sparse_rl_megatron.algo import CorrectionConfig, PreparedBatch

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from test_train import SMALL, _env, _records, _train
 
-from sparse_rl_megatron.trainer.checkpoint_check import file_sizes, problem
-from sparse_rl_megatron.trainer.checkpoints import FORMAT_VERSION, STATE_FILE
+from sparse_rl_megatron.trainer.checkpointing.checkpoints import FORMAT_VERSION, STATE_FILE
+from sparse_rl_megatron.trainer.checkpointing.integrity import file_sizes, problem
 
 FAST = [*SMALL, "eval.at_start=false", "checkpoint.save_every=1", "checkpoint.keep_last=3"]
 TIMEOUT_S = 600

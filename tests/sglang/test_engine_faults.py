@@ -61,7 +61,7 @@ def test_scheduler_killed_in_the_middle_of_generate_fails_the_call_naming_it(tin
     config = SGLangEngineConfig(model_path=str(tiny_model_dir), compression=COMPRESSION, dtype="float32",
                                 max_total_tokens=1024, stats_path=str(stats))
 
-    def trainer_stop(signum, frame):  # stands for the trainer's stop request (trainer/signals.py)
+    def trainer_stop(signum, frame):  # stands for the trainer's stop request (trainer/runtime/signals.py)
         pass
 
     previous = signal.signal(signal.SIGTERM, trainer_stop)

@@ -1,4 +1,4 @@
-"""Checkpoints verified before use (``checkpoint_check.py``, ``resume.choose``) and a failed save's one line
+"""Checkpoints verified before use (``checkpointing/integrity.py``, ``resume.choose``) and a failed save's one line
 (``checkpoints.save_failure``), on checkpoint directories laid out as ``checkpoints.save`` writes them (learner
 files, per-rank RNG files, then ``trainer_state.json`` with every other file's size). The full path, with a real
 learner and a failing writer, runs in ``tests/e2e/test_train_faults.py``."""
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from torch.distributed.checkpoint.api import CheckpointException, _wrap_exception
 
-from sparse_rl_megatron.trainer import checkpoints as C
-from sparse_rl_megatron.trainer.checkpoint_check import file_sizes, problem
-from sparse_rl_megatron.trainer.resume import choose
+from sparse_rl_megatron.trainer.checkpointing import checkpoints as C
+from sparse_rl_megatron.trainer.checkpointing.integrity import file_sizes, problem
+from sparse_rl_megatron.trainer.checkpointing.resume import choose
 from sparse_rl_megatron.utils.errors import RunFailed
 
 SHARD = "__0_0.distcp"

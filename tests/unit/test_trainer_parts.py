@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from sparse_rl_megatron.trainer import checkpoints as C
+from sparse_rl_megatron.trainer.checkpointing import checkpoints as C
 from sparse_rl_megatron.trainer.optimize import aggregate
-from sparse_rl_megatron.trainer.prompts import PromptOrder
-from sparse_rl_megatron.trainer.signals import StopRequest
+from sparse_rl_megatron.trainer.runtime.prompts import PromptOrder
+from sparse_rl_megatron.trainer.runtime.signals import StopRequest
 from sparse_rl_megatron.utils.errors import UserError
 
 
@@ -91,7 +91,7 @@ def test_stop_request_by_signal_file_and_second_ctrl_c(tmp_path, capsys):
 
 
 def test_a_stop_during_start_up_is_honoured_and_later_ones_do_not_kill_the_ending_process(tmp_path):
-    from sparse_rl_megatron.trainer.signals import early_stops_noted
+    from sparse_rl_megatron.trainer.runtime.signals import early_stops_noted
 
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
     try:
@@ -151,8 +151,8 @@ class CountingTask:
 def test_task_model_is_built_and_warm_started_once_then_reused(tmp_path):
     from sparse_rl_megatron.tasks import TASKS, Task
     from sparse_rl_megatron.trainer.config import TrainConfig
-    from sparse_rl_megatron.trainer.models import prepare_model
-    from sparse_rl_megatron.trainer.preflight import preflight
+    from sparse_rl_megatron.trainer.runtime.model_dirs import prepare_model
+    from sparse_rl_megatron.trainer.runtime.run_plan import preflight
     from sparse_rl_megatron.utils.config_io import from_dict
 
     task = CountingTask()

@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
-from sparse_rl_megatron.trainer.engine_pool import EnginePool
-from sparse_rl_megatron.trainer.weight_sync import (PROBE_TOLERANCE_16BIT, PROBE_TOLERANCE_FP32, WeightSyncError,
-                                                    default_tolerance, engine_logprobs, probe_sequence, probe_verdict)
+from sparse_rl_megatron.trainer.engines.pool import EnginePool
+from sparse_rl_megatron.trainer.engines.weight_probe import (PROBE_TOLERANCE_16BIT, PROBE_TOLERANCE_FP32,
+                                                             WeightSyncError, default_tolerance, engine_logprobs,
+                                                             probe_sequence, probe_verdict)
 from sparse_rl_megatron.utils.errors import RunFailed
 from sparse_rl_megatron.utils.tiny_models import build_tiny_model
 
@@ -83,7 +84,7 @@ def test_bf16_engine_against_fp32_learner_passes_and_keeps_passing_after_trainin
     learner, (pool, _) = FakeLearner(_model()), _pool(torch.bfloat16)
     tol = default_tolerance("bfloat16")
     first = _sync_and_probe(learner, pool, 0, tol)
-    # bf16 rounding: mean well inside the tolerance (its derivation: weight_sync.PROBE_TOLERANCE_16BIT)
+    # bf16 rounding: mean well inside the tolerance (its derivation: weight_probe.PROBE_TOLERANCE_16BIT)
     assert 0 < first["sync/probe_mean_abs_diff"] < tol / 2
     for version, scale in ((1, 0.1), (2, 1e-4)):  # a step that moves the probe past the tolerance, and a tiny one
         learner.train(scale, seed=version)

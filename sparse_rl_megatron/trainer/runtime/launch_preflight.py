@@ -112,7 +112,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from sparse_rl_megatron.trainer.cli import load
-    from sparse_rl_megatron.trainer.preflight import preflight
+    from sparse_rl_megatron.trainer.runtime.run_plan import preflight
 
     cfg = load(args)
     shape = LaunchShape(args.nnodes, args.nproc_per_node)

@@ -6,7 +6,7 @@ A checkpoint directory is, in the order it is written:
 2. ``rng/rank<r>.pt``: the python, numpy and torch RNG states of every rank (written atomically per rank);
 3. ``trainer_state.json``, LAST, by rank 0 after a barrier, atomically (tmp + rename): the rollout step, the
    data position, the weight version, the world size, and the size of every other file (``files``, checked
-   before a resume: ``checkpoint_check.py``). Only a directory that has it is *complete*; a kill at any earlier
+   before a resume: ``integrity.py``). Only a directory that has it is *complete*; a kill at any earlier
    moment leaves an incomplete directory that resume skips, saying so (and the next save replaces).
 A save that cannot write (disk full, I/O error, permission) fails on every rank with one line (``SaveFailed``),
 removes what it wrote and leaves the earlier checkpoints as they were. ``resume: auto`` picks the newest intact
@@ -24,10 +24,10 @@ from typing import Any
 
 import torch
 
+from sparse_rl_megatron.trainer.checkpointing.integrity import STATE_FILE, file_sizes
 from sparse_rl_megatron.utils.errors import RunFailed, UserError
 
 CHECKPOINTS_DIR = "checkpoints"
-STATE_FILE = "trainer_state.json"
 RNG_DIR = "rng"
 FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -121,7 +121,7 @@ def save(run_dir: str | os.PathLike, step: int, learner, trainer_state: dict[str
     A write that fails on any rank (``OSError``: ENOSPC, EIO, EACCES, ...) fails the save on every rank with
     ``SaveFailed`` (one line naming the error); the partial checkpoint is removed, the earlier ones are untouched
     (they are pruned only after a save succeeded)."""
-    from sparse_rl_megatron.trainer import distributed as D
+    from sparse_rl_megatron.trainer.runtime import distributed as D
 
     out = step_dir(run_dir, step)
     if D.is_main() and out.exists() and not is_complete(out):
@@ -153,8 +153,7 @@ def _write_rng(out: Path, rank: int) -> None:
 
 def _write_state(out: Path, step: int, trainer_state: dict[str, Any]) -> None:
     """Rank 0, after every rank wrote its files: the trainer state with the size of every file (written last)."""
-    from sparse_rl_megatron.trainer import distributed as D
-    from sparse_rl_megatron.trainer.checkpoint_check import file_sizes
+    from sparse_rl_megatron.trainer.runtime import distributed as D
 
     state = {"format_version": FORMAT_VERSION, "step": step, "world_size": D.world_size(), **trainer_state,
              "files": file_sizes(out)}
@@ -211,7 +210,7 @@ def _agreed(out: Path, write) -> None:
     """Run this rank's part of a save step, then agree across ranks: if a write failed on a rank for a reason
     outside the program (``save_failure``: a disk error, a killed writer), every rank raises ``SaveFailed``
     naming the rank it happened on (instead of the others waiting in the next collective)."""
-    from sparse_rl_megatron.trainer import distributed as D
+    from sparse_rl_megatron.trainer.runtime import distributed as D
 
     error: BaseException | None = None
     try:

@@ -77,7 +77,7 @@ def prepare_model(cfg, task, run_dir: Path) -> ModelDirs:
 
 def export_for_engine(learner, run_dir: Path) -> str:
     """Collective: the learner's weights as an HF directory ``model/hf`` for the engine (once)."""
-    from sparse_rl_megatron.trainer import distributed as D
+    from sparse_rl_megatron.trainer.runtime import distributed as D
 
     out = run_dir / MODEL_DIR / "hf"
     if not D.on_main(out.is_dir):

@@ -10,9 +10,9 @@ Phases, each collective (every rank calls it, engine or not):
   driving rank hands the buckets to its engine(s), a colocated multi-GPU engine gets them per TP rank from the
   learner ranks on its GPUs (``colocated_weights.py``);
 - ``probe``: every engine scores the probe sequence, checked against the learner's current and previous weights
-  per engine (``weight_sync.probe_verdict``);
+  per engine (``weight_probe.probe_verdict``);
 - ``on_engines``: any other per-engine work (evaluation shares, memory release and resume).
-Engine calls run on the engine's own thread (``engine_worker.py``) and are waited for until the phase deadline
+Engine calls run on the engine's own thread (``worker.py``) and are waited for until the phase deadline
 (``phase_timeout_s`` less a margin to report); an engine that fails or hangs fails the phase on every rank
 (``distributed.relay``) with one line naming the engine and its rank.
 """
@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
-from sparse_rl_megatron.trainer import distributed as D
-from sparse_rl_megatron.trainer.engine_worker import EngineHang, EngineWorker, Handoff
+from sparse_rl_megatron.trainer.runtime import distributed as D
+from sparse_rl_megatron.trainer.engines.weight_probe import WeightSyncError, engine_logprobs, probe_verdict
+from sparse_rl_megatron.trainer.engines.worker import EngineHang, EngineWorker, Handoff
 from sparse_rl_megatron.utils.errors import UserError
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from sparse_rl_megatron.learner.learner import Learner
     from sparse_rl_megatron.rewards.reward import SampleReward
     from sparse_rl_megatron.rollout.sample import Sample
-    from sparse_rl_megatron.trainer.colocated_weights import ColocatedPayloads
+    from sparse_rl_megatron.trainer.engines.colocated_weights import ColocatedPayloads
 
 MIB = 1024 * 1024
 PHASE_REPORT_MARGIN_S = 60.0
@@ -88,7 +89,7 @@ class EnginePool:
         """Build this rank's engines (and its reward, a context manager entered on ``stack``). Collective; a
         rank that fails to start its engine fails every rank."""
         from sparse_rl_megatron.rollout.engines import ENGINES
-        from sparse_rl_megatron.trainer.colocated_weights import ColocatedPayloads
+        from sparse_rl_megatron.trainer.engines.colocated_weights import ColocatedPayloads
 
         rank, layout = D.rank(), plan.layout
         pool = cls(layout, cfg.rollout.engine, engine_deadline(cfg.phase_timeout_s))
@@ -283,9 +284,8 @@ class EnginePool:
     # ------------------------------------------------------------------------------------------- probe
     def probe(self, learner: "Learner", probe: "SequenceBatch", tolerance: float, version: int) -> dict[str, float]:
         """Every engine's dense log-probs of ``probe`` against the learner's at ``version`` and, when this pool
-        probed an earlier version, the latest such (``weight_sync.probe_verdict``). Collective; raises
+        probed an earlier version, the latest such (``weight_probe.probe_verdict``). Collective; raises
         ``WeightSyncError`` (one line) on every rank naming the first engine (and rank) that is stale or garbled."""
-        from sparse_rl_megatron.trainer.weight_sync import WeightSyncError, engine_logprobs, probe_verdict
 
         learner_lp = learner.logprobs(probe)
         mask = probe.response_mask()
@@ -318,6 +318,27 @@ class EnginePool:
             self.probed[previous[0]] = previous[1]
         return {"sync/probe_mean_abs_diff": max(v.mean_abs_diff for v in verdicts),
                 "sync/probe_max_abs_diff": max(v.max_abs_diff for v in verdicts)}
+
+
+def sync_weights(learner, engine, version: int, bucket_mb: int) -> dict[str, float]:
+    """Push the learner's weights to one engine on rank 0 (``engine``; None elsewhere) as ``version``. Collective.
+    (A run's engines: ``EnginePool.sync``.)"""
+    pool = EnginePool.single(engine, None, "engine")
+    try:
+        return pool.sync(learner, version, bucket_mb)
+    finally:
+        pool.close()
+
+
+def probe_weights(learner, engine, probe: "SequenceBatch", tolerance: float, engine_name: str,
+                  version: int) -> dict[str, float]:
+    """Compare the dense log-probs of one engine on rank 0 (``engine``; None elsewhere) with the learner's.
+    Collective; raises ``WeightSyncError`` on every rank past ``tolerance``. (A run's engines: ``EnginePool.probe``.)"""
+    pool = EnginePool.single(engine, None, engine_name)
+    try:
+        return pool.probe(learner, probe, tolerance, version)
+    finally:
+        pool.close()
 
 
 def rollout_metrics(samples: Sequence["Sample"]) -> dict[str, float]:

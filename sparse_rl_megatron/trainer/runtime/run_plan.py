@@ -232,7 +232,7 @@ def preflight(cfg: "TrainConfig", world_size: int, ranks_per_node: int | None = 
     from sparse_rl_megatron.data.templates import TEMPLATES
     from sparse_rl_megatron.rewards.registry import REWARDS
     from sparse_rl_megatron.tasks import is_task_ref
-    from sparse_rl_megatron.trainer.checkpoints import resolve_resume
+    from sparse_rl_megatron.trainer.checkpointing.checkpoints import resolve_resume
     from sparse_rl_megatron.rollout.engines import ENGINES
     from sparse_rl_megatron.utils.registry import UnknownNameError
 

@@ -1,6 +1,6 @@
 """Which checkpoint a run resumes from, and loading it: never a damaged one, never silently from step 0.
 
-``choose`` (rank 0, before any model is built) looks at the files (``checkpoint_check.problem``):
+``choose`` (rank 0, before any model is built) looks at the files (``integrity.problem``):
 - ``checkpoint.resume: never``: start from step 0; a path: that checkpoint, or one line saying what is wrong;
 - ``auto``: the newest intact checkpoint of the run directory. Every newer step directory it passes over is
   named in one line with what is wrong, and the resume line says that the steps after the chosen one will be
@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sparse_rl_megatron.trainer import checkpoints as C
-from sparse_rl_megatron.trainer.checkpoint_check import problem, read_state_file
+from sparse_rl_megatron.trainer.checkpointing import checkpoints as C
+from sparse_rl_megatron.trainer.checkpointing.integrity import problem, read_state_file
 from sparse_rl_megatron.utils.errors import RunFailed
 
 @dataclass
@@ -85,7 +85,7 @@ def _why(err: BaseException) -> str:
 def load(run, choice: Choice) -> Choice:
     """Load ``choice`` into ``run.learner`` and this rank's RNG (every rank); fall back to older intact
     checkpoints while one does not load. Returns what was loaded (``path`` None: nothing to load)."""
-    from sparse_rl_megatron.trainer import distributed as D
+    from sparse_rl_megatron.trainer.runtime import distributed as D
 
     while choice.path is not None:
         error = None

@@ -1,12 +1,13 @@
-"""Weight sync learner -> rollout engines, then a probe that every engine really serves the new weights.
+"""The weight-sync probe: does every engine really serve the learner's new weights?
 
-Sync: every rank iterates the learner's HF-named buckets (``Learner.export_weights``, a collective that gives
-every rank every bucket); each rank that drives an engine hands the stream of buckets to it (one
-``update_weights(buckets, version)`` call), which moves each its own way (tensors in process, per-TP-rank CUDA-IPC
-handles from the learner ranks on its GPUs, a broadcast to separate engine GPUs, or files it reloads):
-``EnginePool.sync``. Probe: the learner's dense log-probs of a fixed sequence (drawn once from the run's seed)
-against each engine's dense log-probs of the same sequence (compression off), and each engine's weight version;
-a mean difference past the tolerance, or log-probs closer to the previous version's than to the new one's
+The push itself is ``EnginePool.sync`` (``pool.py``): every rank iterates the learner's HF-named buckets
+(``Learner.export_weights``, a collective that gives every rank every bucket); each rank that drives an engine
+hands the stream of buckets to it (``RolloutEngine.update_weights``, or ``update_weights_from_payloads`` for the
+per-TP-rank CUDA-IPC handles of ``colocated_weights.py``), which moves them its own way (tensors in process, a
+broadcast to separate engine GPUs, or files it reloads: ``rollout/sglang_weights.py``). The probe, here: the
+learner's dense log-probs of a fixed sequence (drawn once from the run's seed) against each engine's dense
+log-probs of the same sequence (compression off, ``engine_logprobs``), and each engine's weight version; a mean
+difference past the tolerance, or log-probs closer to the previous version's than to the new one's
 (``probe_verdict``), is an error naming the engine and its rank, since training on samples from stale or garbled
 weights would be silently off-policy (``EnginePool.probe``).
 """
@@ -48,7 +49,6 @@ class WeightSyncError(RunFailed):
 def probe_sequence(vocab_size: int, tokens: int, seed: int) -> "SequenceBatch":
     """One row of ``tokens`` token ids drawn from ``seed`` (first half prompt, second half response)."""
     from sparse_rl_megatron.learner.batch import SequenceBatch
-    from sparse_rl_megatron.rollout.engine import RolloutEngine
 
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(vocab_size, (tokens,), generator=gen)
@@ -123,18 +123,6 @@ def probe_verdict(engine_lp: torch.Tensor, learner_lp: torch.Tensor, tolerance: 
     return result
 
 
-def sync_weights(learner, engine, version: int, bucket_mb: int) -> dict[str, float]:
-    """Push the learner's weights to one engine on rank 0 (``engine``; None elsewhere) as ``version``. Collective.
-    (A run's engines: ``EnginePool.sync``.)"""
-    from sparse_rl_megatron.trainer.engine_pool import EnginePool
-
-    pool = EnginePool.single(engine, None, "engine")
-    try:
-        return pool.sync(learner, version, bucket_mb)
-    finally:
-        pool.close()
-
-
 def engine_logprobs(engine: "RolloutEngine", seqs: "SequenceBatch") -> torch.Tensor:
     """``[B, T]`` log-probs of each row's response tokens under ``engine`` with full attention, 0 at padding (rows
     without a response are not sent to the engine)."""
@@ -144,16 +132,3 @@ def engine_logprobs(engine: "RolloutEngine", seqs: "SequenceBatch") -> torch.Ten
     for i, row in zip(keep, scored):
         out[i, : row.numel()] = row
     return out
-
-
-def probe_weights(learner, engine, probe: "SequenceBatch", tolerance: float, engine_name: str,
-                  version: int) -> dict[str, float]:
-    """Compare the dense log-probs of one engine on rank 0 (``engine``; None elsewhere) with the learner's.
-    Collective; raises ``WeightSyncError`` on every rank past ``tolerance``. (A run's engines: ``EnginePool.probe``.)"""
-    from sparse_rl_megatron.trainer.engine_pool import EnginePool
-
-    pool = EnginePool.single(engine, None, engine_name)
-    try:
-        return pool.probe(learner, probe, tolerance, version)
-    finally:
-        pool.close()

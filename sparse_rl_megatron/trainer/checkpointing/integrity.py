@@ -17,9 +17,10 @@ import json
 import os
 from pathlib import Path
 
-from sparse_rl_megatron.trainer.checkpoints import STATE_FILE
 from sparse_rl_megatron.utils.preflight import MEGATRON_META_FILE as LEARNER_META
 
+STATE_FILE = "trainer_state.json"
+"""The trainer's state in a checkpoint directory; written last, so a checkpoint without it is incomplete."""
 READ_PROBE_BYTES = 4096
 """Bytes read at the start and at the end of each recorded file: it is there and the disk gives it back."""
 
