@@ -5,7 +5,7 @@ Megatron's own knobs pass through unchanged as dicts (``megatron_overrides`` -> 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -89,8 +89,9 @@ class OptimConfig:
 
 
 @dataclass
-class LearnerConfig:
-    """The Megatron learner: which model, how it is split, how batches are cut, how it trains.
+class LearnerSettings:
+    """The Megatron learner but its model: how it is split, how batches are cut, how it trains (the ``learner``
+    section of ``sparse-rl train``, whose model is the run's ``model_path``).
 
     Fusions (``models.megatron_config.fusion_settings``), on CUDA: fused SwiGLU (``bias_activation_fusion``)
     and bias-dropout-add on; fused RoPE on with Transformer Engine; gradient-accumulation fusion and the masked
@@ -99,8 +100,6 @@ class LearnerConfig:
     ``Learner.describe()`` lists the ones in effect.
     """
 
-    model_path: str
-    """An HF checkpoint directory (config.json + safetensors) or a sparse-rl Megatron checkpoint."""
     tensor_parallel_size: int = 1
     """TP degree; must divide the attention heads, the KV groups and the FFN width."""
     pipeline_parallel_size: int = 1
@@ -161,3 +160,16 @@ class LearnerConfig:
     def distributed_optimizer(self) -> bool:
         flag = self.optim.use_distributed_optimizer
         return torch.cuda.is_available() if flag is None else flag
+
+
+@dataclass(kw_only=True)
+class LearnerConfig(LearnerSettings):
+    """The Megatron learner: which model (``model_path``), and the ``LearnerSettings``."""
+
+    model_path: str
+    """An HF checkpoint directory (config.json + safetensors) or a sparse-rl Megatron checkpoint."""
+
+    @classmethod
+    def of(cls, settings: LearnerSettings, model_path: str) -> "LearnerConfig":
+        """``settings`` learning the model at ``model_path``."""
+        return cls(model_path=model_path, **{f.name: getattr(settings, f.name) for f in fields(LearnerSettings)})

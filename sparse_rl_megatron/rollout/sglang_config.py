@@ -11,30 +11,21 @@ DISTRIBUTED_BACKENDS = ("gloo", "nccl")
 
 
 @dataclass
-class SGLangEngineConfig:
-    """How ``SGLangRolloutEngine`` reaches SGLang and what it asks of it."""
+class SGLangOptions:
+    """Options of an SGLang engine that its user chooses (servers or in-process, KV pool, weight sync, ...): the
+    ``rollout.sglang`` section of ``sparse-rl train``. The model, its KV compression, dtype and placement are the
+    run's (``SGLangEngineConfig`` adds them)."""
 
-    model_path: str = ""
-    """HF model directory: the in-process engine loads it; with ``urls`` it gives the tokenizer (and the
-    config files for disk sync)."""
     urls: list[str] = field(default_factory=list)
     """Base URLs of running servers (started with ``python -m sglang_ext.launch_server``) or one router; empty =
     start an in-process ``sglang.Engine``."""
     tokenizer_path: str = ""
     """Tokenizer directory ('' = ``model_path``)."""
-    compression: CompressionConfig = field(default_factory=CompressionConfig)
-    """KV compression of every request (the in-process server's default; sent per request to HTTP servers)."""
     kept_digest: bool = False
     """Record a hash of the kept positions of every compression event in each sample's provenance. Off by default:
     it costs a blocking device-to-host copy inside the scheduler's forward on every step where some row compresses
     (the overlap scheduler loses its lead) and ``L x Hkv x (B + W)`` int32 per request row; tests comparing the
     kept positions with the reference engine turn it on."""
-    dtype: str = "auto"
-    """Weights and KV dtype of the in-process engine (``auto``, ``float32``, ``bfloat16``, ...)."""
-    tp_size: int = 1
-    """Tensor parallel size of the in-process engine (with ``urls``: the servers', for ``distributed`` sync)."""
-    base_gpu_id: int = 0
-    """First GPU of the in-process engine: its TP ranks run on GPUs ``base_gpu_id`` .. ``+ tp_size - 1`` (CUDA)."""
     max_total_tokens: int | None = None
     """KV pool size in tokens of the in-process engine (None: SGLang sizes it from ``mem_fraction_static`` on
     GPU; on CPU, where SGLang would claim a large share of RAM, ``sglang_ext.cpu_compat.CPU_DEFAULT_POOL_TOKENS``)."""
@@ -92,8 +83,6 @@ class SGLangEngineConfig:
     """Further ``sglang.Engine`` keyword arguments (in-process only)."""
 
     def __post_init__(self) -> None:
-        if not self.urls and not self.model_path:
-            raise ValueError("SGLangEngineConfig.model_path is required for an in-process engine (or give urls)")
         if self.weight_sync not in WEIGHT_SYNCS:
             raise ValueError(f"SGLangEngineConfig.weight_sync must be one of {', '.join(WEIGHT_SYNCS)}; "
                              f"got '{self.weight_sync}'")
@@ -105,16 +94,40 @@ class SGLangEngineConfig:
         if self.distributed_backend not in DISTRIBUTED_BACKENDS:
             raise ValueError(f"SGLangEngineConfig.distributed_backend must be one of "
                              f"{', '.join(DISTRIBUTED_BACKENDS)}; got '{self.distributed_backend}'")
-        for name in ("tp_size", "max_resubmits", "base_gpu_id", "request_retries"):
-            if getattr(self, name) < (1 if name == "tp_size" else 0):
+        for name in ("max_resubmits", "request_retries"):
+            if getattr(self, name) < 0:
                 raise ValueError(f"SGLangEngineConfig.{name} is out of range: {getattr(self, name)}")
         if not self.health_check_s > 0:
             raise ValueError(f"SGLangEngineConfig.health_check_s must be > 0 seconds; got {self.health_check_s}")
         if self.max_total_tokens is not None and self.max_total_tokens < 1:
             raise ValueError(f"SGLangEngineConfig.max_total_tokens must be >= 1; got {self.max_total_tokens}")
-        from sglang_ext.config import SparseKVConfig
 
-        SparseKVConfig(compression=self.compression)  # the plugin's own restrictions, early and in one line
+
+@dataclass
+class SGLangEngineConfig(SGLangOptions):
+    """How ``SGLangRolloutEngine`` reaches SGLang and what it asks of it: the ``SGLangOptions`` plus the model, its
+    KV compression, dtype and placement (which a run fills in: ``RolloutConfig.engine_build``)."""
+
+    model_path: str = ""
+    """HF model directory: the in-process engine loads it; with ``urls`` it gives the tokenizer (and the
+    config files for disk sync)."""
+    compression: CompressionConfig = field(default_factory=CompressionConfig)
+    """KV compression of every request (the in-process server's default; sent per request to HTTP servers)."""
+    dtype: str = "auto"
+    """Weights and KV dtype of the in-process engine (``auto``, ``float32``, ``bfloat16``, ...)."""
+    tp_size: int = 1
+    """Tensor parallel size of the in-process engine (with ``urls``: the servers', for ``distributed`` sync)."""
+    base_gpu_id: int = 0
+    """First GPU of the in-process engine: its TP ranks run on GPUs ``base_gpu_id`` .. ``+ tp_size - 1`` (CUDA)."""
+
+    def __post_init__(self) -> None:
+        if not self.urls and not self.model_path:
+            raise ValueError("SGLangEngineConfig.model_path is required for an in-process engine (or give urls)")
+        super().__post_init__()
+        for name in ("tp_size", "base_gpu_id"):
+            if getattr(self, name) < (1 if name == "tp_size" else 0):
+                raise ValueError(f"SGLangEngineConfig.{name} is out of range: {getattr(self, name)}")
+        check_plugin_compression(self.compression)
 
     def plugin_config(self):
         """The ``sparse_kv`` backend settings of an in-process engine."""
@@ -123,3 +136,10 @@ class SGLangEngineConfig:
         return SparseKVConfig(compression=self.compression, inner_backend=self.inner_backend,
                               kept_digest=self.kept_digest, stats_path=self.stats_path,
                               count_host_syncs=self.count_host_syncs, check_tables=self.check_tables)
+
+
+def check_plugin_compression(compression: CompressionConfig) -> None:
+    """Refuse, in one line, a KV compression the ``sparse_kv`` plugin does not implement (its method, scope, ...)."""
+    from sglang_ext.config import SparseKVConfig
+
+    SparseKVConfig(compression=compression)  # the plugin's own restrictions, early and in one line

@@ -6,24 +6,24 @@ and, where there is a choice, the valid values. Checks that need no file and no 
 dataclasses' ``__post_init__``); checks against files, the world size and the registries run in
 ``trainer/runtime/run_plan.py``, still before any model loads.
 
-The ``learner`` section has every ``LearnerConfig`` field except ``model_path`` (the run's ``model_path``);
+The ``learner`` section is a ``LearnerSettings`` (every ``LearnerConfig`` field except ``model_path``, the run's);
+the ``rollout.sglang`` section an ``SGLangOptions`` (``SGLangEngineConfig`` less what the run fills in);
 Megatron's own knobs pass through its ``megatron_overrides`` / ``optimizer_overrides``.
 """
 from __future__ import annotations
 
 import dataclasses
-import typing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from sparse_rl_megatron.algo.config import CorrectionConfig
 from sparse_rl_megatron.compression.budget_controller import AdaptiveBudgetConfig
 from sparse_rl_megatron.compression.config import CompressionConfig
-from sparse_rl_megatron.learner.config import LearnerConfig
+from sparse_rl_megatron.learner.config import LearnerConfig, LearnerSettings
 from sparse_rl_megatron.rewards.pool import VerifierPoolConfig
 from sparse_rl_megatron.rollout.engine import SamplingParams
 from sparse_rl_megatron.rollout.engines import EngineBuild
-from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
+from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig, SGLangOptions, check_plugin_compression
 
 if TYPE_CHECKING:
     from sparse_rl_megatron.rollout.layout import EngineSlot
@@ -36,46 +36,6 @@ SINGLE_SAMPLE_ESTIMATORS = ("reinforce",)
 (grpo, drgrpo, rloo) give every sample of a one-sample group advantage 0, i.e. nothing to learn."""
 TINY_MODEL = "tiny"
 """``model_path`` value: a random tiny Qwen2 + byte-level tokenizer built in the run directory (no download)."""
-
-
-def _section(cls: type, omit: tuple[str, ...], name: str, doc: str, placeholders: dict[str, Any]) -> type:
-    """A dataclass with the fields of ``cls`` minus ``omit`` (same types and defaults). Its ``__post_init__`` runs
-    ``cls``'s own validation (the omitted fields from ``placeholders``, else their defaults); ``build(**omitted)``
-    returns the full ``cls``."""
-    hints = typing.get_type_hints(cls)
-    specs = []
-    for f in dataclasses.fields(cls):
-        if f.name in omit:
-            continue
-        default = ({"default": f.default} if f.default is not dataclasses.MISSING
-                   else {"default_factory": f.default_factory})
-        specs.append((f.name, hints[f.name], field(**default)))
-
-    def __post_init__(self) -> None:
-        self.build(**placeholders)
-
-    def build(self, **omitted: Any):
-        return cls(**omitted, **{n: getattr(self, n) for n, _, _ in specs})
-
-    section = dataclasses.make_dataclass(name, specs, namespace={"__post_init__": __post_init__, "build": build})
-    section.__doc__ = doc
-    section.__module__ = __name__
-    return section
-
-
-LearnerSection = _section(
-    LearnerConfig, ("model_path",), "LearnerSection",
-    "The Megatron learner: every ``LearnerConfig`` field (see ``learner/config.py`` for their docs) except "
-    "``model_path``, which is the run's.", {"model_path": "<model_path>"})
-SGLANG_FROM_ROLLOUT = ("model_path", "compression", "dtype", "tp_size", "base_gpu_id")
-"""``SGLangEngineConfig`` fields the trainer fills in: the run's model (exported for the engine), the rollout's
-KV compression and dtype, and where each engine runs (``rollout.gpus_per_engine`` GPUs from its first rank's)."""
-SGLangSection = _section(
-    SGLangEngineConfig, SGLANG_FROM_ROLLOUT, "SGLangSection",
-    "Options of the ``sglang`` rollout engine: every ``SGLangEngineConfig`` field (see "
-    "``rollout/sglang_config.py`` for their docs) except ``model_path``, ``compression``, ``dtype``, ``tp_size`` and "
-    "``base_gpu_id``, which are the run's, the rollout section's (``gpus_per_engine``) and the layout's.",
-    {"model_path": "<model_path>"})
 
 
 @dataclass
@@ -127,7 +87,7 @@ class RolloutConfig:
     """Compute dtype of the engine (float32 on CPU; bfloat16 on GPUs)."""
     max_batch_size: int = 64
     """Most sequences the ``hf`` engine decodes together (``sglang``: ``sglang.max_running_requests``)."""
-    sglang: SGLangSection = field(default_factory=SGLangSection)  # type: ignore[valid-type]
+    sglang: SGLangOptions = field(default_factory=SGLangOptions)
     """Options of the ``sglang`` engine (servers or in-process, KV pool, weight sync, ...); only with that engine."""
     engine_options: dict[str, Any] = field(default_factory=dict)
     """Options of an engine registered by a plugin; the built-in engines take none."""
@@ -140,8 +100,8 @@ class RolloutConfig:
             raise ValueError(f"RolloutConfig.dtype must be one of {', '.join(ENGINE_DTYPES)}, got '{self.dtype}'")
         self._check_adaptive_budget()
         if self.engine == "sglang":  # the plugin's limits on the compression (method, scope, ...) checked now
-            self.sglang_config("<model_path>")
-        elif self.sglang != SGLangSection():
+            check_plugin_compression(self.server_compression())
+        elif self.sglang != SGLangOptions():
             raise ValueError(f"sglang options are set, but engine is '{self.engine}' (they apply to engine sglang)")
 
     def _check_adaptive_budget(self) -> None:
@@ -170,10 +130,16 @@ class RolloutConfig:
         ``gpus_per_engine`` GPUs from ``base_gpu_id``, or the servers ``urls`` (default: all of ``sglang.urls``).
         With the adaptive budget the server's compression has ``max_budget`` (it sizes admission and the plugin's
         tables); every step's requests carry their own budget."""
-        server = self.budget_compression(self.adaptive_budget.max_budget if self.adaptive_budget.enabled else None)
-        config = self.sglang.build(model_path=model_path, compression=server, dtype=self.dtype,
-                                   tp_size=self.gpus_per_engine, base_gpu_id=base_gpu_id)
-        return config if urls is None else dataclasses.replace(config, urls=list(urls))
+        options = {f.name: getattr(self.sglang, f.name) for f in dataclasses.fields(SGLangOptions)}
+        if urls is not None:
+            options["urls"] = list(urls)
+        return SGLangEngineConfig(**options, model_path=model_path, compression=self.server_compression(),
+                                  dtype=self.dtype, tp_size=self.gpus_per_engine, base_gpu_id=base_gpu_id)
+
+    def server_compression(self) -> CompressionConfig:
+        """The KV compression an ``sglang`` server is started with: ``compression``, with the adaptive budget's
+        ``max_budget`` when it is on (each step's requests carry their own budget)."""
+        return self.budget_compression(self.adaptive_budget.max_budget if self.adaptive_budget.enabled else None)
 
     def for_run(self, seed: int) -> "RolloutConfig":
         """This section with what the run decides filled in: an ``sglang`` engine whose ``random_seed`` is unset
@@ -370,7 +336,7 @@ class TrainConfig:
     """Scoring of responses."""
     correction: CorrectionConfig = field(default_factory=CorrectionConfig)
     """Sparse-RL rejection + reweighting + advantages (reference defaults)."""
-    learner: LearnerSection = field(default_factory=LearnerSection)  # type: ignore[valid-type]
+    learner: LearnerSettings = field(default_factory=LearnerSettings)
     """The Megatron learner (parallel layout, optimizer, loss with its KL coefficient, Megatron knobs)."""
     sync: SyncConfig = field(default_factory=SyncConfig)
     """Weight sync to the engine and its probe."""
@@ -419,6 +385,6 @@ class TrainConfig:
     def learner_config(self, model_path: str) -> LearnerConfig:
         """The ``LearnerConfig`` of this run for the model at ``model_path`` (its lr schedule sized to the run:
         ``OptimConfig.for_run``)."""
-        cfg = self.learner.build(model_path=model_path)
+        cfg = LearnerConfig.of(self.learner, model_path)
         cfg.optim = cfg.optim.for_run(self.total_optimizer_steps)
         return cfg
