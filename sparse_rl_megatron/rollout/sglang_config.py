@@ -56,6 +56,10 @@ class SGLangOptions:
     random_seed: int | None = None
     """Seed of the in-process engine's sampler (None: 0; in ``sparse-rl train``, the run's ``seed``). The
     trainer's engine k uses ``random_seed + k``."""
+    request_seeds: bool | None = None
+    """Send each request a ``sampling_seed`` drawn from ``(SamplingParams.seed, group id, index)``. SGLang honours it
+    only where its sampler does (the in-process CPU engine; not the ``sparse_kv`` backend on CUDA, which samples from
+    the scheduler's RNG: ``random_seed``). None: on for an in-process engine on CPU, off otherwise."""
     request_timeout_s: float = 3600.0
     """Longest an HTTP call may take."""
     startup_timeout_s: float = 900.0

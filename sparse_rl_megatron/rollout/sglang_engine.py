@@ -18,11 +18,12 @@ returns the same :class:`Sample` fields, so the trainer and the evaluator take e
   ``metadata`` counts its retractions (``retractions``, the last draw's) and the fresh draws before it (``redraws``);
   the trainer logs the fractions (``rollout/retracted_frac``, ``rollout/redrawn_frac``): redraws bias a step towards
   short responses (SGLang retracts the requests with the fewest output tokens first).
-- **Seeds.** Each request carries a ``sampling_seed`` from ``(SamplingParams.seed, group id, index)`` (in-process
-  CPU engine), but SGLang 0.5.23 honours it only with ``enable_deterministic_inference``, which refuses any
-  attention backend outside its deterministic list, the ``sparse_kv`` plugin's included: samples are drawn from
-  the scheduler's own RNG (``random_seed``), so the same seed does not repeat them, whatever the batch or the
-  number of engines (``bench/bench_engine_shards.py``); SGLang and the HF engine draw different tokens.
+- **Seeds.** Each request carries a ``sampling_seed`` from ``(SamplingParams.seed, group id, index)`` when
+  ``SGLangEngineConfig.request_seeds`` says so (default: the in-process CPU engine), but SGLang 0.5.23 honours it
+  only with ``enable_deterministic_inference``, which refuses any attention backend outside its deterministic list,
+  the ``sparse_kv`` plugin's included: samples are drawn from the scheduler's own RNG (``random_seed``), so the same
+  seed does not repeat them, whatever the batch or the number of engines (``bench/bench_engine_shards.py``); SGLang
+  and the HF engine draw different tokens.
 
 Weights: ``update_weights`` takes HF-named full tensors (or the learner's buckets, lists of them) and sends
 them between ``begin/end_weight_update`` (``tensor``, in-process), over a process group (``distributed``,
@@ -78,8 +79,6 @@ class SGLangRolloutEngine:
         self.weight_version = weight_version
         self.tokenizer = self._load_tokenizer()
         self._released = False
-        self._seeded = False
-        """Requests carry a ``sampling_seed`` (the in-process CPU engine; see the module docstring)."""
         self.resubmitted = 0
         """Requests resubmitted after a refused retraction, over this engine's life."""
         if config.urls:
@@ -90,9 +89,12 @@ class SGLangRolloutEngine:
                                      health_check_s=config.health_check_s)
             self.client.align_weight_version(str(weight_version))
             self._per_request = to_dict(config.compression)
+            on_cpu = False
         else:
-            self.client = self._start_in_process()
+            self.client, on_cpu = self._start_in_process()
             self._per_request = None  # the in-process server's default is config.compression
+        self.request_seeds = on_cpu if config.request_seeds is None else config.request_seeds
+        """Requests carry a ``sampling_seed`` (``SGLangEngineConfig.request_seeds``; see the module docstring)."""
         self.weights = SGLangWeightTransport(config, self.client)
         """Moves weights into the servers by ``config.weight_sync`` (``sglang_weights.py``)."""
 
@@ -105,7 +107,8 @@ class SGLangRolloutEngine:
 
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
-    def _start_in_process(self):
+    def _start_in_process(self) -> tuple[Any, bool]:
+        """The in-process engine's client, and whether it runs on CPU."""
         from sglang_ext import cpu_compat
         from sglang_ext.config import BACKEND_NAME, CONFIG_ENV, scheduler_env
 
@@ -124,10 +127,9 @@ class SGLangRolloutEngine:
         if on_cpu and c.max_total_tokens is None and c.mem_fraction_static is None:
             kwargs["max_total_tokens"] = cpu_compat.CPU_DEFAULT_POOL_TOKENS
         kwargs.update(c.extra_args)
-        self._seeded = on_cpu
         with _without_torchrun_env(), scheduler_env(**{CONFIG_ENV: c.plugin_config().to_json(),
                                                        "SGLANG_RETURN_ORIGINAL_LOGPROB": "1"}):
-            return InProcessClient(kwargs)
+            return InProcessClient(kwargs), on_cpu
 
     # ----------------------------------------------------------------------------------------- generate
     def generate(self, prompts: Sequence[str | list[int]], n: int, sampling: SamplingParams, *,
@@ -222,7 +224,7 @@ class SGLangRolloutEngine:
                                   "ignore_eos": s.ignore_eos, "no_stop_trim": True}
         if s.stop:
             params["stop"] = list(s.stop)
-        if s.seed is not None and self._seeded:
+        if s.seed is not None and self.request_seeds:
             params["sampling_seed"] = (sample_seed(s.seed, group, index) + attempt) % _SEED_MOD
         if overrides is not None:
             from sglang_ext.config import REQUEST_KEY
