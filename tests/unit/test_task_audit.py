@@ -180,3 +180,43 @@ def test_the_shortcut_free_recipe_is_the_default_on_modchain31_weak():
     assert changed == {"run_dir", "model_path", "data", "warm_start"}
     assert {k for k in default["data"] if default["data"][k] != free["data"][k]} == {"dataset"}
     assert get_task(free["model_path"]).response_tokens <= free["rollout"]["sampling"]["max_new_tokens"]
+
+
+def test_sparse_rl_eval_reports_the_shortcut_free_accuracy():
+    """``sparse-rl eval``'s results file and tables (and its comparison of two files) carry the shortcut-free
+    accuracy of a task that flags its records, and nothing of the kind for a data set without the flag."""
+    from rich.console import Console
+
+    from sparse_rl_megatron.eval.config import EvalConfig
+    from sparse_rl_megatron.eval.report import print_comparison, print_results
+    from sparse_rl_megatron.eval.runner import benchmark_section
+
+    held = get_task("modchain_weak").records("heldout", limit=16)
+    free = sum(r.extra["shortcut_free"] for r in held)
+    assert 0 < free < len(held)
+
+    def sample(right: bool) -> dict:
+        return {"reason": "correct" if right else "wrong", "response_tokens": 66, "finish_reason": "stop",
+                "compression_events": 12, "peak_kv_tokens": 29}
+
+    def results(problems, records) -> dict:
+        ds = Dataset(name="x", path="x", records=records)
+        section = benchmark_section("x", ds, problems, EvalConfig(model="m", benchmarks=["x"]), {"generate": 1.0,
+                                                                                                   "verify": 0.0})
+        return {"meta": {"model": "m", "engine": "hf", "mode": "dense", "temperature": 0.0, "top_p": 1.0,
+                         "template": "raw"}, "benchmarks": {"x": section}}
+
+    # the x0 policy: right exactly where the answer is the start, never on a shortcut-free record
+    copy = results([{"source_id": r.source_id, "samples": [sample(r.answer == str(r.extra["x0"]))]} for r in held], held)
+    m = copy["benchmarks"]["x"]["metrics"]
+    assert m["shortcut_free_accuracy"] == 0.0 and m["shortcut_free_problems"] == free and m["avg@1"] > 0
+    solved = results([{"source_id": r.source_id, "samples": [sample(True)]} for r in held], held)
+    console = Console(record=True, width=200)
+    print_results(copy, console)
+    print_comparison(copy, solved, console=console)
+    text = console.export_text()
+    assert f"shortcut-free avg@1 ({free} problems)" in text and "shortcut-free %" in text
+    assert "0.00 |" in text.replace("│", "|") and "+100.00" in text
+    plain = [MathRecord(prompt="q", answer="1", source_id="s", dataset="y")]
+    m = results([{"source_id": "s", "samples": [sample(True)]}], plain)["benchmarks"]["x"]["metrics"]
+    assert "shortcut_free_accuracy" not in m
