@@ -167,19 +167,29 @@ def test_shortcut_free_accuracy_from_an_evaluation_section():
         shortcut_free_metrics("p", ds, {"problems": section["problems"][:3]})
 
 
-def test_the_shortcut_free_recipe_is_the_default_on_modchain31_weak():
+def test_the_default_recipe_is_on_the_shortcut_free_task_and_its_cache_binds():
+    """``cpu_default.yaml`` trains ``modchain31_weak`` (which passes the audit) with a KV budget of at most a
+    quarter of the response; ``cpu_modchain31.yaml`` is it at B = 16; ``cpu_modchain10_weak.yaml`` is the
+    default before issue 26, on the task with the shortcut."""
     from pathlib import Path
 
     from sparse_rl_megatron.trainer.config import TrainConfig
     from sparse_rl_megatron.utils.config_io import load_config, to_dict
 
     configs = Path(__file__).resolve().parents[2] / "configs"
-    default, free = (to_dict(load_config(TrainConfig, configs / f)) for f in ("cpu_default.yaml", "cpu_modchain31.yaml"))
-    assert free["model_path"] == free["data"]["dataset"] == "task:modchain31_weak" and free["warm_start"] == {"steps": 1000}
-    changed = {k for k in default if default[k] != free[k]}
-    assert changed == {"run_dir", "model_path", "data", "warm_start"}
-    assert {k for k in default["data"] if default["data"][k] != free["data"][k]} == {"dataset"}
-    assert get_task(free["model_path"]).response_tokens <= free["rollout"]["sampling"]["max_new_tokens"]
+    default, b16, old = (to_dict(load_config(TrainConfig, configs / f))
+                         for f in ("cpu_default.yaml", "cpu_modchain31.yaml", "cpu_modchain10_weak.yaml"))
+    assert default["model_path"] == default["data"]["dataset"] == "task:modchain31_weak"
+    assert default["warm_start"] == {"steps": 1000}
+    task = get_task(default["model_path"])
+    assert audit_task(task).passed and len(task.records("heldout")) >= 400  # SE <= 0.5 / sqrt(400) = 2.5 points
+    budget = default["rollout"]["compression"]["budget"]
+    assert budget <= task.response_tokens / 4 and task.response_tokens <= default["rollout"]["sampling"]["max_new_tokens"]
+    assert {k for k in default if default[k] != b16[k]} == {"run_dir", "rollout"}
+    assert b16["rollout"]["compression"]["budget"] == 16
+    assert old["model_path"] == old["data"]["dataset"] == "task:modchain_weak" and old["warm_start"] == {}
+    assert {k for k in default if default[k] != old[k]} == {"run_dir", "model_path", "data", "warm_start", "rollout"}
+
 
 
 def test_sparse_rl_eval_reports_the_shortcut_free_accuracy():
