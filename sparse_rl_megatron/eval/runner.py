@@ -159,6 +159,18 @@ def check_lengths(config: EvalConfig, datasets: dict[str, Dataset], tokenizer, c
                         + (f"; {', '.join(others)} overflow too" if others else ""))
 
 
+def load_benchmark(name: str, config: EvalConfig) -> Dataset:
+    """A named set or data file, or ``task:<name>``: the held-out split of a task built in code, drawn with the
+    seed the trainer evaluates with (so its records, and which of them are shortcut-free, are the training run's)."""
+    from sparse_rl_megatron.tasks import get_task, is_task_ref
+    from sparse_rl_megatron.trainer.preflight import HELDOUT_SEED
+
+    if is_task_ref(name):
+        return get_task(name).records("heldout", limit=config.limit, seed=HELDOUT_SEED)
+    return load_dataset(name, root=config.data_root, limit=config.limit, input_key=config.input_key,
+                        label_key=config.label_key)
+
+
 def _load_tokenizer(path: str | Path):
     from transformers import AutoTokenizer
 
@@ -178,8 +190,7 @@ def run_eval(config: EvalConfig, *, export_dir: str | None = None, engine=None) 
     from sparse_rl_megatron.eval.model_source import resolve_hf_model
 
     TEMPLATES.check(config.template, field="EvalConfig.template")
-    datasets = {name: load_dataset(name, root=config.data_root, limit=config.limit, input_key=config.input_key,
-                                   label_key=config.label_key) for name in config.benchmarks}
+    datasets = {name: load_benchmark(name, config) for name in config.benchmarks}
     hf_dir, exported = None, False
     if engine is None:
         factory = ENGINES.get(config.engine)

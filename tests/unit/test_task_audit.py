@@ -230,3 +230,25 @@ def test_sparse_rl_eval_reports_the_shortcut_free_accuracy():
     plain = [MathRecord(prompt="q", answer="1", source_id="s", dataset="y")]
     m = results([{"source_id": "s", "samples": [sample(True)]}], plain)["benchmarks"]["x"]["metrics"]
     assert "shortcut_free_accuracy" not in m
+
+
+def test_sparse_rl_eval_takes_a_tasks_heldout_split(tmp_path):
+    """``--benchmarks task:<name>``: the held-out records the trainer evaluates (seed 0), flags included; an unknown
+    task is refused before anything loads, naming the valid ones."""
+    import json
+
+    from sparse_rl_megatron.eval.cli import check_inputs
+    from sparse_rl_megatron.eval.config import EvalConfig
+    from sparse_rl_megatron.eval.runner import load_benchmark
+    from sparse_rl_megatron.utils.errors import UsageError
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    (tmp_path / "model.safetensors").write_bytes(b"")  # only looked at, never loaded here
+    config = EvalConfig(model=str(tmp_path), benchmarks=["task:modchain31_weak"], limit=16, template="raw")
+    check_inputs(config, None)
+    ds = load_benchmark("task:modchain31_weak", config)
+    expected = get_task("modchain31_weak").records("heldout", limit=16, seed=0)
+    assert [r.prompt for r in ds] == [r.prompt for r in expected] and len(ds) == 16
+    assert sum(r.extra["shortcut_free"] for r in ds) == 13  # as in the embedded-default e2e test
+    with pytest.raises(UsageError, match="nosuchtask"):
+        check_inputs(EvalConfig(model=str(tmp_path), benchmarks=["task:nosuchtask"], template="raw"), None)
