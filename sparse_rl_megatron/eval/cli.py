@@ -30,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--model", help="HF model directory or Megatron checkpoint (exported to HF first)")
     g.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model's)")
     g.add_argument("--benchmarks", default="all",
-                   help=f"comma-separated named sets or JSONL/Parquet files; 'all' = {','.join(BENCHMARKS)}")
+                   help=f"comma-separated named sets, JSONL/Parquet files or task:<name> (a built-in task's "
+                        f"held-out split); 'all' = {','.join(BENCHMARKS)}")
     g.add_argument("--data-root", default=None, help="shared data folder (default ../shared/data or $SPARSE_RL_DATA)")
     g.add_argument("--limit", type=positive_int, default=None, help="first N problems of each benchmark")
     g.add_argument("--input-key", default="prompt", help="prompt field of a benchmark given as a file")
@@ -180,13 +181,17 @@ def check_inputs(config, output: str | None, export_dir: str | None = None) -> N
     export replaces it as a whole). Raises ``UsageError``."""
     from sparse_rl_megatron.data.templates import TEMPLATES
     from sparse_rl_megatron.rollout.engines import ENGINES
+    from sparse_rl_megatron.tasks import get_task, is_task_ref
 
     try:
         check_model_dir(config.model, "--model")
         if config.tokenizer is not None and not Path(config.tokenizer).is_dir():
             raise UserError(f"--tokenizer: {config.tokenizer} is not a directory")
         for name in config.benchmarks:
-            check_dataset(name, config.data_root, option="--benchmarks", root_option="--data-root")
+            if is_task_ref(name):  # a task built in code: its held-out split
+                get_task(name)
+            else:
+                check_dataset(name, config.data_root, option="--benchmarks", root_option="--data-root")
         ENGINES.check(config.engine, "--engine")
         TEMPLATES.check(config.template, "--template")
         if output is not None and Path(output).is_dir():

@@ -27,6 +27,9 @@ def _metric_rows(bench: dict[str, Any]) -> list[tuple[str, float, str]]:
     """(label, value, format) rows of one benchmark: scores in %, reasons in % of samples, lengths."""
     m = bench["metrics"]
     rows = [(k, 100.0 * m[k], "{:.2f}") for k in _score_keys(m)]
+    if "shortcut_free_accuracy" in m:  # the records whose answer is none of the prompt's values
+        rows += [(f"shortcut-free avg@{bench['n']} ({int(m['shortcut_free_problems'])} problems)",
+                  100.0 * m["shortcut_free_accuracy"], "{:.2f}")]
     samples = max(m["samples"], 1)
     rows += [(f"{r} %", 100.0 * m["reasons"].get(r, 0) / samples, "{:.1f}") for r in _REASONS]
     rows += [("mean response tokens", m["mean_response_tokens"], "{:.1f}"),
@@ -51,12 +54,14 @@ def print_results(results: dict[str, Any], console: Console | None = None) -> No
             table.add_row(label, fmt.format(value))
         console.print(table)
     summary = Table(title=f"summary ({meta['mode']})")
-    for col in ("benchmark", "problems", "n", "avg@n %", "no answer %", "truncated %", "generate s", "verify s"):
+    for col in ("benchmark", "problems", "n", "avg@n %", "shortcut-free %", "no answer %", "truncated %",
+                "generate s", "verify s"):
         summary.add_column(col, justify="left" if col == "benchmark" else "right")
     for name, bench in results["benchmarks"].items():
         m = bench["metrics"]
         avg = m[f"avg@{bench['n']}"]
-        summary.add_row(name, str(m["problems"]), str(bench["n"]), f"{100 * avg:.2f}",
+        free = f"{100 * m['shortcut_free_accuracy']:.2f}" if "shortcut_free_accuracy" in m else "-"
+        summary.add_row(name, str(m["problems"]), str(bench["n"]), f"{100 * avg:.2f}", free,
                         f"{100 * m['reasons']['no_answer'] / max(m['samples'], 1):.1f}",
                         f"{100 * m['truncated_fraction']:.1f}", f"{bench['seconds']['generate']:.1f}",
                         f"{bench['seconds']['verify']:.1f}")

@@ -21,6 +21,7 @@ from sparse_rl_megatron.eval.config import EvalConfig
 from sparse_rl_megatron.eval.lengths import context_error, dense_prompts, prompt_token_counts
 from sparse_rl_megatron.eval.metrics import avg_at_k, default_ks, mean_pass_at_k
 from sparse_rl_megatron.eval.results import FORMAT_VERSION
+from sparse_rl_megatron.eval.subsets import shortcut_free_accuracy
 from sparse_rl_megatron.rewards.reward import MathReward, reason_counts
 from sparse_rl_megatron.rewards.verify import REASONS, Verdict
 from sparse_rl_megatron.utils.errors import UsageError, UserError
@@ -116,6 +117,9 @@ def benchmark_section(name: str, dataset: Dataset, problems: list[dict[str, Any]
         p["correct"] = sum(c)
     flat = [smp for p in problems for smp in p["samples"]]
     metrics = benchmark_metrics(correct, flat, config.pass_k)
+    free = shortcut_free_accuracy(dataset, problems)
+    if free is not None:  # a task that flags the records whose answer is not in the prompt (tasks/audit.py)
+        metrics["shortcut_free_accuracy"], metrics["shortcut_free_problems"] = free
     log.info("%s: avg@%d = %.4f over %d problems", name, settings.n, metrics[f"avg@{settings.n}"], len(problems))
     return {
         "dataset": name,
@@ -155,6 +159,18 @@ def check_lengths(config: EvalConfig, datasets: dict[str, Dataset], tokenizer, c
                         + (f"; {', '.join(others)} overflow too" if others else ""))
 
 
+def load_benchmark(name: str, config: EvalConfig) -> Dataset:
+    """A named set or data file, or ``task:<name>``: the held-out split of a task built in code, drawn with the
+    seed the trainer evaluates with (so its records, and which of them are shortcut-free, are the training run's)."""
+    from sparse_rl_megatron.tasks import get_task, is_task_ref
+    from sparse_rl_megatron.trainer.runtime.run_plan import HELDOUT_SEED
+
+    if is_task_ref(name):
+        return get_task(name).records("heldout", limit=config.limit, seed=HELDOUT_SEED)
+    return load_dataset(name, root=config.data_root, limit=config.limit, input_key=config.input_key,
+                        label_key=config.label_key)
+
+
 def _load_tokenizer(path: str | Path):
     from transformers import AutoTokenizer
 
@@ -174,8 +190,7 @@ def run_eval(config: EvalConfig, *, export_dir: str | None = None, engine=None) 
     from sparse_rl_megatron.rollout.engines import ENGINES
 
     TEMPLATES.check(config.template, field="EvalConfig.template")
-    datasets = {name: load_dataset(name, root=config.data_root, limit=config.limit, input_key=config.input_key,
-                                   label_key=config.label_key) for name in config.benchmarks}
+    datasets = {name: load_benchmark(name, config) for name in config.benchmarks}
     hf_dir, exported = None, False
     if engine is None:
         spec = ENGINES.get(config.engine)

@@ -41,14 +41,26 @@ def subset_metrics(prefix: str, dataset: Dataset, section: dict[str, Any]) -> di
     return out
 
 
+def shortcut_free_accuracy(dataset: Dataset, problems: list[dict[str, Any]]) -> tuple[float, int] | None:
+    """(mean over the flagged problems of the share of correct samples, number of flagged problems) of one
+    evaluation (``problems`` in the data set's order, each with ``correct`` and ``samples``); None when no record of
+    ``dataset`` carries the flag (the accuracy is nan when the flag is present but no record has it set)."""
+    if len(problems) != len(dataset):
+        raise ValueError(f"{len(problems)} evaluated problems for {len(dataset)} records")
+    if not any(SHORTCUT_FREE_KEY in r.extra for r in dataset):
+        return None
+    free = [p for r, p in zip(dataset, problems) if r.extra.get(SHORTCUT_FREE_KEY)]
+    acc = sum(p["correct"] / len(p["samples"]) for p in free) / len(free) if free else float("nan")
+    return acc, len(free)
+
+
 def shortcut_free_metrics(prefix: str, dataset: Dataset, section: dict[str, Any]) -> dict[str, float]:
     """``<prefix>/shortcut_free_accuracy`` (mean over the flagged problems of the share of correct samples) and
     ``<prefix>/shortcut_free_problems``; empty when no record of ``dataset`` carries the flag."""
-    problems = section["problems"]
-    if len(problems) != len(dataset):
-        raise ValueError(f"{prefix}: {len(problems)} evaluated problems for {len(dataset)} records")
-    if not any(SHORTCUT_FREE_KEY in r.extra for r in dataset):
+    try:
+        free = shortcut_free_accuracy(dataset, section["problems"])
+    except ValueError as err:
+        raise ValueError(f"{prefix}: {err}") from None
+    if free is None:
         return {}
-    free = [p for r, p in zip(dataset, problems) if r.extra.get(SHORTCUT_FREE_KEY)]
-    acc = sum(p["correct"] / len(p["samples"]) for p in free) / len(free) if free else float("nan")
-    return {f"{prefix}/shortcut_free_accuracy": acc, f"{prefix}/shortcut_free_problems": float(len(free))}
+    return {f"{prefix}/shortcut_free_accuracy": free[0], f"{prefix}/shortcut_free_problems": float(free[1])}

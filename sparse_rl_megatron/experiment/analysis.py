@@ -26,6 +26,9 @@ COLLAPSE_BAD_OUTPUT = 0.25
 """Collapse (b): dense no-answer + truncated >= 25% at some evaluation."""
 COLLAPSE_REPETITION, COLLAPSE_REPETITION_STEPS = 0.02, 10
 """Collapse (c): rollout repeated-4-gram rate >= 0.02 for 10 consecutive steps."""
+FREE_KEYS = ("eval/dense/shortcut_free_accuracy", "eval/sparse/shortcut_free_accuracy")
+"""Accuracy on the records no trivial policy answers (tasks that flag them; ``eval/subsets.py``): rows
+``<mode>_shortcut_free_{start,end,final}``, shown next to the classes."""
 SUBSET_KEY = re.compile(r"^eval/(dense|sparse)/[^/]+/subset_([^/]+)/accuracy$")
 
 
@@ -100,11 +103,13 @@ def arm_table(records: dict[str, dict[int, list[dict]]]) -> dict[str, dict]:
         for seed, recs in by_seed.items():
             keys = ["eval/dense/accuracy", "eval/sparse/accuracy"]
             keys += sorted({k for r in recs for k in r if SUBSET_KEY.match(k)})
+            keys += [k for k in FREE_KEYS if any(r.get(k) is not None for r in recs)]
             single = len(evals(recs, "eval/dense/accuracy")) == 1
             row = {"collapse": collapse(recs)}
             for key in keys:
                 match = SUBSET_KEY.match(key)
-                name = "_".join(match.groups()) if match else key.split("/")[1]
+                name = ("_".join(match.groups()) if match else f"{key.split('/')[1]}_shortcut_free"
+                        if key in FREE_KEYS else key.split("/")[1])
                 row[f"{name}_start"] = None if single else start(recs, key)
                 row[f"{name}_end"] = endpoint(recs, key, 1 if single else ENDPOINT_EVALS)
                 row[f"{name}_final"] = endpoint(recs, key, 1)

@@ -1,5 +1,5 @@
 """The experiment's results: per arm the final held-out accuracy (dense and sparse inference, mean and spread
-over seeds) and what the rollouts cost and how far off-policy they were. Written as ``results.json`` and
+over seeds; also on the shortcut-free records where the task flags them) and what the rollouts cost and how far off-policy they were. Written as ``results.json`` and
 ``results.md`` in the experiment directory (with ``figure.png``, ``figure.py``)."""
 from __future__ import annotations
 
@@ -47,8 +47,8 @@ def _values(records: list[dict], key: str) -> list[float]:
     return [r[key] for r in records if r.get(key) is not None and r["step"] > 0]
 
 
-def _eval_at(records: list[dict], mode: str, last: bool) -> float | None:
-    evals = [r[f"eval/{mode}/accuracy"] for r in records if r.get(f"eval/{mode}/accuracy") is not None]
+def _eval_at(records: list[dict], mode: str, last: bool, metric: str = "accuracy") -> float | None:
+    evals = [r[f"eval/{mode}/{metric}"] for r in records if r.get(f"eval/{mode}/{metric}") is not None]
     return (evals[-1] if last else evals[0]) if evals else None
 
 
@@ -58,8 +58,11 @@ def seed_summary(records: list[dict], done: dict) -> dict[str, float | None]:
         "dense_acc": _eval_at(records, "dense", True), "sparse_acc": _eval_at(records, "sparse", True),
         "dense_acc_start": _eval_at(records, "dense", False), "sparse_acc_start": _eval_at(records, "sparse", False),
     }
+    for mode in ("dense", "sparse"):  # the records no trivial policy answers (None: the task flags none)
+        row[f"{mode}_free_start"] = _eval_at(records, mode, False, "shortcut_free_accuracy")
+        row[f"{mode}_free"] = _eval_at(records, mode, True, "shortcut_free_accuracy")
     if len([r for r in records if r.get("eval/dense/accuracy") is not None]) < 2:  # the control: final only
-        row["dense_acc_start"] = row["sparse_acc_start"] = None
+        row["dense_acc_start"] = row["sparse_acc_start"] = row["dense_free_start"] = row["sparse_free_start"] = None
     for name, key in STEP_MEANS.items():
         vals = _values(records, key)
         row[name] = sum(vals) / len(vals) if vals else None
@@ -111,7 +114,8 @@ def _sci(value: float | None) -> str:
 
 def markdown_table(summary: dict) -> str:
     """The results table (accuracies in %, mean ± sample std over seeds; step means of the rollout metrics)."""
-    head = ("| arm | seeds | dense acc start → final (%) | sparse acc start → final (%) | KV held / dense | "
+    head = ("| arm | seeds | dense acc start → final (%) | sparse acc start → final (%) | "
+            "shortcut-free dense start → final (%) | shortcut-free sparse start → final (%) | KV held / dense | "
             "rejected seqs | rejected tokens | clip ratio | rho p1 | rho min | repetition | max grad norm | CPU s |")
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for name, arm in summary["arms"].items():
@@ -119,7 +123,10 @@ def markdown_table(summary: dict) -> str:
         start_d, start_s = _fmt(m["dense_acc_start"], None, 100), _fmt(m["sparse_acc_start"], None, 100)
         lines.append(
             f"| {name} | {len(arm['seeds'])} | {start_d} → {_fmt(m['dense_acc'], s['dense_acc'], 100)} | "
-            f"{start_s} → {_fmt(m['sparse_acc'], s['sparse_acc'], 100)} | {_fmt(m['kv_ratio'], None, 1, 3)} | "
+            f"{start_s} → {_fmt(m['sparse_acc'], s['sparse_acc'], 100)} | "
+            + " | ".join(f"{_fmt(m[f'{mode}_free_start'], None, 100)} → "
+                         f"{_fmt(m[f'{mode}_free'], s[f'{mode}_free'], 100)}" for mode in ("dense", "sparse"))
+            + f" | {_fmt(m['kv_ratio'], None, 1, 3)} | "
             f"{_fmt(m['rejected_seq_frac'], s['rejected_seq_frac'], 1, 3)} | "
             f"{_fmt(m['rejected_token_frac'], None, 1, 3)} | {_sci(m['clip_frac'])} | {_sci(m['rho_p1'])} | "
             f"{_sci(m['rho_min'])} | {_fmt(m['repetition_rate'], None, 1, 3)} | "

@@ -2,14 +2,15 @@
 
 A config refers to a task as ``task:<name>``; ``get_task`` resolves it (unknown names list the valid ones).
 
-- ``modchain``: iterate ``x <- (a x + b) mod 10`` for 30 steps from tags in the prompt (the embedded default).
+- ``modchain``: iterate ``x <- (a x + b) mod 10`` for 30 steps from tags in the prompt.
 - ``modchain_weak``: the same problems, demonstrations from a weaker teacher (``modchain_teacher.py``): where
   x_27 is odd (and != x_30) they stop after step 27 with probability 0.7, so supervised training cannot reach
   what RL can. Both have a shortcut (``tasks/audit.py``): x_30 = x_10 on every problem, and = x0 on 62% of the
   held-out ones, so accuracy on them partly measures copying a prompt value.
 - ``modchain31_weak``: the weak teacher on shortcut-free chains: mod 31, x <- x + a on odd steps and x + b on
   even ones (a, b in 1..9), N = 29 steps, 400 distinct held-out problems. Passes the audit; the 2-layer model
-  learns it (about 50% held-out after 1000 supervised steps, measured).
+  learns it (about 50% held-out after 1000 supervised steps, measured). The embedded default
+  (``configs/cpu_default.yaml``; ``modchain_weak`` was until issue 26).
 - ``modchain100_weak``: mod 100, a in {21, 41, 61, 81}, b a unit (periods 100), N = 29; passes the audit.
 """
 from __future__ import annotations

@@ -84,6 +84,21 @@ def test_class_endpoints_are_tabulated():
     assert row["dense_odd_x_stop_start"] == pytest.approx(10.0) and row["dense_odd_x_stop_end"] == pytest.approx(60.0)
 
 
+def test_shortcut_free_endpoints_are_tabulated_next_to_the_classes():
+    from sparse_rl_megatron.experiment.analysis_report import arms_markdown
+
+    run = _run([0.4] * 7)
+    for i, r in enumerate(run):
+        r["eval/dense/shortcut_free_accuracy"], r["eval/sparse/shortcut_free_accuracy"] = 0.1 * i, 0.05 * i
+    row = arm_table({"dense": {0: run}})["dense"][0]
+    assert row["dense_start"] == pytest.approx(40.0) and row["dense_end"] == pytest.approx(40.0)  # not overwritten
+    assert row["dense_shortcut_free_start"] == pytest.approx(0.0) and row["dense_shortcut_free_end"] == pytest.approx(50.0)
+    assert row["sparse_shortcut_free_final"] == pytest.approx(30.0)
+    md = arms_markdown({"dense": {0: row}})
+    assert "shortcut_free dense start → endpoint" in md and "| 0.0 → 50.0 |" in md
+    assert not any("shortcut_free" in k for k in arm_table({"dense": {0: _run([0.4] * 7)}})["dense"][0])
+
+
 def test_the_control_has_one_evaluation_as_endpoint_and_the_shared_start():
     recs = {"dense": {0: _run([0.4, 0.5, 0.6, 0.6])}, "sft": {0: [{"step": 150, KEY: 0.45,
                                                                   "eval/sparse/accuracy": 0.3}]}}

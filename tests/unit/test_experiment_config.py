@@ -83,6 +83,14 @@ def test_summary_statistics_are_exact():
     rest = (row["kv_ratio"], row["rho_min"], row["grad_norm_max"], row["cpu_seconds"])
     assert rest == (pytest.approx(0.3), 0.0, 3.0, 9.0)
     assert row["clip_frac"] is None
+    assert row["dense_free"] is None and row["sparse_free_start"] is None  # a task without the flag
+    records[0]["eval/dense/shortcut_free_accuracy"], records[2]["eval/dense/shortcut_free_accuracy"] = 0.2, 0.7
+    row = seed_summary(records, {})
+    assert (row["dense_free_start"], row["dense_free"], row["sparse_free"]) == (0.2, 0.7, None)
+    from sparse_rl_megatron.experiment.results import markdown_table
+
+    table = markdown_table({"arms": {"dense": {"seeds": {0: row}, "mean": row, "std": {k: None for k in row}}}})
+    assert "| shortcut-free dense start → final (%) |" in table and "| 20.0 → 70.0 | - → - |" in table
 
 
 def test_the_sweep_table_puts_the_main_arms_at_the_recipes_budget(tmp_path):

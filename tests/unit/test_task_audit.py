@@ -167,16 +167,88 @@ def test_shortcut_free_accuracy_from_an_evaluation_section():
         shortcut_free_metrics("p", ds, {"problems": section["problems"][:3]})
 
 
-def test_the_shortcut_free_recipe_is_the_default_on_modchain31_weak():
+def test_the_default_recipe_is_on_the_shortcut_free_task_and_its_cache_binds():
+    """``cpu_default.yaml`` trains ``modchain31_weak`` (which passes the audit) with a KV budget of at most a
+    quarter of the response; ``cpu_modchain31.yaml`` is it at B = 16; ``cpu_modchain10_weak.yaml`` is the
+    default before issue 26, on the task with the shortcut."""
     from pathlib import Path
 
     from sparse_rl_megatron.trainer.config import TrainConfig
     from sparse_rl_megatron.utils.config_io import load_config, to_dict
 
     configs = Path(__file__).resolve().parents[2] / "configs"
-    default, free = (to_dict(load_config(TrainConfig, configs / f)) for f in ("cpu_default.yaml", "cpu_modchain31.yaml"))
-    assert free["model_path"] == free["data"]["dataset"] == "task:modchain31_weak" and free["warm_start"] == {"steps": 1000}
-    changed = {k for k in default if default[k] != free[k]}
-    assert changed == {"run_dir", "model_path", "data", "warm_start"}
-    assert {k for k in default["data"] if default["data"][k] != free["data"][k]} == {"dataset"}
-    assert get_task(free["model_path"]).response_tokens <= free["rollout"]["sampling"]["max_new_tokens"]
+    default, b16, old = (to_dict(load_config(TrainConfig, configs / f))
+                         for f in ("cpu_default.yaml", "cpu_modchain31.yaml", "cpu_modchain10_weak.yaml"))
+    assert default["model_path"] == default["data"]["dataset"] == "task:modchain31_weak"
+    assert default["warm_start"] == {"steps": 1000}
+    task = get_task(default["model_path"])
+    assert audit_task(task).passed and len(task.records("heldout")) >= 400  # SE <= 0.5 / sqrt(400) = 2.5 points
+    budget = default["rollout"]["compression"]["budget"]
+    assert budget <= task.response_tokens / 4 and task.response_tokens <= default["rollout"]["sampling"]["max_new_tokens"]
+    assert {k for k in default if default[k] != b16[k]} == {"run_dir", "rollout"}
+    assert b16["rollout"]["compression"]["budget"] == 16
+    assert old["model_path"] == old["data"]["dataset"] == "task:modchain_weak" and old["warm_start"] == {}
+    assert {k for k in default if default[k] != old[k]} == {"run_dir", "model_path", "data", "warm_start", "rollout"}
+
+
+
+def test_sparse_rl_eval_reports_the_shortcut_free_accuracy():
+    """``sparse-rl eval``'s results file and tables (and its comparison of two files) carry the shortcut-free
+    accuracy of a task that flags its records, and nothing of the kind for a data set without the flag."""
+    from rich.console import Console
+
+    from sparse_rl_megatron.eval.config import EvalConfig
+    from sparse_rl_megatron.eval.report import print_comparison, print_results
+    from sparse_rl_megatron.eval.runner import benchmark_section
+
+    held = get_task("modchain_weak").records("heldout", limit=16)
+    free = sum(r.extra["shortcut_free"] for r in held)
+    assert 0 < free < len(held)
+
+    def sample(right: bool) -> dict:
+        return {"reason": "correct" if right else "wrong", "response_tokens": 66, "finish_reason": "stop",
+                "compression_events": 12, "peak_kv_tokens": 29}
+
+    def results(problems, records) -> dict:
+        ds = Dataset(name="x", path="x", records=records)
+        section = benchmark_section("x", ds, problems, EvalConfig(model="m", benchmarks=["x"]), {"generate": 1.0,
+                                                                                                   "verify": 0.0})
+        return {"meta": {"model": "m", "engine": "hf", "mode": "dense", "temperature": 0.0, "top_p": 1.0,
+                         "template": "raw"}, "benchmarks": {"x": section}}
+
+    # the x0 policy: right exactly where the answer is the start, never on a shortcut-free record
+    copy = results([{"source_id": r.source_id, "samples": [sample(r.answer == str(r.extra["x0"]))]} for r in held], held)
+    m = copy["benchmarks"]["x"]["metrics"]
+    assert m["shortcut_free_accuracy"] == 0.0 and m["shortcut_free_problems"] == free and m["avg@1"] > 0
+    solved = results([{"source_id": r.source_id, "samples": [sample(True)]} for r in held], held)
+    console = Console(record=True, width=200)
+    print_results(copy, console)
+    print_comparison(copy, solved, console=console)
+    text = console.export_text()
+    assert f"shortcut-free avg@1 ({free} problems)" in text and "shortcut-free %" in text
+    assert "0.00 |" in text.replace("│", "|") and "+100.00" in text
+    plain = [MathRecord(prompt="q", answer="1", source_id="s", dataset="y")]
+    m = results([{"source_id": "s", "samples": [sample(True)]}], plain)["benchmarks"]["x"]["metrics"]
+    assert "shortcut_free_accuracy" not in m
+
+
+def test_sparse_rl_eval_takes_a_tasks_heldout_split(tmp_path):
+    """``--benchmarks task:<name>``: the held-out records the trainer evaluates (seed 0), flags included; an unknown
+    task is refused before anything loads, naming the valid ones."""
+    import json
+
+    from sparse_rl_megatron.eval.cli import check_inputs
+    from sparse_rl_megatron.eval.config import EvalConfig
+    from sparse_rl_megatron.eval.runner import load_benchmark
+    from sparse_rl_megatron.utils.errors import UsageError
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    (tmp_path / "model.safetensors").write_bytes(b"")  # only looked at, never loaded here
+    config = EvalConfig(model=str(tmp_path), benchmarks=["task:modchain31_weak"], limit=16, template="raw")
+    check_inputs(config, None)
+    ds = load_benchmark("task:modchain31_weak", config)
+    expected = get_task("modchain31_weak").records("heldout", limit=16, seed=0)
+    assert [r.prompt for r in ds] == [r.prompt for r in expected] and len(ds) == 16
+    assert sum(r.extra["shortcut_free"] for r in ds) == 13  # as in the embedded-default e2e test
+    with pytest.raises(UsageError, match="nosuchtask"):
+        check_inputs(EvalConfig(model=str(tmp_path), benchmarks=["task:nosuchtask"], template="raw"), None)
