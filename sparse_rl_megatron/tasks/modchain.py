@@ -76,9 +76,12 @@ class ModChainSpec:
     teacher: EarlyStopTeacher | None = None
     """None: perfect demonstrations; else the weaker teacher of ``modchain_teacher.py`` (records then carry
     ``extra["subset"]`` and evaluation reports accuracy per class)."""
+    warm_start_steps: int = 300
+    """Optimizer steps of the recommended supervised stage (``WARM_START``'s other fields apply); a config's
+    ``warm_start.steps`` overrides it."""
 
     def __post_init__(self) -> None:
-        for name in ("steps", "heldout_variants", "train_variants"):
+        for name in ("steps", "heldout_variants", "train_variants", "warm_start_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ModChainSpec.{name} must be >= 1, got {getattr(self, name)}")
         split_keys(self.heldout_size, self.family)  # validates heldout_size
@@ -202,14 +205,14 @@ class ModChainTask(Task):
     def warm_start(self, model_dir: str | os.PathLike, out_dir: str | os.PathLike, *, seed: int = 0,
                    **options: Any) -> dict[str, float]:
         """Supervised stage on the training problems' worked solutions: ``SFTConfig`` fields as options (defaults
-        ``WARM_START``), plus ``eval_problems``: held-out problems scored greedily at the end (0 = skip). Works
+        ``WARM_START`` with the spec's ``warm_start_steps``), plus ``eval_problems``: held-out problems scored greedily at the end (0 = skip). Works
         from any checkpoint of this task, so it also serves as the equal-time supervised control."""
         from transformers import AutoTokenizer
 
         from sparse_rl_megatron.utils.config_io import from_dict
 
         eval_problems = int(options.pop("eval_problems", 200))
-        config = from_dict(SFTConfig, {**WARM_START, **options}, "warm_start")
+        config = from_dict(SFTConfig, {**WARM_START, "steps": self.spec.warm_start_steps, **options}, "warm_start")
         check_output_free(out_dir)
         tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
         metrics = supervised_finetune(model_dir, out_dir, self.sft_examples(tok, seed), config, seed=seed)

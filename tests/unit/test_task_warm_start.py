@@ -90,3 +90,18 @@ def test_warm_start_with_key_dropout_learns(init_dir, tmp_path):
     m = task.warm_start(init_dir, tmp_path / "kd", seed=0, steps=30, lr=1e-2, batch_size=8, log_every=0,
                         eval_problems=0, key_dropout=0.9, key_dropout_prompt=0.3)
     assert m["sft/loss_last"] < 0.7 * m["sft/loss_first"], m
+
+
+def test_the_task_sets_its_warm_start_length_and_options_override_it(init_dir, tmp_path):
+    from dataclasses import replace
+
+    from sparse_rl_megatron.tasks import get_task
+
+    assert get_task("task:modchain31_weak").spec.warm_start_steps == 1000  # the embedded default's task
+    assert get_task("task:modchain_weak").spec.warm_start_steps == 300
+    task = ModChainTask(replace(TINY, warm_start_steps=3))
+    opts = dict(lr=1e-2, batch_size=8, log_every=0, eval_problems=0)
+    assert task.warm_start(init_dir, tmp_path / "a", **opts)["sft/steps"] == 3
+    assert task.warm_start(init_dir, tmp_path / "b", steps=2, **opts)["sft/steps"] == 2
+    with pytest.raises(ValueError, match="warm_start_steps must be >= 1"):
+        replace(TINY, warm_start_steps=0)
