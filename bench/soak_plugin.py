@@ -101,10 +101,10 @@ def draw_compression(rng: random.Random) -> dict:
 
 
 def draw_workload(rng: random.Random, stems: list[list[int]]) -> list[Job]:
-    """2-4 groups, n in 1..6; prompts of 3-30 tokens, most extending one of the stems (shared prefixes: the same
+    """3-5 groups, n in 1..8; prompts of 3-30 tokens, most extending one of the stems (shared prefixes: the same
     group's samples, other groups, earlier rounds), some new stems."""
     jobs = []
-    for _ in range(rng.randint(2, 4)):
+    for _ in range(rng.randint(3, 5)):
         if stems and rng.random() < 0.7:
             stem = rng.choice(stems)
             prompt = stem[:rng.randint(1, len(stem))] + [rng.randrange(3, VOCAB) for _ in range(rng.randint(0, 8))]
@@ -112,8 +112,8 @@ def draw_workload(rng: random.Random, stems: list[list[int]]) -> list[Job]:
             prompt = [rng.randrange(3, VOCAB) for _ in range(rng.randint(3, 22))]
             stems.append(prompt)
         jobs.append(Job(prompt=prompt[:30] if len(prompt) >= 3 else prompt + [7, 9, 11][:3 - len(prompt)],
-                        n=rng.randint(1, 6), compression=draw_compression(rng),
-                        max_new_tokens=rng.randint(12, 32)))
+                        n=rng.randint(1, 8), compression=draw_compression(rng),
+                        max_new_tokens=rng.randint(16, 40)))
     return jobs
 
 
