@@ -2,7 +2,7 @@
 checkout and the plugin of another git revision (``--rev``) side by side, with their ratio.
 
 The plugin is driven in-process over SGLang's real pools (``tests/sglang/plugin_rig.py``'s runner: 2 layers, 4
-query / 2 KV heads, head dim 16, R-KV B = 12, W = 4, alpha = 3). What is timed is the plugin's host work of one
+query / 2 KV heads, head dim 16, R-KV B = 12, W = 4, alpha = 3, scope all, 8-11 prompt tokens). What is timed is the plugin's host work of one
 decode step: ``init_forward_metadata`` without the inner backend's own metadata, the per-layer query-ring writes
 (``forward_decode`` without the inner kernel) and ``after_forward``. Two kinds of steps:
 
@@ -50,7 +50,7 @@ def measure(rows: int, steps: int, mixed: bool) -> float:
     from sglang_ext.config import SparseKVConfig
     from sparse_rl_megatron.compression import CompressionConfig
 
-    compression = CompressionConfig(method="rkv", budget=12, window=3, buffer=4, scope="response")
+    compression = CompressionConfig(method="rkv", budget=12, window=3, buffer=4, scope="all")
     width = PROMPT + 2 * compression.max_candidates + steps + 8
     runner = plugin_rig.RunnerAttributes(rows=rows, context=width, pool_tokens=rows * width + 16)
     with plugin_rig.published_parallel():
