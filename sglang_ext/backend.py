@@ -13,13 +13,14 @@ compressed and their evicted slots freed (``compaction``).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 from sglang_ext import host_syncs, memory
-from sglang_ext.config import BACKEND_NAME, REQUEST_KEY, ConfigError, SparseKVConfig, request_compression
+from sglang_ext.config import BACKEND_NAME, FAULT_ENV, REQUEST_KEY, ConfigError, SparseKVConfig, request_compression
 from sglang_ext.forward_plan import (ForwardPlan, check_tables, follow_rewrite, plan_forward, sglang_host,
                                      written_positions)
 from sglang_ext.host_syncs import counted, not_counted
@@ -180,6 +181,8 @@ class SparseKVBackend(AttentionBackend):
         (``forward_plan.follow_rewrite``); rows no request of the plugin holds yet are left to their first plan."""
         if self.appending:   # the coming decode tokens' slots: new positions, read from out_cache_loc
             return
+        if os.environ.get(FAULT_ENV) == "stale_tables":
+            return   # fault injection for tests: the tables keep slots SGLang freed (the defect of issue 25)
         rtt = self.req_to_token_pool.req_to_token
         generation = sglang_host(self.req_to_token_pool.req_generation)
         for row, positions in written_positions(indices, rtt.shape[1]):

@@ -41,16 +41,13 @@ def compress_due_rows(backend, plan) -> None:
     """Compress the rows of ``plan`` that are due (see the module docstring) and refresh their provenance."""
     state = backend.state
     groups: dict[tuple, list[int]] = defaultdict(list)
-    for row in plan.rows.tolist():
-        info = state.info[row]
-        info.meta_before_last = dict(info.meta)
-        info.meta["peak_kv_tokens"] = max(info.meta["peak_kv_tokens"], int(state.peak[row]))
-        cfg = info.config
-        if cfg.is_dense or not (plan.is_decode or state.logical_len[row] > info.prompt_len):
-            continue
-        n = int(state.phys_len[row] - state.cand_start[row])
-        if n >= cfg.max_candidates:
-            groups[(repr(cfg), n)].append(row)
+    rows = plan.rows
+    n = state.phys_len[rows] - state.cand_start[rows]
+    due = ~state.dense[rows] & (n >= state.max_cand[rows])
+    if not plan.is_decode:   # an extend compresses only rows that re-cache response tokens
+        due &= state.logical_len[rows] > state.prompt_len[rows]
+    for i in np.nonzero(due)[0].tolist():
+        groups[(int(state.config_id[rows[i]]), int(n[i]))].append(int(rows[i]))
     stats = backend.config.stats_path
     backend.forwards += 1
     usage = None
@@ -87,7 +84,7 @@ def compress_rows(backend, rows: list[int], n: int):
     rows_np = np.asarray(rows, dtype=np.int64)
     starts = state.cand_start[rows_np]
     first = ~state.compressed[rows_np]
-    own_from = np.array([_owned_from(backend, r, n) for r in rows], dtype=np.int64)
+    own_from = _owned_from(backend, rows_np, n)
     order = (state.ring_ptr[rows_np][:, None] + np.arange(window)) % window
     zero_rows, zero_cols = _zero_range(backend, rows_np, n, own_from, budget)
     rows_t, starts_t, order_t, first_t, zero_rows_t, zero_cols_t = _send(
@@ -127,8 +124,6 @@ def compress_rows(backend, rows: list[int], n: int):
     state.phys_len[rows_np] = starts + budget
     state.events[rows_np] += 1
     state.compressed[rows_np] = True
-    for row in rows:
-        state.info[row].meta["events"] = int(state.events[row])
     if not kept_positions or all(state.info[r].digest is None for r in rows):
         return None
     return rows, events, torch.stack(kept_positions)
@@ -166,13 +161,14 @@ def _destinations(backend, rows: list[int], cand: torch.Tensor, own_from: np.nda
     return torch.stack(dst), (torch.cat(freed) if freed else cand.new_zeros(0))
 
 
-def _owned_from(backend, row: int, n: int) -> int:
-    """Leading candidates the row does not own: its prompt, shared by the radix tree (scope all, first event)."""
+def _owned_from(backend, rows: np.ndarray, n: int) -> np.ndarray:
+    """[m] leading candidates each row does not own: its prompt, shared by the radix tree (scope all, first
+    event)."""
     state = backend.state
-    info = state.info[row]
-    if backend.radix_enabled and not state.compressed[row] and info.config.scope == "all":
-        return min(info.prompt_len, n)
-    return 0
+    if not backend.radix_enabled:
+        return np.zeros(len(rows), dtype=np.int64)
+    shared = ~state.compressed[rows] & ~state.scope_response[rows]
+    return np.where(shared, np.minimum(state.prompt_len[rows], n), 0).astype(np.int64)
 
 
 def _candidate_positions(state, rows_t, starts_t, first_t, n: int) -> torch.Tensor:
@@ -231,6 +227,7 @@ def _update_digests(state, digests: list) -> None:
             info = state.info[row]
             if info.digest is not None:
                 info.digest.update_layers(int(events[i]), block[:, i])
+                info.digest_before = info.meta["kept_digest"]
                 info.meta["kept_digest"] = info.digest.hexdigest()
 
 

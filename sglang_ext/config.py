@@ -32,8 +32,10 @@ CONFIG_ENV = "SPARSE_RL_KV_CONFIG"
 REQUEST_KEY = "sparse_kv"
 """Key of a request's overrides in ``custom_params`` and of the provenance in the response ``meta_info``."""
 FAULT_ENV = "SPARSE_RL_KV_FAULT"
-"""Test-only fault injection (``skip_free``: evicted slots are dropped from the request but never freed).
-It exists so a test can show the strict idle memory checker catches a broken free; never set it otherwise."""
+"""Test-only fault injection: ``skip_free`` (evicted slots are dropped from the request but never freed), so a
+test can show the strict idle memory checker catches a broken free; ``stale_tables`` (the tables ignore SGLang's
+rewrites of a bound row, the defect of issue 25), so a test can show the soak's oracle catches stale slots. Never
+set it otherwise."""
 
 SUPPORTED_METHODS = ("none", "rkv", "snapkv", "streamingllm")
 INNER_BACKENDS = ("torch_native", "triton", "flashinfer", "fa3")

@@ -87,8 +87,9 @@ def plan_forward(state: RowState, fb, *, req_to_token: torch.Tensor, req_generat
     with_generation = sglang_host(req_generation)[rows]
     for i in np.nonzero(state.generation[rows] != with_generation)[0].tolist():   # a row no scheduler hook bound
         state.reset(int(rows[i]), int(with_generation[i]), default_info(int(rows[i]), int(seq[i])))
-    for i in [i for i, r in enumerate(rows.tolist()) if state.info[r] is None]:
-        state.info[int(rows[i])] = default_info(int(rows[i]), int(seq[i]))
+    for i in np.nonzero(~state.bound[rows])[0].tolist():
+        state.set_info(int(rows[i]), default_info(int(rows[i]), int(seq[i])))
+    state.before_forward(rows)
     comp = state.compressed[rows]
     start = np.where(comp, state.phys_len[rows], seq - ext)             # table position of this forward's tokens
     lag = np.where(comp, 0, np.maximum(start - state.phys_len[rows], 0))   # uncompressed prefix to mirror
@@ -118,9 +119,9 @@ def plan_forward(state: RowState, fb, *, req_to_token: torch.Tensor, req_generat
     state.phys_len[rows] = phys
     state.logical_len[rows] = seq
     np.maximum.at(state.peak, rows, phys)
-    for i in np.nonzero(~comp)[0].tolist():                       # uncompressed: candidates start per scope
-        info: RowInfo = state.info[int(rows[i])]
-        state.cand_start[rows[i]] = info.prompt_len if info.config.scope == "response" else 0
+    state.after_plan(rows)
+    fresh = rows[~comp]                                            # uncompressed: candidates start per scope
+    state.cand_start[fresh] = np.where(state.scope_response[fresh], state.prompt_len[fresh], 0)
     pb = copy.copy(fb)
     pb.seq_lens = phys_t.to(fb.seq_lens.dtype)
     pb.seq_lens_cpu = torch.from_numpy(phys.copy())
@@ -226,8 +227,7 @@ def _send(parts: list[np.ndarray], device) -> list[torch.Tensor]:
 def _ring_writes(state: RowState, rows: np.ndarray, ext: np.ndarray, tok_start: np.ndarray):
     """(tokens, rows, slots): the last min(ext, alpha) queries of every row go to its ring, oldest slot first;
     the ring pointers advance. Dense requests are never scored: no ring writes."""
-    alpha = np.array([0 if state.info[r].config.is_dense else state.info[r].config.window for r in rows.tolist()],
-                     dtype=np.int64)
+    alpha = state.alpha[rows]
     take = np.minimum(ext, alpha)
     total = int(take.sum())
     which = np.repeat(np.arange(len(rows)), take)

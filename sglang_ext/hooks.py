@@ -146,10 +146,10 @@ def _release_kv_cache(original, req, tree_cache, *, checkpoint: bool):
     backend = active_backend()
     row = req.kv.req_pool_idx
     if backend is not None and row is not None:
-        info = backend.state.info[row]
-        if req.finished() and info is not None:
+        if backend.state.info[row] is not None:   # the record SGLang sends back (or a re-prefill starts from)
             fed = len(req.origin_input_ids) + len(req.output_ids) - 1   # the last sampled token is never fed
-            info.finalize_meta(int(backend.state.logical_len[row]), fed)
+            last = not (req.finished() and int(backend.state.logical_len[row]) > fed)
+            backend.state.sync_meta(row, last_forward=last)
         if checkpoint and backend.state.compressed[row]:
             checkpoint = False  # its slots no longer hold one token per position: the tree keeps only the prompt
     return original(req, tree_cache, checkpoint=checkpoint)

@@ -45,14 +45,8 @@ class RowInfo:
     meta: dict = field(default_factory=dict)
     """The provenance dict sent back in ``meta_info['sparse_kv']`` (updated in place)."""
     digest: KeptDigest | None = None
-    meta_before_last: dict | None = None
-    """``meta`` as it was before the latest forward (see ``finalize_meta``)."""
-
-    def finalize_meta(self, cached_now: int, fed_tokens: int) -> None:
-        """At finish: with SGLang's overlap scheduler a finished request rides one more decode forward that
-        feeds its last sampled token (never fed in the reference schedule); drop that forward's record."""
-        if cached_now > fed_tokens and self.meta_before_last is not None:
-            self.meta.update(self.meta_before_last)
+    digest_before: str | None = None
+    """``meta['kept_digest']`` before the row's latest compression (see ``RowState.sync_meta``)."""
 
 
 class RowState:
@@ -79,6 +73,22 @@ class RowState:
         self.compressed = zeros(bool)
         self.extras_released = zeros(bool)
         self.info: list[RowInfo | None] = [None] * rows
+        # Each bound row's RowInfo facts as arrays (``set_info``), so a forward's decisions are numpy over the batch:
+        self.bound = zeros(bool)
+        self.dense = zeros(bool)
+        self.alpha = zeros()
+        """The row's query-ring width (its window alpha; 0 for dense rows, which are never scored)."""
+        self.prompt_len = zeros()
+        self.scope_response = zeros(bool)
+        self.max_cand = zeros()
+        """B + W of the row's compression (dense rows: never reached)."""
+        self.config_id = zeros()
+        """Index of the row's compression in ``configs`` (rows with one id compress together)."""
+        self.configs: list[CompressionConfig] = []
+        self._config_ids: dict[str, int] = {}
+        # ``meta``'s per-forward fields, kept here and written into the dict at release (``sync_meta``):
+        self.meta_peak, self.peak_before, self.events_before = zeros(), zeros(), zeros()
+        """The recorded peak (across a retracted request's attempts), and peak / events before the latest forward."""
         self.pending_extras: dict[int, torch.Tensor] = {}
         """Slots reserved by the scheduler for a row's first compression (scope all, shared prompt)."""
         self.extras: dict[int, torch.Tensor] = {}
@@ -101,7 +111,7 @@ class RowState:
         self.zero_lo[row] = self.zero_hi[row] = 0
         self.compressed[row] = False
         self.extras_released[row] = False
-        self.info[row] = info
+        self.set_info(row, info)
         stale = self.pending_extras.pop(row, None)
         if stale is None:
             stale = self.extras.pop(row, None)
@@ -109,6 +119,52 @@ class RowState:
             raise RuntimeError(f"sparse_kv: row {row} was reused with {stale.numel()} reserved slots never freed")
         if self.qwin is not None:
             self.qwin[:, row].zero_()
+
+    def set_info(self, row: int, info: RowInfo | None) -> None:
+        """Bind ``info`` to ``row`` (its facts copied into the per-row arrays)."""
+        self.info[row] = info
+        self.bound[row] = info is not None
+        if info is None:
+            return
+        c = info.config
+        key = repr(c)
+        if key not in self._config_ids:
+            self._config_ids[key] = len(self.configs)
+            self.configs.append(c)
+        self.config_id[row] = self._config_ids[key]
+        self.dense[row] = c.is_dense
+        self.alpha[row] = 0 if c.is_dense else c.window
+        self.prompt_len[row] = info.prompt_len
+        self.scope_response[row] = c.scope == "response"
+        self.max_cand[row] = np.iinfo(np.int64).max if c.is_dense else c.max_candidates
+        self.meta_peak[row] = self.peak_before[row] = int(info.meta.get("peak_kv_tokens", 0) or 0)
+        self.events_before[row] = 0
+
+    def before_forward(self, rows: np.ndarray) -> None:
+        """``rows`` go into a forward: what ``meta`` would hold without it (``sync_meta(last_forward=False)``)."""
+        self.peak_before[rows] = self.meta_peak[rows]
+        self.events_before[rows] = self.events[rows]
+
+    def after_plan(self, rows: np.ndarray) -> None:
+        """The recorded peak follows the physical peak (a retracted request keeps its first attempt's)."""
+        self.meta_peak[rows] = np.maximum(self.meta_peak[rows], self.peak[rows])
+
+    def sync_meta(self, row: int, *, last_forward: bool = True) -> None:
+        """Write the row's per-forward record into ``info.meta`` (what SGLang sends back), when SGLang releases the
+        row (finish, retraction). ``last_forward=False``: as before the row's latest forward; with SGLang's overlap
+        scheduler a finished request rides one more decode forward that feeds its last sampled token (never fed in
+        the reference schedule), whose record is dropped."""
+        info = self.info[row]
+        if info is None or not info.meta:
+            return
+        if last_forward:
+            info.meta["peak_kv_tokens"] = int(self.meta_peak[row])
+            info.meta["events"] = int(self.events[row])
+            return
+        info.meta["peak_kv_tokens"] = int(self.peak_before[row])
+        if self.events[row] != self.events_before[row]:   # that forward compressed the row
+            info.meta["events"] = int(self.events_before[row])
+            info.meta["kept_digest"] = info.digest_before
 
     def config(self, row: int) -> CompressionConfig | None:
         info = self.info[row]

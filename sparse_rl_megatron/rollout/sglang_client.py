@@ -143,6 +143,7 @@ class InProcessClient:
         self._take_back_signals()
 
     def _take_back_signals(self) -> None:
+        import asyncio
         import signal
         import threading
 
@@ -153,10 +154,14 @@ class InProcessClient:
 
         async def start_handle_loop():  # SGLang does it at the first request; inside the loop, as there
             tm.auto_create_handle_loop()
+            # and its handlers go while the loop runs: uvloop (SGLang's loop) removes none while it is stopped, and
+            # re-arms them at every later run, where they fire beside the process handlers set below (a scheduler's
+            # failure report during a call then killed this whole process tree: a timing race)
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGQUIT):
+                loop.remove_signal_handler(sig)
 
         self.engine.loop.run_until_complete(start_handle_loop())
-        for sig in (signal.SIGTERM, signal.SIGQUIT):
-            self.engine.loop.remove_signal_handler(sig)
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
         signal.signal(signal.SIGQUIT, self._on_failure_report)
 

@@ -53,6 +53,14 @@ def _in_thread(fn) -> tuple[threading.Thread, dict]:
     return thread, box
 
 
+async def _loop_signal_handlers() -> list:
+    """SIGTERM / SIGQUIT handlers the running event loop holds (removed if any: uvloop only sees them running)."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    return [s for s in (signal.SIGTERM, signal.SIGQUIT) if loop.remove_signal_handler(s)]
+
+
 def test_scheduler_killed_in_the_middle_of_generate_fails_the_call_naming_it(tiny_model_dir, tmp_path):
     from sparse_rl_megatron.rollout.sglang_engine import SGLangRolloutEngine
     from sparse_rl_megatron.utils.process_watch import ProcessDied
@@ -73,6 +81,9 @@ def test_scheduler_killed_in_the_middle_of_generate_fails_the_call_naming_it(tin
         engine.generate([[5, 17, 42]], 1, SamplingParams(max_new_tokens=4))  # the engine serves...
         # ...and SGLang's own SIGTERM handler (it shuts the engine down and exits this process) is not in place
         assert signal.getsignal(signal.SIGTERM) is trainer_stop
+        # nor inside its event loop, which runs during every call (uvloop keeps a handler removed while it is
+        # stopped and fires it beside the process handler: SGLang's SIGQUIT handler killed this process tree)
+        assert engine.client.engine.loop.run_until_complete(_loop_signal_handlers()) == []
 
         mark = len(read_stats(stats))
         call, box = _in_thread(lambda: engine.generate([[300, 12, 8, 77]], 2, LONG))
