@@ -85,3 +85,118 @@ def flip_probability(tokens: int, logprob_bound: float) -> float:
     falls within ``sum_v p_v |d p_v / p_v| <= e^b - 1`` of a bucket edge, at most twice that per token (two
     edges of the drawn bucket move), summed over the trajectory's tokens."""
     return min(1.0, tokens * 2 * math.expm1(logprob_bound))
+
+
+
+# ---- the probabilistic model: engine-vs-reference log-probs at a tolerance that still sees a 1e-3 defect ------
+#
+# The bounds above are worst cases: every rounding at its largest and of one sign, along every stage of the
+# chain. For the tiny decoders of the rollout tests they come to ~1e-2 on log-probs, which would let a 1e-3
+# defect through. The log-prob comparisons of the rollout engines (the HF engine against full forwards, against
+# HF ``generate`` and against its own replays; SGLang against the HF engine's replay and against full forwards)
+# take their tolerance from the model below instead (``hf_logprob_tolerance``).
+#
+# (P1) Every float32 operation rounds as ``x (1 + delta)``, the ``delta`` independent, of mean zero, ``|delta|
+#      <= u`` (Higham & Mary, "A new approach to probabilistic rounding error analysis", SIAM J. Sci. Comput.
+#      41(5), 2019). Roundings are not random, but those of different partial sums of different data behave as
+#      if they were; this is why errors grow like ``sqrt(K) u`` and not ``K u``.
+# (P2) First order, the gap between two computations of one log-prob is ``sum_r delta_r c_r`` over the roundings
+#      ``r`` of both, ``c_r`` the log-prob's sensitivity to rounding ``r``. Hoeffding: a sum of independent,
+#      mean-zero terms ``|delta_r c_r| <= u |c_r|`` exceeds ``LAMBDA u sqrt(sum_r c_r^2)`` with probability at
+#      most ``2 exp(-LAMBDA^2 / 2)``: no distribution is assumed beyond (P1). Roundings the two computations share
+#      (the same kernel on the same data) are counted on both sides, which only loosens the bound.
+# (P3) A K-term sum with terms of no common sign (a matmul's dot products, attention's weighted sum of values):
+#      K additions with the partial sums ``s_j`` as coefficients and K products (terms ``t_j``). The partial sums
+#      are a random walk, ``E s_j^2 = (j / K) |t|_2^2``, so ``sum_j c_j^2 = (K / 2 + 1) |t|_2^2`` per side,
+#      ``(K + 2) |t|_2^2`` for both; the +2 also covers a few elementwise roundings (bias, activation, residual
+#      add). Each stage's output reaches the logits through normalised layers at unchanged relative size (the
+#      first-order assumption of ``chain_bound``): component i of a hidden vector carries its roundings, of its
+#      own size, into logit ``v`` with weight ``W_vi``, so in logit units every stage's terms have the size of
+#      the LM head's own, ``S = max_(v, position) |W_v * h|_2`` (``h`` the final hidden state, ``W`` the head).
+# (P4) A sum of positive terms whose result scales a whole vector (an RMSNorm's mean of squares, a softmax's
+#      denominator): partial sums are at most the total, so ``K + 1`` coefficients of relative size <= 1 per
+#      side, +2 for the reciprocal square root and the multiply. A relative change ``e`` of every logit moves
+#      ``log p_t`` by ``e (z_t - E_p z)``: these count at ``G = max |z_t - E_p z|`` over the compared tokens
+#      (the final norm does exactly this; an earlier norm or softmax reaches the logits at most so, first order).
+# (P5) ``log_softmax``: ``d log p_t = dz_t - sum_v p_v dz_v`` has ``sum_r c_r'^2 <= 4 max_v sum_r c_(r,v)^2``
+#      (Cauchy-Schwarz and Jensen) for the (P3) roundings; each side's ``logsumexp`` adds V additions and V
+#      exponentials with coefficients at most 1 (2 V for the two sides), and the subtraction of the max logit
+#      ``2 u max|z|`` per side, deterministically.
+# Together: ``LAMBDA u sqrt(4 S^2 sum_mixed (K + 2) + 2 G^2 sum_coherent (K + 3) + 2 V) + 4 u max|z|``.
+LAMBDA = 6.5
+"""Hoeffding multiplier of the probabilistic bound: a compared log-prob exceeds it with probability at most
+``2 exp(-6.5^2 / 2) = 1.4e-9`` under the model; a test compares fewer than ~1e4 log-probs, so a correct
+implementation fails it with probability below ~1e-5 (union bound)."""
+
+
+def decoder_sums(hidden: int, head_dim: int, heads: int, intermediate: int, layers: int, keys: int,
+                 qk_norm: bool = False) -> tuple[list[int], list[int]]:
+    """The sums along one token's path to its logits in a Llama / Qwen decoder, as ``(mixed, coherent)``:
+    mixed-sign sums (P3), per layer the q/k/v projections (hidden), the scores (head_dim), the weighted sum of
+    values (``keys``), the output projection (heads x head_dim), gate/up (hidden), down (intermediate), then the
+    LM head (hidden); positive sums that scale a vector (P4), per layer the two RMSNorms (hidden), the softmax
+    denominator (``keys``) and Qwen3's q / k norms (head_dim, ``qk_norm``), then the final norm (hidden)."""
+    mixed = [hidden, head_dim, keys, heads * head_dim, hidden, intermediate] * layers + [hidden]
+    coherent = ([hidden, keys, hidden] + ([head_dim, head_dim] if qk_norm else [])) * layers + [hidden]
+    return mixed, coherent
+
+
+def probabilistic_logprob_bound(mixed: list[int], coherent: list[int], vocab: int, term_scale: float,
+                                spread: float, max_abs_logit: float, u: float = U_FP32,
+                                lam: float = LAMBDA) -> float:
+    """Two computations of the same log-prob that round differently, under (P1)-(P5):
+    ``lam u sqrt(4 S^2 sum(K + 2 | mixed) + 2 G^2 sum(K + 3 | coherent) + 2 V) + 4 u max|z|`` with
+    ``S = term_scale`` (``max |W_v * h|_2``), ``G = spread`` (``max |z_t - E_p z|`` over the compared tokens)."""
+    q = (4 * term_scale ** 2 * sum(k + 2 for k in mixed) + 2 * spread ** 2 * sum(k + 3 for k in coherent)
+         + 2 * vocab)
+    return lam * u * math.sqrt(q) + 4 * u * max_abs_logit
+
+
+def hf_decoder_sums(config, keys: int) -> tuple[list[int], list[int]]:
+    """``decoder_sums`` of an HF Llama / Qwen2 / Qwen3 config attending to at most ``keys`` positions."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return decoder_sums(config.hidden_size, head_dim, config.num_attention_heads, config.intermediate_size,
+                        config.num_hidden_layers, keys, qk_norm=config.model_type == "qwen3")
+
+
+def hf_logprob_tolerance(model, prompts: list[list[int]], responses: list[list[int]], u: float = U_FP32,
+                         lam: float = LAMBDA) -> float:
+    """``probabilistic_logprob_bound`` for the log-probs of ``responses`` (token ids) after ``prompts`` under the
+    HF causal LM ``model``, computed two ways (an engine against a reference): its config's sums at the longest
+    sequence (a position attends at most that many keys, compressed or not); ``S``, ``G`` and ``max|z|``
+    measured from the model's own final hidden states, LM head and logits over those tokens."""
+    import torch
+
+    head = model.get_output_embeddings().weight.detach().float()  # [V, H]
+    scale = spread = max_logit = 0.0
+    with torch.no_grad():
+        for prompt, response in zip(prompts, responses):
+            ids = torch.tensor([list(prompt) + list(response)])
+            h = model.model(ids).last_hidden_state[0, len(prompt) - 1:-1].float()  # [R, H], after the final norm
+            z = h @ head.T  # [R, V]
+            mean = (z.softmax(-1) * z).sum(-1)  # E_p z per position
+            picked = z.gather(-1, torch.tensor(list(response))[:, None])[:, 0]
+            scale = max(scale, ((h * h) @ (head * head).T).max().sqrt().item())
+            spread = max(spread, (picked - mean).abs().max().item())
+            max_logit = max(max_logit, z.abs().max().item())
+    keys = max(len(p) + len(r) for p, r in zip(prompts, responses))
+    mixed, coherent = hf_decoder_sums(model.config, keys)
+    return probabilistic_logprob_bound(mixed, coherent, model.config.vocab_size, scale, spread, max_logit, u, lam)
+
+
+TOLERANCE_LOG_ENV = "SPARSE_RL_TOLERANCE_LOG"
+"""When set, ``assert_logprobs_within`` appends one JSON line per comparison (what, measured max |delta|, bound)
+to that file: how the bounds' margins are measured on each kernel path."""
+
+
+def assert_logprobs_within(got, want, bound: float, what: str) -> float:
+    """``max |got - want| <= bound`` (tensors of log-probs), with both numbers in the message; returns the gap."""
+    import json
+    import os
+
+    gap = (got.float() - want.float()).abs().max().item() if got.numel() else 0.0
+    if os.environ.get(TOLERANCE_LOG_ENV):
+        with open(os.environ[TOLERANCE_LOG_ENV], "a") as f:
+            f.write(json.dumps({"what": what, "max_abs_delta": gap, "bound": bound}) + "\n")
+    assert gap <= bound, f"{what}: max |delta log-prob| {gap:.3g} > bound {bound:.3g}"
+    return gap
