@@ -12,6 +12,10 @@ Two orders therefore differ by at most ``2 gamma_K sum |terms|``. A chain of red
 adds the contributions of each stage, measured in the scale of the output being compared (first order; the
 test models are two or three layers deep with normalised activations, so the chain does not amplify them by
 more than the margin ``SAFETY`` below).
+
+Where that worst case is too loose to see the defects a check is for (the rollout engines' log-prob oracles: ~1e-2
+against 1e-3 defects), the second model below is used: the same roundings taken as independent random errors
+(Higham & Mary 2019), bounded with Hoeffding's inequality at ``LAMBDA``; errors then grow like ``sqrt(K) u``.
 """
 from __future__ import annotations
 

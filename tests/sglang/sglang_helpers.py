@@ -6,9 +6,13 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the suite's error model
+import numerics  # noqa: E402
 
 MODEL_SEED, INIT_STD = 3, 0.2
 """The tiny Qwen2 (hidden 64, 2 layers, 4 query heads, 2 KV heads: GQA) every SGLang test loads."""
@@ -34,11 +38,24 @@ def teacher_forced(model, compression, samples):
     return ref.teacher_forced([s.prompt_ids for s in samples], [s.response_ids for s in samples])
 
 
-def assert_matches_reference(samples, reference, tol: float = 1e-4) -> None:
-    """Same log-probs within ``tol`` and the same compression record (events, peak, kept digest)."""
+def logprob_tolerance(model, prompts, responses) -> float:
+    """The tier's log-prob tolerance for these sequences under ``model`` (the HF twin of the engine's weights):
+    ``numerics.hf_logprob_tolerance``, the probabilistic rounding model of ``tests/numerics.py``."""
+    return numerics.hf_logprob_tolerance(model, [list(p) for p in prompts], [list(r) for r in responses])
+
+
+def assert_logprobs_match(got, want, model, prompt_ids, response_ids, what: str) -> None:
+    """``got`` vs ``want`` (log-probs of ``response_ids`` after ``prompt_ids``) within ``logprob_tolerance``."""
+    tol = logprob_tolerance(model, [prompt_ids], [response_ids])
+    numerics.assert_logprobs_within(got, want, tol, f"sglang/{what}")
+
+
+def assert_matches_reference(samples, reference, model) -> None:
+    """Same log-probs within ``logprob_tolerance`` (``model``: the weights both were computed with) and the same
+    compression record (events, peak, kept digest)."""
     for s, r in zip(samples, reference):
-        diff = (s.sampler_logprobs - r.sampler_logprobs).abs().max().item()
-        assert diff < tol, f"sample {s.group_id}/{s.index_in_group}: log-prob gap {diff}"
+        assert_logprobs_match(s.sampler_logprobs, r.sampler_logprobs, model, s.prompt_ids, s.response_ids,
+                              f"vs_teacher_forced[{s.compression.method}] sample {s.group_id}/{s.index_in_group}")
         got = (s.compression.events, s.compression.peak_kv_tokens, s.compression.kept_digest)
         want = (r.compression.events, r.compression.peak_kv_tokens, r.compression.kept_digest)
         assert got == want, f"sample {s.group_id}/{s.index_in_group}: {got} != {want}"

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from sglang_ext import cpu_compat
+from sglang_helpers import assert_logprobs_match
 from sparse_rl_megatron.utils.tiny_models import build_tiny_model, save_tiny_hf_checkpoint
 
 
@@ -53,4 +54,4 @@ def test_logprobs_match_hf_full_forward(engine_and_model):
             logp = torch.log_softmax(model(ids).logits[0].float(), dim=-1)
         expected = logp[len(prompt) - 1:-1].gather(-1, torch.tensor(response)[:, None])[:, 0]
         got = torch.tensor([lp for lp, _, _ in triples])
-        assert (got - expected).abs().max() < 1e-4
+        assert_logprobs_match(got, expected, model, prompt, response, "bare_engine_vs_forward")

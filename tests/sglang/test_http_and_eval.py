@@ -73,13 +73,13 @@ def test_http_server_samples_like_the_reference_and_takes_weights_over_gloo(serv
     samples = engine.generate(prompts, 2, sampling)          # the client's compression goes per request
     assert all(s.compression.method == "snapkv" and s.compression.budget == 10 for s in samples)
     assert max(s.compression.events for s in samples) >= 2 and samples[0].prompt_text == prompts[0]
-    assert_matches_reference(samples, teacher_forced(hf_model, COMPRESSION, samples))
+    assert_matches_reference(samples, teacher_forced(hf_model, COMPRESSION, samples), hf_model)
 
     other = build_tiny_model(seed=11, init_std=0.2)
     engine.update_weights(list(other.state_dict().items()), version=7)
     samples = engine.generate(prompts, 2, sampling)
     assert all(s.weight_version == 7 for s in samples)
-    assert_matches_reference(samples, teacher_forced(other, COMPRESSION, samples))
+    assert_matches_reference(samples, teacher_forced(other, COMPRESSION, samples), other)
     engine.shutdown()
     assert proc.poll() is None, log.read_text()[-3000:]      # the strict memory checks never fired
 

@@ -16,8 +16,8 @@ import sys
 import textwrap
 
 import pytest
-from sglang_helpers import (assert_matches_reference, full_forward_logprobs, kill_session, resolved_server_args,
-                            scheduler_env, teacher_forced)
+from sglang_helpers import (assert_logprobs_match, assert_matches_reference, full_forward_logprobs, kill_session,
+                            resolved_server_args, scheduler_env, teacher_forced)
 
 from sparse_rl_megatron.compression import CompressionConfig
 from sparse_rl_megatron.rollout.engine import SamplingParams
@@ -118,7 +118,7 @@ def test_forced_retraction_ends_compressed_and_correct_or_refused(tiny_model_dir
         sampling = SamplingParams(temperature=1.0, max_new_tokens=24, ignore_eos=True)
         samples = engine.generate([[5, 17, 42], [300, 12, 8, 77]], 3, sampling, compression=compression)
         assert engine.resubmitted >= 1                       # refused after a compression, then resubmitted
-        assert_matches_reference(samples, teacher_forced(hf_model, compression, samples))
+        assert_matches_reference(samples, teacher_forced(hf_model, compression, samples), hf_model)
         # Phase 2: A (longer prompt) is the retraction victim while B runs; A compresses only after B is done.
         prompts = [list(range(100, 108)), [5, 17, 42]]
         params = [engine._sampling(sampling, g, 0, 0, to_dict(late)) for g in range(2)]
@@ -128,7 +128,7 @@ def test_forced_retraction_ends_compressed_and_correct_or_refused(tiny_model_dir
     finally:
         engine.shutdown()
     assert a.metadata["retractions"] >= 1 and a.compression.events >= 1    # retracted, re-prefilled, compressed
-    assert_matches_reference([a], teacher_forced(hf_model, late, [a]))
+    assert_matches_reference([a], teacher_forced(hf_model, late, [a]), hf_model)
 
 
 def test_a_retracted_request_puts_only_its_prompt_into_the_radix_tree(tiny_model_dir, hf_model):
@@ -157,6 +157,7 @@ def test_a_retracted_request_puts_only_its_prompt_into_the_radix_tree(tiny_model
     finally:
         engine.shutdown()
     assert a.metadata["retractions"] >= 1 and a.compression.events >= 1    # retracted, re-prefilled, compressed
-    assert_matches_reference([a], teacher_forced(hf_model, late, [a]))
+    assert_matches_reference([a], teacher_forced(hf_model, late, [a]), hf_model)
     reference = full_forward_logprobs(hf_model, context, probe.response_ids)
-    assert (probe.sampler_logprobs - reference).abs().max() < 1e-4
+    assert_logprobs_match(probe.sampler_logprobs, reference, hf_model, context, probe.response_ids,
+                          "radix_prefill_vs_forward")

@@ -46,7 +46,7 @@ def test_groups_sharing_prompts_in_a_reused_pool_match_the_reference(engine, hf_
     for _ in range(2):   # the second round's prompts are in the radix tree already
         samples = engine.generate(PROMPTS, 4, SAMPLING, compression=config)
         assert min(s.compression.events for s in samples) >= 1
-        assert_matches_reference(samples, teacher_forced(hf_model, config, samples))
+        assert_matches_reference(samples, teacher_forced(hf_model, config, samples), hf_model)
 
 
 def test_dense_and_compressed_requests_side_by_side(engine, hf_model):
@@ -56,7 +56,7 @@ def test_dense_and_compressed_requests_side_by_side(engine, hf_model):
             "response": (PROMPTS[0], 4, SERVER, SAMPLING)}
     for _ in range(2):
         for name, samples in generate_mixed(engine, jobs).items():
-            assert_matches_reference(samples, teacher_forced(hf_model, jobs[name][2], samples))
+            assert_matches_reference(samples, teacher_forced(hf_model, jobs[name][2], samples), hf_model)
 
 
 def test_the_pool_was_under_pressure(engine):

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from sglang_helpers import (assert_matches_reference, full_forward_logprobs, read_stats, scheduler_env,
-                            teacher_forced)
+from sglang_helpers import (assert_logprobs_match, assert_matches_reference, full_forward_logprobs, read_stats,
+                            scheduler_env, teacher_forced)
 
 from sparse_rl_megatron.compression import CompressionConfig
 from sparse_rl_megatron.rollout.engine import RolloutEngine, SamplingParams
@@ -47,7 +47,7 @@ def test_budget_at_least_length_matches_full_forward(engine, hf_model):
         assert s.compression.events == 0 and s.compression.kept_digest is None
         assert (s.compression.method, s.compression.budget) == ("rkv", 12)
         ref = full_forward_logprobs(hf_model, s.prompt_ids, s.response_ids)
-        assert (s.sampler_logprobs - ref).abs().max() < 1e-4
+        assert_logprobs_match(s.sampler_logprobs, ref, hf_model, s.prompt_ids, s.response_ids, "no_event_vs_forward")
 
 
 @pytest.mark.parametrize("method", ["rkv", "snapkv", "streamingllm"])
@@ -59,7 +59,7 @@ def test_small_budget_matches_teacher_forced_reference(engine, hf_model, method,
     assert [(s.group_id, s.index_in_group) for s in samples] == [(g, i) for g in range(3) for i in range(4)]
     assert max(s.compression.events for s in samples) >= 3
     assert all(s.compression.scope == scope and s.compression.method == method for s in samples)
-    assert_matches_reference(samples, teacher_forced(hf_model, config, samples))
+    assert_matches_reference(samples, teacher_forced(hf_model, config, samples), hf_model)
 
 
 def test_retained_kv_read_from_the_pool_stays_within_budget(engine):
@@ -133,7 +133,7 @@ def test_weight_updates_tensor_distributed_disk(engine, hf_model, tmp_path):
         # same prompts as before: a radix cache still holding old-weight KV would fail the comparison
         samples = engine.generate(PROMPTS, 2, sampling)
         assert all(s.weight_version == version for s in samples)
-        assert_matches_reference(samples, teacher_forced(model, SERVER, samples))
+        assert_matches_reference(samples, teacher_forced(model, SERVER, samples), model)
     engine.config.weight_sync = "tensor"
     engine.update_weights(hf_model.state_dict().items(), version=4)
 
@@ -172,7 +172,7 @@ def test_mixed_budgets_in_one_call_match_the_reference_per_budget(engine, hf_mod
     for g, b in enumerate(budgets):
         mine = [s for s in samples if s.group_id == g]
         assert all(s.compression.budget == b and s.compression.events >= 1 for s in mine)
-        assert_matches_reference(mine, teacher_forced(hf_model, CompressionConfig(**{**SERVER.__dict__, "budget": b}),
-                                                      mine))
+        at_b = CompressionConfig(**{**SERVER.__dict__, "budget": b})
+        assert_matches_reference(mine, teacher_forced(hf_model, at_b, mine), hf_model)
     with pytest.raises(ValueError, match=r"budget 16 \+ buffer 4 exceeds the server's B \+ W \(16\)"):
         engine.generate(PROMPTS[:1], 1, SamplingParams(max_new_tokens=4), budgets=[16])
