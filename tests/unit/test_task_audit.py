@@ -229,9 +229,9 @@ def test_sparse_rl_eval_reports_the_shortcut_free_accuracy():
     free = sum(r.extra["shortcut_free"] for r in held)
     assert 0 < free < len(held)
 
-    def sample(right: bool) -> dict:
+    def sample(right: bool, response: str = "") -> dict:
         return {"reason": "correct" if right else "wrong", "response_tokens": 66, "finish_reason": "stop",
-                "compression_events": 12, "peak_kv_tokens": 29}
+                "compression_events": 12, "peak_kv_tokens": 29, "response": response}
 
     def results(problems, records) -> dict:
         ds = Dataset(name="x", path="x", records=records)
@@ -241,19 +241,23 @@ def test_sparse_rl_eval_reports_the_shortcut_free_accuracy():
                          "template": "raw"}, "benchmarks": {"x": section}}
 
     # the x0 policy: right exactly where the answer is the start, never on a shortcut-free record
-    copy = results([{"source_id": r.source_id, "samples": [sample(r.answer == str(r.extra["x0"]))]} for r in held], held)
+    copy = results([{"source_id": r.source_id, "samples": [sample(r.answer == str(r.extra["x0"]),
+                                                                  f" \\boxed{{{r.extra['x0']}}}")]} for r in held], held)
     m = copy["benchmarks"]["x"]["metrics"]
     assert m["shortcut_free_accuracy"] == 0.0 and m["shortcut_free_problems"] == free and m["avg@1"] > 0
-    solved = results([{"source_id": r.source_id, "samples": [sample(True)]} for r in held], held)
+    assert m["full_chain_frac"] == 0.0  # no chain written at all
+    solved = results([{"source_id": r.source_id, "samples": [sample(True, " " + r.extra["solution"])]} for r in held],
+                     held)
+    assert solved["benchmarks"]["x"]["metrics"]["full_chain_frac"] == 1.0
     console = Console(record=True, width=200)
     print_results(copy, console)
     print_comparison(copy, solved, console=console)
     text = console.export_text()
     assert f"shortcut-free avg@1 ({free} problems)" in text and "shortcut-free %" in text
-    assert "0.00 |" in text.replace("│", "|") and "+100.00" in text
+    assert "0.00 |" in text.replace("│", "|") and "+100.00" in text and "fully correct chains %" in text
     plain = [MathRecord(prompt="q", answer="1", source_id="s", dataset="y")]
     m = results([{"source_id": "s", "samples": [sample(True)]}], plain)["benchmarks"]["x"]["metrics"]
-    assert "shortcut_free_accuracy" not in m
+    assert "shortcut_free_accuracy" not in m and "full_chain_frac" not in m
 
 
 def test_sparse_rl_eval_takes_a_tasks_heldout_split(tmp_path):
