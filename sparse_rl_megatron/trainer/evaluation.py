@@ -8,6 +8,8 @@ problem's records, from which the metrics are computed (``benchmark_section``; r
 ``eval/<mode>/accuracy`` (mean avg@n over the data sets), ``eval/<mode>/<dataset>/accuracy`` (and per class of
 problems, ``eval/subsets.py``), ``eval/<mode>/shortcut_free_accuracy`` (for tasks that flag the records whose
 answer cannot be copied from the prompt: the mean over those data sets, and per data set),
+``eval/<mode>/full_chain_frac`` (for chain tasks: the share of responses whose every intermediate state is right;
+the mean over those data sets, and per data set),
 ``eval/<mode>/no_answer_frac`` and ``eval/<mode>/truncated_frac`` go next to the training curves; the per-sample results go to ``run_dir/eval/step_<k>.<mode>.json``.
 """
 from __future__ import annotations
@@ -59,7 +61,7 @@ def evaluate_pool(pool, datasets: dict[str, "Dataset"], cfg: "TrainConfig", temp
     from sparse_rl_megatron.compression import CompressionConfig
     from sparse_rl_megatron.eval.config import BenchmarkSettings, EvalConfig
     from sparse_rl_megatron.eval.runner import benchmark_section, sample_problems
-    from sparse_rl_megatron.eval.subsets import shortcut_free_metrics, subset_metrics
+    from sparse_rl_megatron.eval.subsets import full_chain_metrics, shortcut_free_metrics, subset_metrics
     from sparse_rl_megatron.rollout.work_split import split_groups
     from sparse_rl_megatron.trainer.runtime import distributed as D
 
@@ -75,7 +77,7 @@ def evaluate_pool(pool, datasets: dict[str, "Dataset"], cfg: "TrainConfig", temp
         econf = EvalConfig(model=f"live policy at step {step}", benchmarks=list(datasets), template=template,
                            compression=compression, temperature=cfg.eval.temperature, top_p=cfg.eval.top_p,
                            default=settings, seed=cfg.seed, show_progress=cfg.log.progress)
-        sections, free_accs = {}, []
+        sections, free_accs, chain_fracs = {}, [], []
         for name, dataset in datasets.items():
             shares = split_groups([1.0] * len(dataset), pool.layout.num_engines)
 
@@ -98,10 +100,15 @@ def evaluate_pool(pool, datasets: dict[str, "Dataset"], cfg: "TrainConfig", temp
             free = shortcut_free_metrics(f"eval/{mode}/{metric_name(name)}", dataset, sections[name])
             metrics.update(free)
             free_accs += [v for k, v in free.items() if k.endswith("/shortcut_free_accuracy")]
+            chains = full_chain_metrics(f"eval/{mode}/{metric_name(name)}", dataset, sections[name])
+            metrics.update(chains)
+            chain_fracs += list(chains.values())
         accs = [s["metrics"][f"avg@{settings.n}"] for s in sections.values()]
         metrics[f"eval/{mode}/accuracy"] = sum(accs) / len(accs)
         if free_accs:
             metrics[f"eval/{mode}/shortcut_free_accuracy"] = sum(free_accs) / len(free_accs)
+        if chain_fracs:
+            metrics[f"eval/{mode}/full_chain_frac"] = sum(chain_fracs) / len(chain_fracs)
         done = [s["metrics"] for s in sections.values()]  # collapse signs: no answer, or cut at max_new_tokens
         count = sum(m["samples"] for m in done)
         metrics[f"eval/{mode}/no_answer_frac"] = sum(m["reasons"]["no_answer"] for m in done) / count
