@@ -80,6 +80,7 @@ def test_a_smaller_budget_admits_more_rows_and_matches_the_reference(engine, hf_
         assert_matches_reference(samples, teacher_forced(hf_model, CompressionConfig(
             **{**SERVER.__dict__, "budget": budget}), samples))
     assert engine.resubmitted == 0
+    print(f"most rows decoding at once: {rows}")
     # admission's arithmetic: each admitted row reserves its prompt + its own bound out of the pool
     prompt = len(PROMPTS[0])
     assert rows[SERVER.budget] <= POOL // (prompt + _bound(SERVER.budget))
