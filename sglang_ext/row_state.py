@@ -162,8 +162,8 @@ class RowState:
             info.meta["events"] = int(self.events[row])
             return
         info.meta["peak_kv_tokens"] = int(self.peak_before[row])
+        info.meta["events"] = int(self.events_before[row])
         if self.events[row] != self.events_before[row]:   # that forward compressed the row
-            info.meta["events"] = int(self.events_before[row])
             info.meta["kept_digest"] = info.digest_before
 
     def config(self, row: int) -> CompressionConfig | None:

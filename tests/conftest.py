@@ -21,29 +21,27 @@ SHARED_DATA = pathlib.Path(os.environ.get("SPARSE_RL_DATA", ROOT.parent / "share
 
 # Every test in tests/<tier>/ gets the marker <tier>, so `pytest -m unit` runs one tier.
 _TIERS = ("unit", "megatron", "sglang", "e2e", "realmodel")
-_GROUP = pytest.StashKey[str]()
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "xdist_group(name): tests that run on one worker (tests/scheduling.py)")
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group markers
 def pytest_collection_modifyitems(config, items):
-    from scheduling import group_of, group_seconds
-
-    groups: dict[str, list[str]] = {}
     for item in items:
-        path = pathlib.Path(str(item.fspath)).relative_to(ROOT)
-        if len(path.parts) > 2 and path.parts[1] in _TIERS:
-            item.add_marker(getattr(pytest.mark, path.parts[1]))
-        group = group_of(path, set(getattr(item, "fixturenames", ())))
-        item.add_marker(pytest.mark.xdist_group(group))
-        groups.setdefault(group, []).append(path.as_posix())
-        item.stash[_GROUP] = group
-    if getattr(config.option, "dist", "no") != "no":  # longest group first (tests/scheduling.py)
-        seconds = group_seconds(groups)
-        items.sort(key=lambda item: -seconds[item.stash[_GROUP]])
+        parts = pathlib.Path(str(item.fspath)).relative_to(ROOT / "tests").parts
+        if parts and parts[0] in _TIERS:
+            item.add_marker(getattr(pytest.mark, parts[0]))
+    if hasattr(config, "workerinput"):  # an xdist worker: groups longest first (tests/scheduling.py)
+        from scheduling import longest_group_first
+
+        order = longest_group_first([item.nodeid for item in items])
+        items[:] = [items[i] for i in order]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadscope":
+        return None  # another --dist: xdist's own scheduler
+    from scheduling import make_scheduler
+
+    return make_scheduler(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -201,7 +201,7 @@ def run_eval(config: EvalConfig, *, export_dir: str | None = None, engine=None) 
             check_lengths(config, datasets, _load_tokenizer(config.tokenizer or hf_dir),
                           hf_config.get("max_position_embeddings"))
             log.info("loading %s into the %s engine (%s, %s)", hf_dir, config.engine, config.dtype, config.mode())
-            engine = spec.build(config.engine_build(hf_dir))
+            engine = spec.make(config.engine_build(hf_dir))
         finally:
             if exported:  # the weights are loaded: the temporary export is no longer needed
                 shutil.rmtree(hf_dir, ignore_errors=True)

@@ -34,7 +34,7 @@ def evaluate_saved(cfg: "TrainConfig", model: str | Path, step: int,
     plan = preflight(cfg, 1, lengths=("eval",))  # evaluations only: the rollout's length is not used
     spec = ENGINES.get(cfg.rollout.engine)
     with contextlib.ExitStack() as stack:
-        engine = spec.build(cfg.rollout.engine_build(str(model)))
+        engine = spec.make(cfg.rollout.engine_build(str(model)))
         stack.callback(engine.shutdown)
         reward = stack.enter_context(make_reward(cfg, plan))
         results = []

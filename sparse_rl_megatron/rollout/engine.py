@@ -132,3 +132,14 @@ class RolloutEngine(Protocol):
     def shutdown(self) -> None:
         """Stop the engine's servers and child processes (a no-op for an engine that has none)."""
         ...
+
+
+PROTOCOL_MEMBERS: tuple[str, ...] = ("weight_version", *sorted(
+    name for name in vars(RolloutEngine) if not name.startswith("_") and name != "weight_version"))
+"""Every member of ``RolloutEngine``: what an engine is checked for once, when it is built."""
+
+
+def missing_members(engine: object) -> list[str]:
+    """The members of ``RolloutEngine`` that ``engine`` lacks (``rollout/engines.py`` refuses such an engine when
+    it is built, naming them, rather than at its first call mid-run)."""
+    return [name for name in PROTOCOL_MEMBERS if not hasattr(type(engine), name) and not hasattr(engine, name)]

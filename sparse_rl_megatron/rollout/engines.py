@@ -60,6 +60,20 @@ class EngineSpec:
     (``RolloutEngine.update_weights_from_payloads``, each TP rank's from the learner rank on its GPU) instead of
     ``update_weights``; decided on every rank, engine or not (they all serialize their copy); None: never."""
 
+    def make(self, build: EngineBuild) -> "RolloutEngine":
+        """``build``'s engine, checked against the ``RolloutEngine`` protocol: an engine (a plugin's) that lacks
+        part of it is shut down and refused here with the missing members named."""
+        from sparse_rl_megatron.rollout.engine import missing_members
+
+        engine = self.build(build)
+        missing = missing_members(engine)
+        if missing:
+            if "shutdown" not in missing:
+                engine.shutdown()
+            raise TypeError(f"rollout engine {type(engine).__qualname__} does not implement the RolloutEngine "
+                            f"protocol (rollout/engine.py): it lacks {', '.join(missing)}")
+        return engine
+
     def takes_payloads(self, build: EngineBuild) -> bool:
         return self.payload_sync is not None and self.payload_sync(build)
 

@@ -198,3 +198,27 @@ def test_engines_implement_the_whole_rollout_engine_protocol():
         params = inspect.signature(engine.generate).parameters
         for keyword in ("compression", "group_ids", "budgets"):
             assert params[keyword].kind is inspect.Parameter.KEYWORD_ONLY
+
+
+def test_an_engine_lacking_part_of_the_protocol_is_refused_when_built_naming_what_it_lacks():
+    from sparse_rl_megatron.rollout.engine import PROTOCOL_MEMBERS, missing_members
+    from sparse_rl_megatron.rollout.engines import EngineBuild, EngineSpec
+
+    assert set(PROTOCOL_MEMBERS) >= {"weight_version", "tokenizer", "generate", "shutdown", "takes_payloads"}
+    stopped = []
+
+    class Partial:  # a plugin's engine that only samples
+        weight_version = 0
+        tokenizer = None
+
+        def generate(self, prompts, n, sampling, **kw):
+            return []
+
+        def shutdown(self):
+            stopped.append(True)
+
+    assert "dense_logprobs" in missing_members(Partial()) and "generate" not in missing_members(Partial())
+    with pytest.raises(TypeError, match=r"rollout engine .*Partial does not implement the RolloutEngine protocol "
+                                        r"\(rollout/engine.py\): it lacks dense_logprobs, release_memory"):
+        EngineSpec(build=lambda build: Partial()).make(EngineBuild(model_dir="unused"))
+    assert stopped == [True]  # its processes do not outlive the refusal

@@ -99,7 +99,7 @@ class EnginePool:
         try:
             for slot in layout.slots_of(rank):
                 label = pool.label_of(slot)
-                engine = spec.build(cfg.rollout.engine_build(hf_dir, show_progress=cfg.log.progress and rank == 0,
+                engine = spec.make(cfg.rollout.engine_build(hf_dir, show_progress=cfg.log.progress and rank == 0,
                                                              slot=slot, run_seed=cfg.seed))
                 stack.callback(engine.shutdown)
                 pool.local.append(LocalEngine(slot, engine, EngineWorker(label), label))
