@@ -113,7 +113,7 @@ def _finish(cfg: TrainConfig, run: Run) -> None:
     from sparse_rl_megatron.observability.metrics_writer import read_metrics
 
     records = read_metrics(run.writer.path)
-    for mode in ("dense", "sparse"):
+    for mode in ("dense", "sparse", "adaptive"):
         key, free = f"eval/{mode}/accuracy", f"eval/{mode}/shortcut_free_accuracy"
         evals = [r for r in records if r.get(key) is not None]
         if len(evals) >= 2:
