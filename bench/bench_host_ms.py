@@ -24,11 +24,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from plugin_revisions import THIS_CHECKOUT, run_per_revision  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = (64, 256, 1024, 4096)
@@ -116,26 +116,14 @@ def main(argv=None) -> None:
         print(json.dumps({kind: [measure(r, args.steps, kind == "mixed") for r in rows]
                           for kind in ("plain", "mixed")}))
         return
-    labels = ["this checkout"] + ([args.rev] if args.rev else [])
-    results = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for label in labels:
-            path = [str(ROOT)]
-            if label != "this checkout":
-                archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.rev, "sglang_ext"], check=True,
-                                         capture_output=True).stdout
-                subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
-                path.insert(0, tmp)
-            env = {"PYTHONPATH": ":".join(path), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
-            out = subprocess.run([sys.executable, __file__, "--steps", str(args.steps), "--rows", args.rows,
-                                  "--child", "1"], env=env, capture_output=True, text=True, check=True).stdout
-            results[label] = json.loads(out.strip().splitlines()[-1])
+    results = run_per_revision(__file__, args.rev,
+                               lambda label: ["--steps", str(args.steps), "--rows", args.rows, "--child", "1"])
     head = "| step | rows | this checkout (ms) |" + (f" {args.rev} (ms) | {args.rev} / this |" if args.rev else "")
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     for kind in ("plain", "mixed"):
         for i, r in enumerate(rows):
-            new = results["this checkout"][kind][i]
+            new = results[THIS_CHECKOUT][kind][i]
             line = f"| {kind} | {r} | {new:.2f} |"
             if args.rev:
                 old = results[args.rev][kind][i]

@@ -19,10 +19,10 @@ import argparse
 import functools
 import importlib.util
 import json
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
+
+from plugin_revisions import THIS_CHECKOUT, run_per_revision  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -119,20 +119,8 @@ def main(argv=None) -> None:
         old = args.child == "old"
         print(json.dumps([measure(args.steps, d, old) for d in (False, True)]))
         return
-    runs = {"this checkout": [], args.rev: []} if args.rev else {"this checkout": []}
-    with tempfile.TemporaryDirectory() as tmp:
-        for label in runs:
-            path = [str(ROOT)]
-            if label != "this checkout":
-                archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.rev, "sglang_ext"], check=True,
-                                         capture_output=True).stdout
-                subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
-                path.insert(0, tmp)
-            env = {"PYTHONPATH": ":".join(path), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
-            out = subprocess.run([sys.executable, __file__, "--steps", str(args.steps), "--child",
-                                  "new" if label == "this checkout" else "old"], env=env, capture_output=True,
-                                 text=True, check=True).stdout
-            runs[label] = json.loads(out.strip().splitlines()[-1])
+    runs = run_per_revision(__file__, args.rev, lambda label: [
+        "--steps", str(args.steps), "--child", "new" if label == THIS_CHECKOUT else "old"])
     print("| plugin | kept digests | decode step, no compression | decode step that compresses | release 4 requests |")
     print("|---|---|---|---|---|")
     for label, results in runs.items():

@@ -19,7 +19,7 @@ import sys
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
-from sglang_ext import host_syncs, memory
+from sglang_ext import admission, host_syncs, memory
 from sglang_ext.config import BACKEND_NAME, FAULT_ENV, REQUEST_KEY, ConfigError, SparseKVConfig, request_compression
 from sglang_ext.forward_plan import (ForwardPlan, check_tables, follow_rewrite, plan_forward, sglang_host,
                                      written_positions)
@@ -101,7 +101,9 @@ class SparseKVBackend(AttentionBackend):
         self.appending = False
         """Set by the scheduler hook while SGLang writes the coming decode tokens' slots (new positions)."""
         """With ``stats_path``: forwards seen and this process's CPU seconds spent compressing (cumulative)."""
-        self._clip_admission()
+        self.sglang_clip = admission.sglang_clip()
+        """SGLang's clip of the future tokens admission reserves per request; a compressed request's own bound is
+        smaller (``admission.request_bound``)."""
         self.sync_counter = None
         if config.count_host_syncs and config.stats_path:
             self.sync_counter = host_syncs.HostSyncCounter()
@@ -265,16 +267,6 @@ class SparseKVBackend(AttentionBackend):
     def compresses(self) -> bool:
         """Requests are compressed and their evicted slots freed (admission may count on it)."""
         return not self.config.compression.is_dense and self.config.free_evicted
-
-    def _clip_admission(self) -> None:
-        """Admission reserves ``min(max_new_tokens, CLIP)`` future tokens per request; compressed requests
-        never hold more than B + W candidates, so CLIP becomes B + W (plus the next token's slot)."""
-        c = self.config.compression
-        if not self.compresses:  # dense, or nothing is freed: a request grows as if dense
-            return
-        from sglang.srt.managers import schedule_policy
-
-        schedule_policy.CLIP_MAX_NEW_TOKENS = min(schedule_policy.CLIP_MAX_NEW_TOKENS, c.max_candidates + 1)
 
 
 def _claim_process(backend: "SparseKVBackend | None") -> None:

@@ -9,8 +9,8 @@ with ``spawn``, so they inherit it; ``python -m sglang_ext.launch_server --spars
 
 A request may override compression fields for itself with
 ``sampling_params["custom_params"]["sparse_kv"] = {"method": "snapkv", "budget": 256, ...}``; its
-``window`` may not exceed the server's (the query ring is sized by it). Admission control is sized by
-the server's ``budget + buffer``.
+``window`` and ``budget + buffer`` may not exceed the server's (they size the query ring and the kept-position
+buffer). Admission reserves each request's own ``budget + buffer + 1`` future tokens (``admission.py``).
 
 Everything is validated when the server starts (``refusals.py``, hooked on ``ServerArgs.resolve_once`` and
 ``ServerArgs.check_server_args``), before any model loads, with one line naming the bad field.
@@ -157,5 +157,5 @@ def request_compression(base: CompressionConfig, overrides: Any) -> CompressionC
                           f"({base.window}), which sizes the query ring")
     if config.max_candidates > base.max_candidates:
         raise ConfigError(f"custom_params.{REQUEST_KEY}: budget + buffer ({config.max_candidates}) exceeds the "
-                          f"server's ({base.max_candidates}), which sizes admission and the position buffer")
+                          f"server's ({base.max_candidates}), which sizes the position buffer")
     return config

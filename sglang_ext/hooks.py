@@ -13,7 +13,10 @@ installing the plugin changes nothing for servers that do not select it.
 | ``ReqToTokenPool.alloc`` | after | bind a request (its config, prompt length, provenance) to its row |
 | ``ReqToTokenPool.write`` | after | the radix checkpoint repoints a bound row at the tree's slots: the table follows |
 | ``BeamCoordinator.validate_and_init`` | around | beam search is refused per request (beam rows are remapped) |
-| ``PrefillAdder.add_one_req`` | around | compressed EOS-ignoring requests are admitted by B + W, not max_new_tokens |
+| ``PrefillAdder.add_one_req`` | around | a request is admitted by its own bound (its B + W + 1; ``admission``) |
+| ``PrefillAdder.add_chunked_req`` | around | the same, when a chunked prefill's last chunk reserves its future |
+| ``PrefillAdder._get_running_request_total_token_offset`` | around | running requests count by their own bound |
+| ``PrefillAdder.preempt_to_schedule`` | around | the same for the request a preemption makes room for |
 | ``Req._compute_max_prefix_len`` | around | a radix hit stops alpha tokens short (ring queries), and at the prompt |
 | ``common.checkpoint_kv_cache`` | around | a compressible request's checkpoint inserts its prompt only |
 | ``common.release_kv_cache`` | around | a compressed request is not inserted into the radix tree when it ends |
@@ -33,6 +36,7 @@ from http import HTTPStatus
 import torch
 
 from sglang_ext.accounting import extras_needed, handles_row, owned_slots, release_row, reserve_extras
+from sglang_ext.admission import clipped, request_bound
 from sglang_ext.backend import active_backend
 from sglang_ext.compaction import record_idle
 from sglang_ext.config import REQUEST_KEY, ConfigError
@@ -106,15 +110,27 @@ def _refuse_beams(original, coordinator, req, *args, **kwargs):
 
 def _add_one_req(original, adder, req, *args, **kwargs):
     backend = active_backend()
-    if backend is None or not backend.compresses or not req.sampling_params.ignore_eos:
+    if backend is None or not backend.compresses:
         return original(adder, req, *args, **kwargs)
-    # Without a radix cache SGLang plans EOS-ignoring requests to grow to max_new_tokens (its ignore-EOS
-    # admission); the general path reserves min(max_new_tokens, CLIP), and CLIP is B + W + 1 here.
-    req.sampling_params.ignore_eos = False
-    try:
+    with clipped(backend, req):
+        if not req.sampling_params.ignore_eos or request_bound(backend, req) >= backend.sglang_clip:
+            return original(adder, req, *args, **kwargs)
+        # Without a radix cache SGLang plans EOS-ignoring requests to grow to max_new_tokens (its ignore-EOS
+        # admission); the general path reserves min(max_new_tokens, CLIP), and CLIP is the request's B + W + 1.
+        req.sampling_params.ignore_eos = False
+        try:
+            return original(adder, req, *args, **kwargs)
+        finally:
+            req.sampling_params.ignore_eos = True
+
+
+def _with_own_bound(original, adder, req, *args, **kwargs):
+    """A ``PrefillAdder`` method about one request, run with ``CLIP_MAX_NEW_TOKENS`` at that request's bound."""
+    backend = active_backend()
+    if backend is None or not backend.compresses:
         return original(adder, req, *args, **kwargs)
-    finally:
-        req.sampling_params.ignore_eos = True
+    with clipped(backend, req):
+        return original(adder, req, *args, **kwargs)
 
 
 def _max_prefix_len(original, req, input_len):
@@ -242,6 +258,10 @@ def register_hooks() -> None:
         ("sglang.srt.mem_cache.memory_pool.ReqToTokenPool.write", _follow_write, after),
         ("sglang.srt.beam_search.coordinator.BeamCoordinator.validate_and_init", _refuse_beams, around),
         ("sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req", _add_one_req, around),
+        ("sglang.srt.managers.schedule_policy.PrefillAdder.add_chunked_req", _with_own_bound, around),
+        ("sglang.srt.managers.schedule_policy.PrefillAdder._get_running_request_total_token_offset", _with_own_bound,
+         around),
+        ("sglang.srt.managers.schedule_policy.PrefillAdder.preempt_to_schedule", _with_own_bound, around),
         ("sglang.srt.managers.schedule_batch.Req._compute_max_prefix_len", _max_prefix_len, around),
         ("sglang.srt.mem_cache.common.release_kv_cache", _release_kv_cache, around),
         ("sglang.srt.mem_cache.common.checkpoint_kv_cache", _checkpoint_kv_cache, around),

@@ -30,6 +30,8 @@ def _metric_rows(bench: dict[str, Any]) -> list[tuple[str, float, str]]:
     if "shortcut_free_accuracy" in m:  # the records whose answer is none of the prompt's values
         rows += [(f"shortcut-free avg@{bench['n']} ({int(m['shortcut_free_problems'])} problems)",
                   100.0 * m["shortcut_free_accuracy"], "{:.2f}")]
+    if "full_chain_frac" in m:  # chain tasks: every intermediate state right
+        rows += [("fully correct chains %", 100.0 * m["full_chain_frac"], "{:.2f}")]
     samples = max(m["samples"], 1)
     rows += [(f"{r} %", 100.0 * m["reasons"].get(r, 0) / samples, "{:.1f}") for r in _REASONS]
     rows += [("mean response tokens", m["mean_response_tokens"], "{:.1f}"),

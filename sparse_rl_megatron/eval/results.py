@@ -9,7 +9,8 @@ Layout (``FORMAT_VERSION`` 1)::
                    "metrics": {"avg@<n>", "pass@<k>"..., "problems", "samples", "reasons": {...},
                                "mean_response_tokens", "truncated_fraction", "mean_compression_events",
                                "max_peak_kv_tokens", and for tasks that flag them
-                               "shortcut_free_accuracy", "shortcut_free_problems"},
+                               "shortcut_free_accuracy", "shortcut_free_problems", and for chain
+                               tasks "full_chain_frac"},
                    "problems": [{"source_id", "problem", "gold", "answer_style", "correct",
                                  "samples": [{"index", "response", "answer", "reward", "reason", "detail",
                                               "finish_reason", "response_tokens", "compression_events",

@@ -21,7 +21,7 @@ from sparse_rl_megatron.eval.config import EvalConfig
 from sparse_rl_megatron.eval.lengths import context_error, dense_prompts, prompt_token_counts
 from sparse_rl_megatron.eval.metrics import avg_at_k, default_ks, mean_pass_at_k
 from sparse_rl_megatron.eval.results import FORMAT_VERSION
-from sparse_rl_megatron.eval.subsets import shortcut_free_accuracy
+from sparse_rl_megatron.eval.subsets import full_chain_fraction, shortcut_free_accuracy
 from sparse_rl_megatron.rewards.reward import MathReward, reason_counts
 from sparse_rl_megatron.rewards.verify import REASONS, Verdict
 from sparse_rl_megatron.utils.errors import UsageError, UserError
@@ -120,6 +120,9 @@ def benchmark_section(name: str, dataset: Dataset, problems: list[dict[str, Any]
     free = shortcut_free_accuracy(dataset, problems)
     if free is not None:  # a task that flags the records whose answer is not in the prompt (tasks/audit.py)
         metrics["shortcut_free_accuracy"], metrics["shortcut_free_problems"] = free
+    chains = full_chain_fraction(dataset, problems)
+    if chains is not None:  # a chain task: the share of responses whose every intermediate state is right
+        metrics["full_chain_frac"] = chains[0]
     log.info("%s: avg@%d = %.4f over %d problems", name, settings.n, metrics[f"avg@{settings.n}"], len(problems))
     return {
         "dataset": name,

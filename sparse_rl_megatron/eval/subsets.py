@@ -6,6 +6,10 @@ learns) apart from the other's (what it damages); a data set without ``subset`` 
 Shortcut-free accuracy: the accuracy on the records whose answer cannot be copied from the prompt (a task marks
 them ``MathRecord.extra["shortcut_free"]``; ``tasks/audit.py``), so a policy that boxes a prompt value scores 0
 there. On ``modchain_weak`` the overall accuracy rose under RL while this one fell (docs/embedded-default.md).
+
+Full chains: for chain tasks (records carry their worked chain, every intermediate state without the final answer,
+as ``MathRecord.extra["chain"]``), the share of responses that write that whole chain, every state right: an answer
+reached through a wrong state, or a chain stopped early, does not count.
 """
 from __future__ import annotations
 
@@ -17,6 +21,28 @@ SUBSET_KEY = "subset"
 """The ``MathRecord.extra`` field naming a record's class."""
 SHORTCUT_FREE_KEY = "shortcut_free"
 """The ``MathRecord.extra`` flag of a record whose answer is none of the values named in its prompt."""
+CHAIN_KEY = "chain"
+"""The ``MathRecord.extra`` field of a chain task's record: its worked chain (every intermediate state, words
+separated by spaces, without the final answer)."""
+
+
+def full_chain(response: str, chain: str) -> bool:
+    """Whether ``response`` opens with every word of ``chain`` (whitespace aside): all intermediate states right."""
+    words = chain.split()
+    return response.split()[:len(words)] == words
+
+
+def full_chain_fraction(dataset: Dataset, problems: list[dict[str, Any]]) -> tuple[float, int] | None:
+    """(mean over the records with a chain of the share of samples that write it in full, number of such records)
+    of one evaluation (``problems`` in the data set's order, each with ``samples`` carrying ``response``); None
+    when no record of ``dataset`` carries a chain."""
+    if len(problems) != len(dataset):
+        raise ValueError(f"{len(problems)} evaluated problems for {len(dataset)} records")
+    pairs = [(r.extra[CHAIN_KEY], p) for r, p in zip(dataset, problems) if CHAIN_KEY in r.extra]
+    if not pairs:
+        return None
+    shares = [sum(full_chain(s["response"], chain) for s in p["samples"]) / len(p["samples"]) for chain, p in pairs]
+    return sum(shares) / len(shares), len(shares)
 
 
 def subset_metrics(prefix: str, dataset: Dataset, section: dict[str, Any]) -> dict[str, float]:
@@ -64,3 +90,12 @@ def shortcut_free_metrics(prefix: str, dataset: Dataset, section: dict[str, Any]
     if free is None:
         return {}
     return {f"{prefix}/shortcut_free_accuracy": free[0], f"{prefix}/shortcut_free_problems": float(free[1])}
+
+
+def full_chain_metrics(prefix: str, dataset: Dataset, section: dict[str, Any]) -> dict[str, float]:
+    """``<prefix>/full_chain_frac`` (``full_chain_fraction``); empty when no record of ``dataset`` carries a chain."""
+    try:
+        full = full_chain_fraction(dataset, section["problems"])
+    except ValueError as err:
+        raise ValueError(f"{prefix}: {err}") from None
+    return {} if full is None else {f"{prefix}/full_chain_frac": full[0]}

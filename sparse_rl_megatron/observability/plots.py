@@ -14,8 +14,10 @@ from sparse_rl_megatron.observability.metrics_writer import read_metrics
 # correction's effect, and optimisation health. A key missing from the run is left out of the figure.
 DEFAULT_PANELS: dict[str, Sequence[str]] = {
     "train reward": ("rollout/reward_mean",),
-    "held-out accuracy": ("eval/dense/accuracy", "eval/sparse/accuracy", "eval/dense/shortcut_free_accuracy",
-                          "eval/sparse/shortcut_free_accuracy"),
+    "held-out accuracy": ("eval/dense/accuracy", "eval/sparse/accuracy", "eval/adaptive/accuracy",
+                          "eval/dense/shortcut_free_accuracy", "eval/sparse/shortcut_free_accuracy",
+                          "eval/adaptive/shortcut_free_accuracy", "eval/dense/full_chain_frac",
+                          "eval/sparse/full_chain_frac"),
     "rejection rate": ("sparse/rejected_seq_frac", "sparse/rejected_token_frac"),
     "contamination (any rho < 0.5)": ("sparse/contaminated_frac", "sparse/would_veto_frac"),
     "adaptive KV budget": ("rollout/budget",),

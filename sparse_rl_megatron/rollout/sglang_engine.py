@@ -138,7 +138,7 @@ class SGLangRolloutEngine:
         """``n`` samples per prompt, group-major, ``group_id`` = ``group_ids[p]`` (default: the prompt index),
         which also picks each request's sampling seed. ``compression`` overrides the engine's for these requests
         (within the server's window and B + W); ``budgets[p]`` is prompt p's own budget B (its requests decode
-        beside the others; admission still reserves the server's B + W per request)."""
+        beside the others, and the plugin admits each by its own B + W + 1 future tokens)."""
         if self._released:
             raise RuntimeError("SGLangRolloutEngine.generate called after release_memory(); call resume_memory() first")
         if n < 1:
@@ -187,7 +187,7 @@ class SGLangRolloutEngine:
             config = dataclasses.replace(base, budget=b)  # validated: B > window, an int
             if not server.is_dense and config.max_candidates > server.max_candidates:
                 raise ValueError(f"generate: budget {b} + buffer {config.buffer} exceeds the server's B + W "
-                                 f"({server.max_candidates}), which sizes its admission and tables")
+                                 f"({server.max_candidates}), which sizes its tables")
             per_group[g] = to_dict(config)
         return per_group
 

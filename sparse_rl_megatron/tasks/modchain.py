@@ -7,7 +7,8 @@ step needs while it evicts the rest. The model is a tiny standard HF Qwen2 with 
 in code; the warm start is a short supervised stage on worked solutions (``sft.py``).
 See docs/embedded-default.md for the recommended settings and measured curves. ``trivial_answers`` gives the
 shortcut audit (``tasks/audit.py``) its policies; records carry ``extra["shortcut_free"]``: the answer is none of
-the values named in the prompt (evaluation reports the accuracy on those records apart).
+the values named in the prompt (evaluation reports the accuracy on those records apart), and ``extra["chain"]``,
+the worked chain without its answer (evaluation reports the share of fully correct chains, ``eval/subsets.py``).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from sparse_rl_megatron.data.loader import Dataset
 from sparse_rl_megatron.data.record import MathRecord
 from sparse_rl_megatron.tasks.base import SPLITS, Task
 from sparse_rl_megatron.tasks.modchain_problems import (
-    DISTRACTOR_LETTERS, ChainFamily, answer_text, answer_tokens, make_problem, parse_prompt, split_keys, vocabulary,
+    DISTRACTOR_LETTERS, ChainFamily, answer_text, answer_tokens, chain_words, make_problem, parse_prompt, split_keys, vocabulary,
 )
 from sparse_rl_megatron.tasks.modchain_teacher import EarlyStopTeacher
 from sparse_rl_megatron.tasks.sft import SFTConfig, check_output_free, save_model_dir, supervised_finetune
@@ -76,6 +77,10 @@ class ModChainSpec:
     teacher: EarlyStopTeacher | None = None
     """None: perfect demonstrations; else the weaker teacher of ``modchain_teacher.py`` (records then carry
     ``extra["subset"]`` and evaluation reports accuracy per class)."""
+    restate_start: bool = False
+    """Responses (solutions, demonstrations) open with ``sZero <x0>`` (2 more tokens), so every step adds one prompt
+    value to the state just written (``modchain_problems.chain_words``); without it x1 = x0 + a needs two prompt
+    values at once, the one step some warm starts never learn (docs/embedded-default.md, seed 2)."""
     warm_start_steps: int = 300
     """Optimizer steps of the recommended supervised stage (``WARM_START``'s other fields apply); a config's
     ``warm_start.steps`` overrides it."""
@@ -110,7 +115,7 @@ class ModChainTask(Task):
     @property
     def response_tokens(self) -> int:
         """Tokens of a correct response, EOS included (the least ``max_new_tokens`` that lets it finish)."""
-        return 2 * self.spec.steps + answer_tokens(self.spec.family.modulus) + 1
+        return 2 * (self.spec.steps + self.spec.restate_start) + answer_tokens(self.spec.family.modulus) + 1
 
     def records(self, split: str, limit: int | None = None, seed: int = 0) -> Dataset:
         """Held-out: every held-out triple ``heldout_variants`` times, in a fixed order; train: every training
@@ -134,19 +139,20 @@ class ModChainTask(Task):
             records.append(MathRecord(
                 prompt=p.prompt(), answer=answer, source_id=f"{split}-{x0}{sep}{a}{sep}{b}-v{v}", dataset=self.name,
                 answer_style="boxed",
-                extra={"solution": p.solution(spec.steps), "x0": x0, "a": a, "b": b, "shortcut_free": free}))
+                extra={"solution": p.solution(spec.steps, spec.restate_start), "x0": x0, "a": a, "b": b, "shortcut_free": free,
+                       "chain": " ".join(chain_words(x0, p.states(spec.steps), spec.restate_start))}))
         if spec.teacher is not None:  # the demonstrations: one draw per record, in record order
             teacher_rng = random.Random(f"{self.name}/teacher/{split}/{seed}")
             for r, (_, key, p) in zip(records, rows):
                 r.extra["subset"] = spec.teacher.subset_of(p, spec.steps)
-                r.extra["demonstration"] = spec.teacher.demonstration(p, spec.steps, teacher_rng)
+                r.extra["demonstration"] = spec.teacher.demonstration(p, spec.steps, teacher_rng, spec.restate_start)
         return Dataset(name=self.name, path=f"task:{self.name}/{split}", records=records)
 
     # -------------------------------------------------------------------------------------------- model
     def tokenizer(self):
         """The word-level tokenizer of this variant's vocabulary."""
         modulus = self.spec.family.modulus
-        return build_word_tokenizer(vocabulary(self.spec.steps, modulus), [" " + answer_text(d) for d in range(modulus)])
+        return build_word_tokenizer(vocabulary(self.spec.steps, modulus, self.spec.restate_start), [" " + answer_text(d) for d in range(modulus)])
 
     # ------------------------------------------------------------------------------------------ shortcuts
     def trivial_answers(self, record: MathRecord) -> dict[str, str | None]:

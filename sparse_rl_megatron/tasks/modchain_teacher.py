@@ -27,7 +27,7 @@ import random
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from sparse_rl_megatron.tasks.modchain_problems import Problem, all_keys, answer_text, digit_word, step_word
+from sparse_rl_megatron.tasks.modchain_problems import Problem, all_keys, answer_text, chain_words
 from sparse_rl_megatron.utils.registry import Registry
 
 Key = tuple[int, int, int]
@@ -83,13 +83,12 @@ class EarlyStopTeacher:
             raise ValueError(f"EarlyStopTeacher: no problem is in class '{self.subset}' at stop_step "
                              f"{self.stop_step}")
 
-    def demonstration(self, problem: Problem, steps: int, rng: random.Random) -> str:
+    def demonstration(self, problem: Problem, steps: int, rng: random.Random, restate_start: bool = False) -> str:
         """The teacher's worked solution of ``problem``: ``problem.solution(steps)``, or on the class with
         probability ``stop_prob`` the first ``stop_step`` steps and ``\\boxed{x_stop_step}``. Draws from ``rng``
         for every problem (of either class), so the draws do not depend on which problems precede."""
         stop = rng.random() < self.stop_prob
         if not (stop and self.in_class(problem, steps)):
-            return problem.solution(steps)
+            return problem.solution(steps, restate_start)
         states = problem.states(self.stop_step)
-        words = [w for k, x in enumerate(states, start=1) for w in (step_word(k), digit_word(x))]
-        return " ".join(words + [answer_text(states[-1])])
+        return " ".join(chain_words(problem.x0, states, restate_start) + [answer_text(states[-1])])

@@ -30,7 +30,12 @@ if TYPE_CHECKING:
 
 ENGINE_DTYPES = ("float32", "bfloat16", "float16")
 RESUME_MODES = ("auto", "never")
-EVAL_MODES = ("dense", "sparse")
+EVAL_MODES = ("dense", "sparse", "adaptive")
+"""``dense``: full KV cache; ``sparse``: the stated compression (``eval.compression``, else the rollout's as
+configured: with the adaptive budget, its start budget, never the controller's, so evaluations at different steps
+compare); ``adaptive``: the rollout's compression at the adaptive budget controller's current budget (only with
+``rollout.adaptive_budget.enabled``)."""
+DEFAULT_EVAL_MODES = ("dense", "sparse")
 SINGLE_SAMPLE_ESTIMATORS = ("reinforce",)
 """Advantage estimators that give a signal with one sample per prompt (a batch baseline); the group-based ones
 (grpo, drgrpo, rloo) give every sample of a one-sample group advantage 0, i.e. nothing to learn."""
@@ -128,8 +133,8 @@ class RolloutConfig:
                       ) -> SGLangEngineConfig:
         """The ``SGLangEngineConfig`` of an ``sglang`` engine serving the model at ``model_path``: in process on
         ``gpus_per_engine`` GPUs from ``base_gpu_id``, or the servers ``urls`` (default: all of ``sglang.urls``).
-        With the adaptive budget the server's compression has ``max_budget`` (it sizes admission and the plugin's
-        tables); every step's requests carry their own budget."""
+        With the adaptive budget the server's compression has ``max_budget`` (it bounds the per-request budgets and
+        sizes the plugin's tables); every step's requests carry their own budget, which admission reserves for."""
         options = {f.name: getattr(self.sglang, f.name) for f in dataclasses.fields(SGLangOptions)}
         if urls is not None:
             options["urls"] = list(urls)
@@ -252,10 +257,13 @@ class TrainEvalConfig:
     """Sampling temperature (0 = greedy, the least noisy estimate on a small held-out set)."""
     top_p: float = 1.0
     """Nucleus mass."""
-    modes: list[str] = field(default_factory=lambda: list(EVAL_MODES))
-    """``dense`` (full KV cache) and/or ``sparse`` (``compression``; skipped when that is dense)."""
+    modes: list[str] = field(default_factory=lambda: list(DEFAULT_EVAL_MODES))
+    """``dense`` (full KV cache), ``sparse`` (``compression``; skipped when that is dense) and/or ``adaptive`` (the
+    rollout's compression at the adaptive budget controller's current budget; needs
+    ``rollout.adaptive_budget.enabled``)."""
     compression: CompressionConfig | None = None
-    """KV compression of the ``sparse`` mode (None: the rollout's); a fixed one compares runs whose rollouts differ."""
+    """KV compression of the ``sparse`` mode (None: the rollout's, as configured: with the adaptive budget its start
+    budget ``rollout.compression.budget``, never the controller's); a fixed one compares runs whose rollouts differ."""
 
     def __post_init__(self) -> None:
         if self.every < 0:
@@ -365,6 +373,7 @@ class TrainConfig:
                 f"TrainConfig.global_batch_size={self.global_batch_size} must divide the rollout batch "
                 f"rollout.prompts_per_step x rollout.samples_per_prompt = {rollout_batch}")
         self.learner.optim.for_run(self.total_optimizer_steps)  # a decay shorter than the run: one line
+        self._check_eval_modes()
         if (self.rollout.samples_per_prompt == 1
                 and self.correction.advantage_estimator not in SINGLE_SAMPLE_ESTIMATORS):
             raise ValueError(
@@ -372,6 +381,21 @@ class TrainConfig:
                 f"'{self.correction.advantage_estimator}' trains on zero advantages (a group of one has no "
                 f"baseline); use samples_per_prompt >= 2 or an estimator that works with one sample: "
                 f"{', '.join(SINGLE_SAMPLE_ESTIMATORS)}")
+
+    def _check_eval_modes(self) -> None:
+        """``adaptive`` evaluation needs the controller; an ``sglang`` engine serves a ``sparse`` evaluation's
+        compression per request, within the server's window and B + W (``RolloutConfig.server_compression``)."""
+        if "adaptive" in self.eval.modes and not self.rollout.adaptive_budget.enabled:
+            raise ValueError("eval.modes has 'adaptive' (the adaptive budget controller's current budget), but "
+                             "rollout.adaptive_budget.enabled is false")
+        server, stated = self.rollout.server_compression(), self.eval.compression
+        if self.rollout.engine != "sglang" or "sparse" not in self.eval.modes or stated is None or stated.is_dense \
+                or server.is_dense:
+            return
+        if stated.window > server.window or stated.max_candidates > server.max_candidates:
+            raise ValueError(f"eval.compression ({stated.describe()}) does not fit the sglang servers' "
+                             f"({server.describe()}): its window and budget + buffer must be at most the servers' "
+                             f"(they size the query ring and the position buffer)")
 
     @property
     def optimizer_steps_per_rollout(self) -> int:

@@ -113,7 +113,7 @@ def _finish(cfg: TrainConfig, run: Run) -> None:
     from sparse_rl_megatron.observability.metrics_writer import read_metrics
 
     records = read_metrics(run.writer.path)
-    for mode in ("dense", "sparse"):
+    for mode in ("dense", "sparse", "adaptive"):
         key, free = f"eval/{mode}/accuracy", f"eval/{mode}/shortcut_free_accuracy"
         evals = [r for r in records if r.get(key) is not None]
         if len(evals) >= 2:
@@ -121,4 +121,7 @@ def _finish(cfg: TrainConfig, run: Run) -> None:
             line = f"held-out accuracy ({mode}): step {first['step']} {first[key]:.3f} -> step {last['step']} {last[key]:.3f}"
             if first.get(free) is not None and last.get(free) is not None:  # answers not copyable from the prompt
                 line += f"; shortcut-free {first[free]:.3f} -> {last[free]:.3f}"
+            chain = f"eval/{mode}/full_chain_frac"
+            if first.get(chain) is not None and last.get(chain) is not None:  # every intermediate state right
+                line += f"; full chains {first[chain]:.3f} -> {last[chain]:.3f}"
             run.say(line)

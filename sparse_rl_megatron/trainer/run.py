@@ -99,12 +99,15 @@ class Run:
 
     # ------------------------------------------------------------------------------------------- evaluate
     def evaluate(self, step: int) -> dict[str, float]:
-        """Held-out accuracy of the live weights (every engine evaluates its share; every rank gets the metrics)."""
+        """Held-out accuracy of the live weights (every engine evaluates its share; every rank gets the metrics).
+        ``sparse`` at the stated budget; ``adaptive`` (if asked) at the controller's current budget, the one the
+        next step samples with (``trainer/evaluation.py``)."""
         from sparse_rl_megatron.trainer.evaluation import evaluate_pool
 
         if not self.plan.eval_data:
             return {}
-        return evaluate_pool(self.pool, self.plan.eval_data, self.cfg, self.plan.template, step, self.run_dir)
+        return evaluate_pool(self.pool, self.plan.eval_data, self.cfg, self.plan.template, step, self.run_dir,
+                             controller_budget=None if self.budget is None else self.budget.budget)
 
 
 def _claim_run_dir(cfg: TrainConfig, run: Run) -> tuple[Any, list[str]]:

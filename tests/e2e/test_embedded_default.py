@@ -48,7 +48,8 @@ def test_the_embedded_default_runs_from_nothing_and_writes_its_outputs(tmp_path)
     assert "sparse-rl train:" in out.stdout and "KV rkv B=8" in out.stdout and "step 2/2" in out.stdout
     for mode in ("dense", "sparse"):  # the accuracy on the answers not copyable from the prompt next to it
         assert re.search(rf"^held-out accuracy \({mode}\): step 0 \d\.\d{{3}} -> step 2 \d\.\d{{3}}; "
-                         rf"shortcut-free \d\.\d{{3}} -> \d\.\d{{3}}$", out.stdout, re.MULTILINE), out.stdout[-3000:]
+                         rf"shortcut-free \d\.\d{{3}} -> \d\.\d{{3}}; full chains \d\.\d{{3}} -> \d\.\d{{3}}$",
+                         out.stdout, re.MULTILINE), out.stdout[-3000:]
     assert (run_dir / "metrics.png").read_bytes()[:4] == b"\x89PNG"
     # metrics: an evaluation at every step (dense and sparse, 16 held-out problems), rewards, the correction's rho
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -64,6 +65,9 @@ def test_the_embedded_default_runs_from_nothing_and_writes_its_outputs(tmp_path)
             # the records whose answer is none of the prompt's values (13 of these 16)
             assert r[f"eval/{mode}/modchain31_weak/shortcut_free_problems"] == FREE_OF_16
             assert r[f"eval/{mode}/shortcut_free_accuracy"] == r[f"eval/{mode}/modchain31_weak/shortcut_free_accuracy"]
+            # the share of responses whose every intermediate state is right
+            assert r[f"eval/{mode}/full_chain_frac"] == r[f"eval/{mode}/modchain31_weak/full_chain_frac"]
+            assert 0.0 <= r[f"eval/{mode}/full_chain_frac"] <= 1.0
     for r in records[1:]:
         assert math.isfinite(r["loss/pg"]) and r["train/optimizer_steps"] == 2
         assert r["rollout/compression_events_mean"] > 0 and 0.0 <= r["rollout/reward_mean"] <= 1.0

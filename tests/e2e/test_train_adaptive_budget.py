@@ -1,6 +1,7 @@
 """``sparse-rl train`` with the adaptive KV budget (issue 27) on the CPU default's task, fast form: every step's
 budget is the controller's answer to the previous step's logged signal, every sample's provenance carries it, and
-a run stopped after step 2 and resumed samples step 3 with the same budget as the uninterrupted run."""
+a run stopped after step 2 and resumed samples step 3 with the same budget as the uninterrupted run. Held-out
+evaluation: ``sparse`` at the configured budget at every step, ``adaptive`` at the controller's current one."""
 from __future__ import annotations
 
 import json
@@ -14,7 +15,7 @@ from sparse_rl_megatron.compression.budget_controller import AdaptiveBudgetConfi
 ADAPTIVE = {"enabled": True, "target": 0.3, "min_budget": 4, "max_budget": 32, "gain": 2.0, "deadband": 0.0,
             "granule": 1}
 OVERRIDES = ["rollout.adaptive_budget={" + ", ".join(f"{k}: {str(v).lower()}" for k, v in ADAPTIVE.items()) + "}",
-             "checkpoint.save_every=1", "eval.every=0", "log.plot=false"]
+             "checkpoint.save_every=1", "eval.every=0", "eval.modes=[dense,sparse,adaptive]", "log.plot=false"]
 
 
 def test_adaptive_budget_follows_the_signal_and_resumes(tmp_path, shared_data):
@@ -42,6 +43,10 @@ def test_adaptive_budget_follows_the_signal_and_resumes(tmp_path, shared_data):
         replay.update(r["rollout/budget_signal"])
     budgets = [r["rollout/budget"] for r in steps]
     assert len(set(budgets)) > 1, budgets  # it adapted (0 deadband: it moves unless the signal is 0.3 exactly)
+    # evaluations before step 1 and after step 3: sparse at the configured budget, adaptive at the controller's
+    first, last = _records(whole)[0], steps[-1]
+    assert first["step"] == 0 and first["eval/sparse/budget"] == first["eval/adaptive/budget"] == 8
+    assert last["eval/sparse/budget"] == 8 and last["eval/adaptive/budget"] == replay.budget != 8
     state = json.loads((whole / "checkpoints" / "step_3" / "trainer_state.json").read_text())
     assert state["budget_controller"]["budget"] == replay.budget
     # the resumed run's steps are the uninterrupted run's, budgets and signals included (bit-exact on CPU)

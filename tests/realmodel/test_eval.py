@@ -1,5 +1,5 @@
-"""``sparse-rl eval`` on SmolLM2-135M-Instruct and real GSM8K problems, dense and with R-KV (the hf engine; the
-trainer's dense and sparse evaluation with each engine runs in test_recipe.py)."""
+"""``sparse-rl eval`` on SmolLM2-135M-Instruct and real GSM8K problems: dense and with R-KV on the hf engine, R-KV on
+the sglang engine in bfloat16 (the trainer's dense and sparse evaluation with each engine runs in test_recipe.py)."""
 from __future__ import annotations
 
 import json
@@ -28,3 +28,12 @@ def test_eval_dense_and_rkv(smollm2, shared_data, tmp_path):
     # the real tokenizer round-trips: responses are text (words and numbers), not byte soup
     assert all(sum(c.isalpha() for c in s["response"]) > 20 for s in samples["dense"])
     assert [s["response"] for s in samples["dense"]] != [s["response"] for s in samples["rkv"]]
+
+
+def test_eval_with_the_sglang_engine_in_bfloat16_compresses_and_writes_text(smollm2, shared_data, tmp_path):
+    """``sparse-rl eval --engine sglang``: SGLang's CPU engine with the sparse_kv plugin, bf16 as the recipes serve."""
+    rkv = _eval(smollm2, tmp_path / "rkv.json", shared_data, "--engine", "sglang", "--dtype", "bfloat16",
+                "--compression", "rkv", "--budget", "16", "--buffer", "8")
+    samples = [p["samples"][0] for p in rkv["problems"]]
+    assert len(samples) == 2 and all(s["compression_events"] > 0 for s in samples)
+    assert all(sum(c.isalpha() for c in s["response"]) > 20 for s in samples)

@@ -112,7 +112,31 @@ def test_shortcut_free_variants_tokenize_and_bound_their_responses(name):
         assert tok.decode(ids) == f"{r.prompt} {r.extra['solution']}"
         lengths.append(len(ids) - task.prompt_tokens + 1)  # + EOS
     assert max(lengths) <= task.response_tokens
-    assert 2 * task.spec.steps + 6 in lengths  # a two-digit answer: \boxed { d d } after 2N words, then EOS
+    # a two-digit answer: \boxed { d d } after 2N words (2 more for sZero <x0>), then EOS
+    assert 2 * (task.spec.steps + task.spec.restate_start) + 6 in lengths
+
+
+def test_modchain31_weak_responses_restate_the_start_so_each_step_adds_one_prompt_value():
+    """Without ``sZero <x0>`` the first state needs x0 and a from the prompt at once: seed 2's warm start got it
+    wrong on 352 of 400 held-out chains (and no later step), docs/embedded-default.md."""
+    from sparse_rl_megatron.tasks.modchain_problems import digit_word
+
+    task = get_task("modchain31_weak")
+    assert task.spec.restate_start and task.response_tokens == 67
+    tok = task.tokenizer()
+    assert len(tok(" sZero", add_special_tokens=False)["input_ids"]) == 1
+    stopped = 0
+    for r in task.records("train", limit=200):
+        start = f"sZero {digit_word(r.extra['x0'])} sOne {digit_word((r.extra['x0'] + r.extra['a']) % 31)} "
+        assert r.extra["solution"].startswith(start) and r.extra["demonstration"].startswith(start)
+        stopped += r.extra["demonstration"] != r.extra["solution"]
+        words = r.extra["demonstration"].split()  # sZero x0, 29 or 26 steps, \boxed{x}
+        assert words[-1].startswith("\\boxed{") and len(words) in (2 * 30 + 1, 2 * 27 + 1)
+    assert stopped > 0  # the weak teacher still stops early (after sTwentySix)
+    p = Problem(4, 3, 20, modulus=31, rule="alternating")
+    assert p.solution(2, restate_start=True) == "sZero four sOne seven sTwo twentyseven \\boxed{27}"
+    assert p.solution(2) == "sOne seven sTwo twentyseven \\boxed{27}"
+    assert "sZero" not in get_task("modchain100_weak").tokenizer().get_vocab()  # other variants keep their format
 
 
 def test_chain_family_validation_and_mod31_format():
@@ -205,9 +229,9 @@ def test_sparse_rl_eval_reports_the_shortcut_free_accuracy():
     free = sum(r.extra["shortcut_free"] for r in held)
     assert 0 < free < len(held)
 
-    def sample(right: bool) -> dict:
+    def sample(right: bool, response: str = "") -> dict:
         return {"reason": "correct" if right else "wrong", "response_tokens": 66, "finish_reason": "stop",
-                "compression_events": 12, "peak_kv_tokens": 29}
+                "compression_events": 12, "peak_kv_tokens": 29, "response": response}
 
     def results(problems, records) -> dict:
         ds = Dataset(name="x", path="x", records=records)
@@ -217,19 +241,23 @@ def test_sparse_rl_eval_reports_the_shortcut_free_accuracy():
                          "template": "raw"}, "benchmarks": {"x": section}}
 
     # the x0 policy: right exactly where the answer is the start, never on a shortcut-free record
-    copy = results([{"source_id": r.source_id, "samples": [sample(r.answer == str(r.extra["x0"]))]} for r in held], held)
+    copy = results([{"source_id": r.source_id, "samples": [sample(r.answer == str(r.extra["x0"]),
+                                                                  f" \\boxed{{{r.extra['x0']}}}")]} for r in held], held)
     m = copy["benchmarks"]["x"]["metrics"]
     assert m["shortcut_free_accuracy"] == 0.0 and m["shortcut_free_problems"] == free and m["avg@1"] > 0
-    solved = results([{"source_id": r.source_id, "samples": [sample(True)]} for r in held], held)
+    assert m["full_chain_frac"] == 0.0  # no chain written at all
+    solved = results([{"source_id": r.source_id, "samples": [sample(True, " " + r.extra["solution"])]} for r in held],
+                     held)
+    assert solved["benchmarks"]["x"]["metrics"]["full_chain_frac"] == 1.0
     console = Console(record=True, width=200)
     print_results(copy, console)
     print_comparison(copy, solved, console=console)
     text = console.export_text()
     assert f"shortcut-free avg@1 ({free} problems)" in text and "shortcut-free %" in text
-    assert "0.00 |" in text.replace("│", "|") and "+100.00" in text
+    assert "0.00 |" in text.replace("│", "|") and "+100.00" in text and "fully correct chains %" in text
     plain = [MathRecord(prompt="q", answer="1", source_id="s", dataset="y")]
     m = results([{"source_id": "s", "samples": [sample(True)]}], plain)["benchmarks"]["x"]["metrics"]
-    assert "shortcut_free_accuracy" not in m
+    assert "shortcut_free_accuracy" not in m and "full_chain_frac" not in m
 
 
 def test_sparse_rl_eval_takes_a_tasks_heldout_split(tmp_path):
