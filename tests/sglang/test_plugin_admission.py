@@ -78,7 +78,7 @@ def test_a_smaller_budget_admits_more_rows_and_matches_the_reference(engine, hf_
         assert all(s.compression.budget == budget and s.compression.events >= 1 for s in samples)
         assert all(s.metadata.get("retractions", 0) == 0 for s in samples)
         assert_matches_reference(samples, teacher_forced(hf_model, CompressionConfig(
-            **{**SERVER.__dict__, "budget": budget}), samples))
+            **{**SERVER.__dict__, "budget": budget}), samples), hf_model)
     assert engine.resubmitted == 0
     print(f"most rows decoding at once: {rows}")
     # admission's arithmetic: each admitted row reserves its prompt + its own bound out of the pool
