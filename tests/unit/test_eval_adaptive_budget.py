@@ -9,11 +9,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from sparse_rl_megatron.compression import CompressionConfig
 from sparse_rl_megatron.trainer.config import TrainConfig
 from sparse_rl_megatron.utils.config_io import ConfigError, from_dict, to_dict
+from model_fixtures import cache_sensitive_modchain_model
 
 START, MOVED = 4, 8
 """The configured (start) budget and a budget the controller has moved to."""
@@ -73,20 +73,7 @@ def test_run_evaluates_with_the_controllers_current_budget(tmp_path, monkeypatch
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    """A modchain-shaped model with large random weights (its greedy responses depend on the cache)."""
-    from transformers import AutoModelForCausalLM
-
-    from sparse_rl_megatron.tasks import get_task
-
-    out = get_task("task:modchain").build_model(tmp_path_factory.mktemp("adaptive_eval") / "model", seed=0)
-    model = AutoModelForCausalLM.from_pretrained(out)
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
-    model.save_pretrained(out)
-    return out
+    return cache_sensitive_modchain_model(tmp_path_factory.mktemp("adaptive_eval") / "model")
 
 
 def _evaluate(cfg: TrainConfig, model_dir: Path, work: Path, controller_budget: int | None) -> dict:

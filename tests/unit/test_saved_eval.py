@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from sparse_rl_megatron.compression import CompressionConfig
 from sparse_rl_megatron.experiment.saved_eval import evaluate_saved
+from model_fixtures import cache_sensitive_modchain_model
 
 CACHES = [CompressionConfig(method="rkv", budget=4, window=2, buffer=2),
           CompressionConfig(method="snapkv", budget=3, window=1, buffer=3)]
@@ -18,20 +18,7 @@ STEP = 2
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    """A modchain-shaped model with large random weights (its greedy responses depend on the cache)."""
-    from transformers import AutoModelForCausalLM
-
-    from sparse_rl_megatron.tasks import get_task
-
-    out = get_task("task:modchain").build_model(tmp_path_factory.mktemp("saved") / "model", seed=0)
-    model = AutoModelForCausalLM.from_pretrained(out)
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
-    model.save_pretrained(out)
-    return out
+    return cache_sensitive_modchain_model(tmp_path_factory.mktemp("saved") / "model")
 
 
 def _cfg(model_dir: Path, run_dir: Path):
