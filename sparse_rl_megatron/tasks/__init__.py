@@ -9,9 +9,7 @@ A config refers to a task as ``task:<name>``; ``get_task`` resolves it (unknown 
   held-out ones, so accuracy on them partly measures copying a prompt value.
 - ``modchain31_weak``: the weak teacher on shortcut-free chains: mod 31, x <- x + a on odd steps and x + b on
   even ones (a, b in 1..9), N = 29 steps, 400 distinct held-out problems; responses open with ``sZero <x0>``
-  (``ModChainSpec.restate_start``: without it x1 = x0 + a was the step seed 2's warm start never learned); its warm
-  start's key dropout never hides the last state from the answer's second digit (``warm_start_keep_recent=5``:
-  with 4, seeds 1 and 4 boxed a wrong second digit on a third of the chains). Passes the audit; the 2-layer model
+  (``ModChainSpec.restate_start``: without it x1 = x0 + a was the step seed 2's warm start never learned). Passes the audit; the 2-layer model
   learns it (about 50% held-out after its warm start's 1000 supervised steps; 300 leave it at ~2%, measured). The embedded default
   (``configs/cpu_default.yaml``; ``modchain_weak`` was until issue 26).
 - ``modchain100_weak``: mod 100, a in {21, 41, 61, 81}, b a unit (periods 100), N = 29; passes the audit.
@@ -32,7 +30,7 @@ TASKS.add("modchain_weak", ModChainTask(ModChainSpec(teacher=EarlyStopTeacher())
 TASKS.add("modchain31_weak", ModChainTask(ModChainSpec(
     family=ChainFamily(modulus=31, rule="alternating", multipliers=tuple(range(1, 10)), offsets=tuple(range(1, 10))),
     steps=29, heldout_size=400, heldout_variants=1, train_variants=2, teacher=EarlyStopTeacher(stop_step=26),
-    restate_start=True, warm_start_steps=1000, warm_start_keep_recent=5), name="modchain31_weak"))
+    restate_start=True, warm_start_steps=1000), name="modchain31_weak"))
 TASKS.add("modchain100_weak", ModChainTask(ModChainSpec(
     family=ChainFamily(modulus=100, multipliers=(21, 41, 61, 81), offsets=tuple(b for b in range(100) if b % 2 and b % 5),
                        skip_fixed_points=True), steps=29,

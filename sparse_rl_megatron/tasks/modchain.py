@@ -31,10 +31,10 @@ from sparse_rl_megatron.tasks.sft import SFTConfig, check_output_free, save_mode
 from sparse_rl_megatron.tasks.word_tokenizer import build_word_tokenizer
 
 NAME = "modchain"
-WARM_START = {"steps": 300, "lr": 3e-3, "batch_size": 16, "decay_fraction": 0.4, "key_dropout": 0.9}
+WARM_START = {"steps": 300, "lr": 3e-3, "batch_size": 16, "decay_fraction": 0.4, "key_dropout": 0.9,
+              "key_dropout_keep_recent": 4}
 """The recommended supervised stage (``SFTConfig`` fields; docs/embedded-default.md): about 50% held-out, and
-response-key dropout so the model tolerates a compressed chain-of-thought cache. The spec adds its
-``warm_start_steps`` and ``warm_start_keep_recent``; options override all of these."""
+response-key dropout so the model tolerates a compressed chain-of-thought cache. Options override these."""
 MIN_POSITIONS = 256
 """Smallest ``max_position_embeddings`` (room for overlong sampled responses; RoPE has no parameters)."""
 
@@ -84,16 +84,9 @@ class ModChainSpec:
     warm_start_steps: int = 300
     """Optimizer steps of the recommended supervised stage (``WARM_START``'s other fields apply); a config's
     ``warm_start.steps`` overrides it."""
-    warm_start_keep_recent: int = 4
-    """The warm start's key-dropout window (``SFTConfig.key_dropout_keep_recent``: keys fewer than this many
-    positions before a query are never dropped); a config's ``warm_start.key_dropout_keep_recent`` overrides it.
-    The query that predicts the answer's last digit reads the last state word ``answer_tokens - 2`` positions back
-    (``<xN> \\ boxed { d1`` -> d2: 4 for a two-digit answer), so a window of ``answer_tokens - 1`` keeps it visible
-    (``ModChainTask.answer_reach``). 4 covers one-digit answers (mod 10) only: with it, seeds 1 and 4 of
-    ``modchain31_weak`` boxed a wrong second digit on a third of their chains (docs/embedded-default.md)."""
 
     def __post_init__(self) -> None:
-        for name in ("steps", "heldout_variants", "train_variants", "warm_start_steps", "warm_start_keep_recent"):
+        for name in ("steps", "heldout_variants", "train_variants", "warm_start_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ModChainSpec.{name} must be >= 1, got {getattr(self, name)}")
         split_keys(self.heldout_size, self.family)  # validates heldout_size
@@ -123,13 +116,6 @@ class ModChainTask(Task):
     def response_tokens(self) -> int:
         """Tokens of a correct response, EOS included (the least ``max_new_tokens`` that lets it finish)."""
         return 2 * (self.spec.steps + self.spec.restate_start) + answer_tokens(self.spec.family.modulus) + 1
-
-    @property
-    def answer_reach(self) -> int:
-        """Positions from the last state word back to the query that predicts the longest answer's last digit
-        (``<xN> \\ boxed { d1`` -> d2: 4 mod 31 or 100, 3 mod 10): a key-dropout window must exceed it for that
-        digit to always see the state it copies (``ModChainSpec.warm_start_keep_recent``)."""
-        return answer_tokens(self.spec.family.modulus) - 2
 
     def records(self, split: str, limit: int | None = None, seed: int = 0) -> Dataset:
         """Held-out: every held-out triple ``heldout_variants`` times, in a fixed order; train: every training
@@ -225,15 +211,14 @@ class ModChainTask(Task):
     def warm_start(self, model_dir: str | os.PathLike, out_dir: str | os.PathLike, *, seed: int = 0,
                    **options: Any) -> dict[str, float]:
         """Supervised stage on the training problems' worked solutions: ``SFTConfig`` fields as options (defaults
-        ``WARM_START`` with the spec's ``warm_start_steps`` and ``warm_start_keep_recent``), plus ``eval_problems``: held-out problems scored greedily at the end (0 = skip). Works
+        ``WARM_START`` with the spec's ``warm_start_steps``), plus ``eval_problems``: held-out problems scored greedily at the end (0 = skip). Works
         from any checkpoint of this task, so it also serves as the equal-time supervised control."""
         from transformers import AutoTokenizer
 
         from sparse_rl_megatron.utils.config_io import from_dict
 
         eval_problems = int(options.pop("eval_problems", 200))
-        spec_options = {"steps": self.spec.warm_start_steps, "key_dropout_keep_recent": self.spec.warm_start_keep_recent}
-        config = from_dict(SFTConfig, {**WARM_START, **spec_options, **options}, "warm_start")
+        config = from_dict(SFTConfig, {**WARM_START, "steps": self.spec.warm_start_steps, **options}, "warm_start")
         check_output_free(out_dir)
         tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
         metrics = supervised_finetune(model_dir, out_dir, self.sft_examples(tok, seed), config, seed=seed)

@@ -105,33 +105,3 @@ def test_the_task_sets_its_warm_start_length_and_options_override_it(init_dir, t
     assert task.warm_start(init_dir, tmp_path / "b", steps=2, **opts)["sft/steps"] == 2
     with pytest.raises(ValueError, match="warm_start_steps must be >= 1"):
         replace(TINY, warm_start_steps=0)
-
-
-def test_the_key_dropout_window_of_modchain31_weak_covers_its_answer(init_dir, tmp_path, monkeypatch):
-    """The query that predicts a two-digit answer's second digit (``<x29> \\ boxed { d1`` -> d2) reads the last state
-    4 positions back; with a window of 4 the warm start hid it from that query (seeds 1 and 4 boxed a wrong second
-    digit on a third of their chains, docs/embedded-default.md). The window is the task's, and options override it."""
-    from dataclasses import replace
-
-    import sparse_rl_megatron.tasks.modchain as modchain
-    from sparse_rl_megatron.tasks import get_task
-
-    task = get_task("modchain31_weak")
-    tok = task.tokenizer()
-    record = next(r for r in task.records("heldout") if len(r.answer) == 2)
-    ids = tok(" " + record.extra["solution"], add_special_tokens=False)["input_ids"]
-    words = [tok.decode([i]).strip() for i in ids]
-    last_state = len(words) - 1 - words[::-1].index(record.extra["chain"].split()[-1])
-    query = len(words) - 3  # predicts the last digit (the tokens end d1 d2 })
-    assert words[query + 1:] == [record.answer[1], "}"] and query - last_state == task.answer_reach == 4
-    assert task.spec.warm_start_keep_recent > task.answer_reach  # the window is distances 0 .. keep_recent - 1
-    assert get_task("modchain_weak").spec.warm_start_keep_recent == 4 == get_task("modchain_weak").answer_reach + 1
-
-    seen = []
-    monkeypatch.setattr(modchain, "supervised_finetune", lambda model_dir, out_dir, examples, config, seed: seen.append(config) or {})
-    tiny = ModChainTask(replace(TINY, warm_start_keep_recent=5))
-    tiny.warm_start(init_dir, tmp_path / "a", eval_problems=0)
-    tiny.warm_start(init_dir, tmp_path / "b", eval_problems=0, key_dropout_keep_recent=3)
-    assert [c.key_dropout_keep_recent for c in seen] == [5, 3] and seen[0].key_dropout == 0.9
-    with pytest.raises(ValueError, match="warm_start_keep_recent must be >= 1"):
-        replace(TINY, warm_start_keep_recent=0)
