@@ -15,6 +15,7 @@ from sparse_rl_megatron.learner.batch import BATCH_LAYOUTS
 from sparse_rl_megatron.learner.logprobs import DEFAULT_CHUNK_TOKENS
 from sparse_rl_megatron.learner.model_provider import LAYER_SPECS
 from sparse_rl_megatron.models.arch import DEFAULT_VOCAB_MULTIPLE
+from sparse_rl_megatron.utils.device import DeviceFacts, resolve
 
 LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root")
 DECAYING_STYLES = ("linear", "cosine")
@@ -152,14 +153,15 @@ class LearnerSettings:
             raise ValueError("LearnerConfig.loss.entropy_coef > 0 is not supported by the Megatron learner "
                              "(vocab-parallel entropy is not implemented); valid: 0")
 
-    def torch_params_dtype(self) -> torch.dtype:
-        if self.params_dtype == "auto":
-            return torch.bfloat16 if torch.cuda.is_available() else torch.float32
-        return {"float32": torch.float32, "bfloat16": torch.bfloat16}[self.params_dtype]
+    def torch_params_dtype(self, device: DeviceFacts | None = None) -> torch.dtype:
+        """The parameter dtype on ``device`` (default: this machine): ``auto`` is ``device.auto_params_dtype``."""
+        name = resolve(device).auto_params_dtype if self.params_dtype == "auto" else self.params_dtype
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
 
-    def distributed_optimizer(self) -> bool:
+    def distributed_optimizer(self, device: DeviceFacts | None = None) -> bool:
+        """``optim.use_distributed_optimizer``; None: on with CUDA on ``device`` (default: this machine)."""
         flag = self.optim.use_distributed_optimizer
-        return torch.cuda.is_available() if flag is None else flag
+        return resolve(device).cuda if flag is None else flag
 
 
 @dataclass(kw_only=True)

@@ -167,7 +167,7 @@ def _report(cfg, plan, measurement, correction, notes, json_path: Path, png_path
         "samples_per_prompt": cfg.rollout.samples_per_prompt, "sampling": to_dict(cfg.rollout.sampling),
         "sampler_seed": step_seed(cfg.seed, STUDY_STEP), "correction": to_dict(correction), "notes": notes,
         "probe_max_abs_diff": measurement.probe_max_abs_diff,
-        "dense_tolerance": probe_tolerance(cfg), "config": to_dict(cfg),
+        "dense_tolerance": probe_tolerance(cfg, device_facts=plan.device_facts), "config": to_dict(cfg),
     }
     document = results_document(measurement, meta)
     path = write_results(document, json_path)
