@@ -15,7 +15,7 @@ engine is the ``RolloutEngine`` protocol (``rollout/engine.py``). Adding an engi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Literal, get_args
 
 from sparse_rl_megatron.compression.config import CompressionConfig
 from sparse_rl_megatron.utils.registry import Registry
@@ -23,6 +23,11 @@ from sparse_rl_megatron.utils.registry import Registry
 if TYPE_CHECKING:
     from sparse_rl_megatron.rollout.engine import RolloutEngine
     from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
+
+
+EngineDtype = Literal["float32", "bfloat16", "float16"]
+"""Compute dtypes a rollout engine runs in (``rollout.dtype``, ``sparse-rl eval``'s ``dtype``)."""
+ENGINE_DTYPES: tuple[str, ...] = get_args(EngineDtype)
 
 
 @dataclass(frozen=True)
@@ -33,7 +38,7 @@ class EngineBuild:
     """The HF model directory the engine loads."""
     compression: CompressionConfig = field(default_factory=CompressionConfig)
     """KV compression while sampling (``hf``; ``sglang`` takes its own from ``sglang``)."""
-    dtype: str = "float32"
+    dtype: EngineDtype = "float32"
     """Compute dtype of the weights and the KV cache (``hf``)."""
     max_batch_size: int = 64
     """Most sequences decoded together (``hf``)."""
