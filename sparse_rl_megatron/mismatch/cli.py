@@ -89,7 +89,7 @@ def output_paths(args: argparse.Namespace, cfg, budgets: list[int]) -> tuple[Pat
     is written as given; the default name never replaces an earlier study's files (numbered -2, -3, ... when taken)
     unless ``--overwrite``."""
     from sparse_rl_megatron.utils.errors import UserError
-    from sparse_rl_megatron.utils.preflight import first_free_path
+    from sparse_rl_megatron.utils.file_checks import first_free_path
 
     if args.output:
         json_path = Path(args.output)

@@ -15,9 +15,10 @@ engine is the ``RolloutEngine`` protocol (``rollout/engine.py``). Adding an engi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal, get_args
+from typing import TYPE_CHECKING, Any, Callable
 
 from sparse_rl_megatron.compression.config import CompressionConfig
+from sparse_rl_megatron.utils.dtypes import DTYPE_NAMES, DtypeName
 from sparse_rl_megatron.utils.registry import Registry
 
 if TYPE_CHECKING:
@@ -25,9 +26,9 @@ if TYPE_CHECKING:
     from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
 
 
-EngineDtype = Literal["float32", "bfloat16", "float16"]
+EngineDtype = DtypeName
 """Compute dtypes a rollout engine runs in (``rollout.dtype``, ``sparse-rl eval``'s ``dtype``)."""
-ENGINE_DTYPES: tuple[str, ...] = get_args(EngineDtype)
+ENGINE_DTYPES: tuple[str, ...] = DTYPE_NAMES
 
 
 @dataclass(frozen=True)

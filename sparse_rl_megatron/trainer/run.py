@@ -114,7 +114,7 @@ def _claim_run_dir(cfg: TrainConfig, run: Run) -> tuple[Any, list[str]]:
     """Rank 0: lock the run directory, choose fresh start or resume (the newest intact checkpoint: ``resume.py``),
     write the resolved config."""
     from sparse_rl_megatron.trainer.checkpointing.resume import choose
-    from sparse_rl_megatron.utils.run_dir import RunDirLock, archive_previous_outputs
+    from sparse_rl_megatron.trainer.runtime.run_dir import RunDirLock, archive_previous_outputs
 
     lock = run.stack.enter_context(RunDirLock(run.run_dir))
     notes = []

@@ -104,7 +104,7 @@ def check_model(cfg: "TrainConfig", world_size: int) -> dict[str, Any] | None:
     from sparse_rl_megatron.models.arch import arch_from_hf_config
     from sparse_rl_megatron.tasks import is_task_ref
     from sparse_rl_megatron.trainer.config import TINY_MODEL
-    from sparse_rl_megatron.utils.preflight import check_model_dir
+    from sparse_rl_megatron.utils.file_checks import check_model_dir
 
     tp, pp = cfg.learner.tensor_parallel_size, cfg.learner.pipeline_parallel_size
     if world_size % (tp * pp):
@@ -113,7 +113,7 @@ def check_model(cfg: "TrainConfig", world_size: int) -> dict[str, Any] | None:
             f"the world size {world_size} (torchrun --nnodes x --nproc-per-node); valid: a divisor of {world_size}")
     hf_config = None
     if cfg.model_path == TINY_MODEL:
-        from sparse_rl_megatron.utils.tiny_models import tiny_config
+        from sparse_rl_megatron.models.tiny import tiny_config
 
         hf_config = tiny_config("qwen2").to_dict()
     elif is_task_ref(cfg.model_path):
@@ -172,7 +172,7 @@ def _prompt_tokenizer(cfg: "TrainConfig"):
     """The tokenizer of ``model_path`` when the directory (or a Megatron checkpoint's ``hf_assets``) has one."""
     from pathlib import Path
 
-    from sparse_rl_megatron.utils.preflight import MEGATRON_ASSETS_DIR, has_tokenizer
+    from sparse_rl_megatron.utils.file_checks import MEGATRON_ASSETS_DIR, has_tokenizer
 
     for directory in (Path(cfg.model_path), Path(cfg.model_path) / MEGATRON_ASSETS_DIR):
         if directory.is_dir() and has_tokenizer(directory):
