@@ -93,7 +93,7 @@ WEAK_TINY = ["train.steps=2", "train.warm_start={steps: 5, eval_problems: 0}", "
              "train.eval.every=1", "train.rollout.prompts_per_step=2", "train.rollout.samples_per_prompt=2",
              "train.global_batch_size=2", "train.checkpoint.save_every=1", "train.learner.optim.lr_warmup_steps=0",
              "experiment.budget_rule={candidates: [4, 6], prompts: 2, samples: 2}",
-             "experiment.study={checkpoint_steps: [1, 2], prompts: 2, samples: 2}", "experiment.seeds=[0]"]
+             "experiment.study={checkpoint_steps: [2], prompts: 2, samples: 2}", "experiment.seeds=[0]"]
 
 
 def _weak(out: Path, stage: str, *extra: str) -> subprocess.CompletedProcess:
