@@ -34,7 +34,8 @@ def test_the_numerics_subset_passes_on_a_second_kernel_path(tmp_path):
                          env=env, capture_output=True, text=True, check=True).stdout.strip()
     if got != want:  # e.g. an AVX2-only machine asked for AVX2 from DEFAULT: nothing else to try
         pytest.skip(f"ATEN_CPU_CAPABILITY={aten} gives {got} on this CPU ({here} by default)")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", SELECT,
+    # one process (-n 0): this test's worker already shares the machine with the suite's other worker
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-k", SELECT,
                            f"--basetemp={tmp_path / 'run'}", *SUBSET], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=900)
     tail = proc.stdout[-4000:] + proc.stderr[-2000:]

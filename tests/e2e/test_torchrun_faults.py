@@ -156,8 +156,9 @@ def test_kill_9_of_one_rank_ends_the_whole_run_leaving_no_process(tmp_path, shar
 def test_a_killed_engine_scheduler_fails_every_rank_in_one_line_naming_it_and_the_step(tmp_path, shared_data):
     run_dir, log = tmp_path / "run", tmp_path / "launch.log"
     run_dir.mkdir()
-    # long responses (the random model rarely ends one), so the rollout of step 2 lasts long enough to be hit
-    launcher = _launch(run_dir, log, shared_data, *SGLANG, "steps=20", "rollout.sampling.max_new_tokens=1500")
+    # long responses (the random model rarely ends one), so the rollout of step 2 lasts seconds: the kill lands in
+    # it (or, on a loaded machine, in the step's next engine call: the error allows train and sync)
+    launcher = _launch(run_dir, log, shared_data, *SGLANG, "steps=20", "rollout.sampling.max_new_tokens=500")
     procs: list[psutil.Process] = []
     try:
         _wait_for_phase(run_dir, launcher, log, 2, "rollout")
@@ -175,7 +176,7 @@ def test_a_killed_engine_scheduler_fails_every_rank_in_one_line_naming_it_and_th
     text = log.read_text()
     errors = [x for x in text.splitlines() if "sparse-rl train: error:" in x]
     step1 = run_dir / "checkpoints" / "step_1"
-    # the kill lands in the rollout of step 2 (each engine decodes its 2 responses of up to 1500 tokens for
+    # the kill lands in the rollout of step 2 (each engine decodes its 2 responses of up to 500 tokens for
     # seconds); the watch names the phase of its next engine call, on a loaded machine possibly after the rollout
     assert len(errors) == 1 and re.search(
         rf"sparse-rl train: error: the SGLang engine's process scheduler_0 \(pid {scheduler.pid}\) was killed by "

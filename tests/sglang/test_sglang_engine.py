@@ -107,10 +107,15 @@ def _wait_idle_line(path, since: int, timeout: float = 60.0) -> dict:
     raise AssertionError(f"the pool did not return to fully free: {read_stats(path)[-3:]}")
 
 
-def test_fifty_rounds_leave_the_allocator_where_it_started(engine):
+ROUNDS = 12
+"""Each prompt 4 times: a slot lost or double-freed per round shows in the first round's idle line already (the
+strict checkers stay on); the packed-pool soak (test_soak_plugin.py) covers slot reuse under pressure."""
+
+
+def test_repeated_rounds_leave_the_allocator_where_it_started(engine):
     path = Path(engine.config.stats_path)
     config = CompressionConfig(method="snapkv", budget=12, window=3, buffer=4, scope="all")
-    for round_ in range(50):
+    for round_ in range(ROUNDS):
         mark = len(read_stats(path))
         samples = engine.generate(PROMPTS[round_ % 3:round_ % 3 + 1], 3,
                                   SamplingParams(temperature=1.0, max_new_tokens=20, seed=round_),

@@ -4,12 +4,12 @@ Triton's interpreter on CPU tensors: the kernels and the index-building code a G
 The assertions are the torch_native tier's (``test_sglang_engine.py``): T=1 log-probs of the sampled tokens
 equal the HF reference engine's teacher-forced replay within the tier's bound (``sglang_helpers.logprob_tolerance``),
 with the same compression record (events, peak, kept digest), for rkv / snapkv / streamingllm in both scopes, GQA
-(4 query heads, 2 KV heads), n = 4 samples sharing each prompt through the radix cache; greedy tokens equal the HF engine's greedy tokens; no
+(4 query heads, 2 KV heads), n = 2 samples sharing each prompt through the radix cache; greedy tokens equal the HF engine's greedy tokens; no
 request owns more than B + W slots past its prompt (read from SGLang's allocator); the strict idle and busy
 memory checkers stay silent and the pool comes back whole.
 
-The interpreter is slow (a decode step of 26 requests takes seconds), so the module starts one engine and
-sends everything it checks in one batch of short responses.
+The interpreter is slow (a decode step of 14 requests takes seconds; its time grows with the rows), so the module
+starts one engine and sends everything it checks in one batch of short responses, two samples per group.
 """
 from __future__ import annotations
 
@@ -31,6 +31,8 @@ PROMPTS = [[5, 17, 42, 99, 7], [300, 12, 8, 77, 41, 9, 250, 33, 6, 140, 61]]
 CONFIGS = [CompressionConfig(method=m, budget=6, window=2, buffer=2, scope=s, sink_tokens=2)
            for m in ("rkv", "snapkv", "streamingllm") for s in ("all", "response")]
 RESPONSE_TOKENS = 14
+SAMPLES = 2
+"""Samples per (method, scope) group: two already share their prompt through the radix cache."""
 SPLITS = 2
 """Triton decode KV splits (the GPU default is 8): 2 still runs the split-combining stage, at a quarter of
 the interpreter time."""
@@ -52,11 +54,11 @@ def engine(tiny_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def batch(engine):
-    """Everything in one batch: per (method, scope) a group of 4 T=1 samples, and 2 greedy requests; all of one
+    """Everything in one batch: per (method, scope) a group of ``SAMPLES`` T=1 samples, and 2 greedy requests; all of one
     length (EOS ignored), so every request of the batch is in every forward's pool record. {name: samples}"""
     sampled = SamplingParams(temperature=1.0, max_new_tokens=RESPONSE_TOKENS, seed=3, ignore_eos=True)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=RESPONSE_TOKENS, ignore_eos=True)
-    jobs = {f"{c.method}-{c.scope}": (PROMPTS[j % 2], 4, c, sampled) for j, c in enumerate(CONFIGS)}
+    jobs = {f"{c.method}-{c.scope}": (PROMPTS[j % 2], SAMPLES, c, sampled) for j, c in enumerate(CONFIGS)}
     jobs["greedy-rkv-all"] = (PROMPTS[1], 1, CONFIGS[0], greedy)
     jobs["greedy-snapkv-response"] = (PROMPTS[0], 1, CONFIGS[3], greedy)
     return generate_mixed(engine, jobs)
@@ -66,7 +68,7 @@ def batch(engine):
 def test_compressed_samples_match_the_teacher_forced_reference(batch, hf_model, name):
     samples = batch[name]
     config = next(c for c in CONFIGS if f"{c.method}-{c.scope}" == name)
-    assert len(samples) == 4 and min(s.compression.events for s in samples) >= 2
+    assert len(samples) == SAMPLES and min(s.compression.events for s in samples) >= 2
     assert all(s.compression.kept_digest for s in samples)
     assert_matches_reference(samples, teacher_forced(hf_model, config, samples), hf_model)
 
