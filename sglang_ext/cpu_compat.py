@@ -25,6 +25,8 @@ laptop); a ``mem_fraction_static`` that gives a smaller pool still wins (SGLang 
 
 
 def cuda_available() -> bool:
+    """This shim's own CUDA check (not ``sparse_rl_megatron.utils.device``): it runs before SGLang is imported, in
+    server processes that need not load the trainer's package, and decides whether SGLang is patched at all."""
     import torch
 
     return torch.cuda.is_available()
