@@ -19,8 +19,9 @@ from pathlib import Path
 STUB_DIR = Path(__file__).resolve().parent / "cpu_stubs"
 TRITON_INTERPRET_ENV = "TRITON_INTERPRET"
 CPU_DEFAULT_POOL_TOKENS = 1 << 16
-"""KV pool of a CPU engine or server when neither max_total_tokens nor mem_fraction_static is given (SGLang would
-size it from a large share of the machine's RAM)."""
+"""KV pool of a CPU engine or server when max_total_tokens is not given: SGLang would size it from a share of the
+machine's RAM (``mem_fraction_static``, which a GPU recipe sets to 0.7: tens of GiB of KV zeroed at start-up on a
+laptop); a ``mem_fraction_static`` that gives a smaller pool still wins (SGLang takes the smaller)."""
 
 
 def cuda_available() -> bool:

@@ -37,8 +37,7 @@ def server_argv(argv: list[str], *, on_cpu: bool) -> list[str]:
     if on_cpu:
         add("--device", "cpu")
         add("--sampling-backend", "pytorch")
-        if "--mem-fraction-static" not in given:   # SGLang would size the CPU pool from a large share of RAM
-            add("--max-total-tokens", str(CPU_DEFAULT_POOL_TOKENS))
+        add("--max-total-tokens", str(CPU_DEFAULT_POOL_TOKENS))  # SGLang would size the pool from a share of RAM
     return out
 
 

@@ -124,7 +124,7 @@ class SGLangRolloutEngine:
         for name in ("max_total_tokens", "mem_fraction_static", "max_running_requests"):
             if getattr(c, name) is not None:
                 kwargs[name] = getattr(c, name)
-        if on_cpu and c.max_total_tokens is None and c.mem_fraction_static is None:
+        if on_cpu and c.max_total_tokens is None:  # a recipe's GPU mem_fraction_static would claim most of the RAM
             kwargs["max_total_tokens"] = cpu_compat.CPU_DEFAULT_POOL_TOKENS
         kwargs.update(c.extra_args)
         with _without_torchrun_env(), scheduler_env(**{CONFIG_ENV: c.plugin_config().to_json(),

@@ -1,5 +1,7 @@
-"""``sparse-rl eval`` on SmolLM2-135M-Instruct and real GSM8K problems: dense and with R-KV on the hf engine, R-KV on
-the sglang engine in bfloat16 (the trainer's dense and sparse evaluation with each engine runs in test_recipe.py)."""
+"""``sparse-rl eval`` on SmolLM2-135M-Instruct and real GSM8K problems: dense and with R-KV on the hf engine (in this
+process, as ``tests/e2e/test_eval_cli.py`` runs the command: torch and transformers are imported once for the tier),
+R-KV on the sglang engine in bfloat16 (its own process: SGLang's engine starts child processes and signal handlers).
+The trainer's dense and sparse evaluation with each engine runs in test_recipe.py."""
 from __future__ import annotations
 
 import json
@@ -8,19 +10,34 @@ import sys
 
 from conftest import ROOT, env
 
+EVAL = ["--benchmarks", "gsm8k", "--limit", "2", "--max-new-tokens", "48", "--no-progress"]
 
-def _eval(model, out, shared_data, *flags: str) -> dict:
-    cmd = [sys.executable, "-m", "sparse_rl_megatron.cli", "eval", "--model", str(model), "--benchmarks", "gsm8k",
-           "--limit", "2", "--max-new-tokens", "48", "--no-progress", "--output", str(out), *flags]
-    proc = subprocess.run(cmd, cwd=ROOT, env={**env(), "SPARSE_RL_DATA": str(shared_data)}, text=True,
-                          capture_output=True, timeout=600)
-    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stdout[-2000:] + proc.stderr[-3000:]
+
+def _results(out) -> dict:
     return json.loads(out.read_text())["benchmarks"]["gsm8k"]
 
 
+def _eval_here(model, out, shared_data, *flags: str) -> dict:
+    from sparse_rl_megatron.cli import main
+
+    assert main(["eval", "--model", str(model), "--data-root", str(shared_data), *EVAL, "--output", str(out),
+                 *flags]) == 0
+    return _results(out)
+
+
+def _eval(model, out, shared_data, *flags: str) -> dict:
+    cmd = [sys.executable, "-m", "sparse_rl_megatron.cli", "eval", "--model", str(model), *EVAL, "--output", str(out),
+           *flags]
+    proc = subprocess.run(cmd, cwd=ROOT, env={**env(), "SPARSE_RL_DATA": str(shared_data)}, text=True,
+                          capture_output=True, timeout=600)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return _results(out)
+
+
 def test_eval_dense_and_rkv(smollm2, shared_data, tmp_path):
-    dense = _eval(smollm2, tmp_path / "dense.json", shared_data)
-    rkv = _eval(smollm2, tmp_path / "rkv.json", shared_data, "--compression", "rkv", "--budget", "16", "--buffer", "8")
+    dense = _eval_here(smollm2, tmp_path / "dense.json", shared_data)
+    rkv = _eval_here(smollm2, tmp_path / "rkv.json", shared_data, "--compression", "rkv", "--budget", "16",
+                     "--buffer", "8")
     samples = {name: [p["samples"][0] for p in run["problems"]] for name, run in (("dense", dense), ("rkv", rkv))}
     assert len(samples["dense"]) == len(samples["rkv"]) == 2
     assert all(s["response"].strip() and s["compression_events"] == 0 for s in samples["dense"])

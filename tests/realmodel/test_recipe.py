@@ -18,7 +18,10 @@ RECIPE = str(ROOT / "configs" / "recipes" / "qwen2.5-1.5b" / "rkv.yaml")
 SCALED = ["launch.gpus=1", "steps=2", "data.dataset=gsm8k_train", "rollout.prompts_per_step=1",
           "rollout.samples_per_prompt=2", "global_batch_size=2", "rollout.sampling.max_new_tokens=24",
           "rollout.compression.budget=16", "rollout.compression.buffer=8", "eval.every=0", "eval.at_start=false",
-          "eval.datasets=[gsm8k]", "eval.limit=1", "eval.max_new_tokens=16", "checkpoint.save_every=0"]
+          "eval.datasets=[gsm8k]", "eval.limit=1", "eval.max_new_tokens=16", "checkpoint.save_every=0",
+          "log.plot=false", "log.tensorboard=false"]
+"""The last two leave out what this tier need not prove (matplotlib's drawing, TensorBoard's writer: seconds of
+import and drawing per run; tests/unit covers both); the checkpoint of the last step is still written."""
 
 
 @pytest.mark.parametrize("engine", ["sglang", "hf"])
