@@ -59,7 +59,7 @@ def main(argv=None) -> None:
     from sparse_rl_megatron.compression import CompressionConfig
     from sparse_rl_megatron.rollout.engine import SamplingParams
     from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
-    from sparse_rl_megatron.utils.tiny_models import save_tiny_hf_checkpoint
+    from sparse_rl_megatron.models.tiny import save_tiny_hf_checkpoint
 
     model_dir = save_tiny_hf_checkpoint(tempfile.mkdtemp(prefix="bench-shards-") + "/m", "qwen2", seed=3,
                                         init_std=0.2)

@@ -70,7 +70,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 # ----------------------------------------------------------------------------------------------- helpers
 def write_model(out: Path, vocab: int, hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int) -> Path:
-    from sparse_rl_megatron.utils.tiny_models import build_tiny_model
+    from sparse_rl_megatron.models.tiny import build_tiny_model
 
     model = build_tiny_model("qwen2", vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
                              num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, tie_word_embeddings=True,

@@ -91,7 +91,7 @@ def predicted(cell: dict) -> dict:
 
 
 def _config(cell: dict):
-    from sparse_rl_megatron.utils.tiny_models import tiny_config
+    from sparse_rl_megatron.models.tiny import tiny_config
 
     return tiny_config(cell["family"], vocab_size=cell["vocab"], hidden_size=cell["hidden"],
                        intermediate_size=cell["ffn"], num_layers=cell["layers"], num_heads=cell["heads"],
@@ -115,7 +115,7 @@ def kv_rows() -> list[tuple]:
     from sparse_rl_megatron.planning.kv import kv_bytes_per_token, kv_tokens_per_sequence
     from sparse_rl_megatron.rollout.engine import SamplingParams
     from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
-    from sparse_rl_megatron.utils.tiny_models import build_tiny_model, build_tiny_tokenizer
+    from sparse_rl_megatron.models.tiny import build_tiny_model, build_tiny_tokenizer
 
     model, tok = build_tiny_model("qwen2", seed=0), build_tiny_tokenizer()
     arch = arch_from_hf_config(model.config.to_dict())

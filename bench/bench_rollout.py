@@ -36,7 +36,7 @@ def _timed_compress(self, rows):
 
 
 CompressedKVCache.compress = _timed_compress
-from sparse_rl_megatron.utils.tiny_models import build_tiny_model
+from sparse_rl_megatron.models.tiny import build_tiny_model
 
 
 def parse_args(argv=None) -> argparse.Namespace:

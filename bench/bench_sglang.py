@@ -112,7 +112,7 @@ def main(argv=None) -> None:
     import torch
 
     from sglang_ext import cpu_compat
-    from sparse_rl_megatron.utils.tiny_models import save_tiny_hf_checkpoint
+    from sparse_rl_megatron.models.tiny import save_tiny_hf_checkpoint
 
     cpu_compat.apply()
     workdir = Path(tempfile.mkdtemp(prefix="bench-sglang-"))

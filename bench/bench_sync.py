@@ -53,7 +53,7 @@ def main(argv=None) -> None:
     from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
     from sparse_rl_megatron.trainer.engines.pool import probe_weights, sync_weights
     from sparse_rl_megatron.trainer.engines.weight_probe import probe_sequence
-    from sparse_rl_megatron.utils.tiny_models import save_tiny_hf_checkpoint
+    from sparse_rl_megatron.models.tiny import save_tiny_hf_checkpoint
 
     model_dir = tempfile.mkdtemp(prefix="bench-sync-")
     save_tiny_hf_checkpoint(model_dir, vocab_size=args.vocab, hidden_size=args.hidden, num_layers=args.layers,

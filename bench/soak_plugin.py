@@ -201,7 +201,7 @@ def soak(*, seed: int, minutes: float = 0.0, max_rounds: int = 0, rounds_per_eng
          settings: Settings | None = None, fault: str = "", keep_going: bool = False, log=print) -> Tally:
     """Rounds until ``minutes`` pass (the round running then finishes) or ``max_rounds`` ran; ``settings`` fixes
     every engine's settings (default: drawn). Stops at the first failing round unless ``keep_going``."""
-    from sparse_rl_megatron.utils.tiny_models import build_tiny_model, save_tiny_hf_checkpoint
+    from sparse_rl_megatron.models.tiny import build_tiny_model, save_tiny_hf_checkpoint
 
     rng = random.Random(seed)
     tally = Tally()

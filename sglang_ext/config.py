@@ -22,7 +22,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from sparse_rl_megatron.compression import CompressionConfig
 from sparse_rl_megatron.utils.config_io import ConfigError, from_dict, to_dict
@@ -38,7 +38,9 @@ rewrites of a bound row, the defect of issue 25), so a test can show the soak's 
 set it otherwise."""
 
 SUPPORTED_METHODS = ("none", "rkv", "snapkv", "streamingllm")
-INNER_BACKENDS = ("torch_native", "triton", "flashinfer", "fa3")
+InnerBackend = Literal["", "torch_native", "triton", "flashinfer", "fa3"]
+"""An SGLang attention backend under the plugin, or '' for the device's default."""
+INNER_BACKENDS: tuple[str, ...] = tuple(b for b in get_args(InnerBackend) if b)
 
 
 @dataclass
@@ -47,7 +49,7 @@ class SparseKVConfig:
 
     compression: CompressionConfig = field(default_factory=CompressionConfig)
     """Default compression of every request (method, budget B, window alpha, buffer W, scope, scorer knobs)."""
-    inner_backend: str = ""
+    inner_backend: InnerBackend = ""
     """The SGLang backend that runs the attention kernels: '' = torch_native on CPU, triton on CUDA."""
     kept_digest: bool = False
     """Hash the kept logical positions of every event into the response (one device->host copy per event)."""

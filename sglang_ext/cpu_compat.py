@@ -24,6 +24,8 @@ size it from a large share of the machine's RAM)."""
 
 
 def cuda_available() -> bool:
+    """This shim's own CUDA check (not ``sparse_rl_megatron.utils.device``): it runs before SGLang is imported, in
+    server processes that need not load the trainer's package, and decides whether SGLang is patched at all."""
     import torch
 
     return torch.cuda.is_available()

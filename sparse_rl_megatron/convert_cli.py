@@ -25,7 +25,7 @@ from pathlib import Path
 
 from sparse_rl_megatron.utils.dtypes import DTYPE_NAMES
 from sparse_rl_megatron.utils.errors import UsageError, UserError, positive_int
-from sparse_rl_megatron.utils.preflight import (
+from sparse_rl_megatron.utils.file_checks import (
     MEGATRON_ASSETS_DIR, MEGATRON_META_FILE, TOKENIZER_FILES, check_model_dir, check_new_output, has_tokenizer,
 )
 

@@ -42,7 +42,7 @@ def count_decode_ops(sizes: Sizes, steps: int = 24) -> dict[str, float]:
     from sparse_rl_megatron.compression import CompressionConfig
     from sparse_rl_megatron.rollout.engine import SamplingParams
     from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
-    from sparse_rl_megatron.utils.tiny_models import build_tiny_model
+    from sparse_rl_megatron.models.tiny import build_tiny_model
 
     arch = _arch(sizes)
     model = build_tiny_model("qwen2", vocab_size=512, hidden_size=8 * arch.num_attention_heads,

@@ -32,7 +32,7 @@ def hf_config(sizes: Sizes):
     from transformers import AutoConfig
 
     from sparse_rl_megatron.models.catalog import bundled_config
-    from sparse_rl_megatron.utils.tiny_models import tiny_config
+    from sparse_rl_megatron.models.tiny import tiny_config
 
     if isinstance(sizes.model, str):
         cfg = bundled_config(sizes.model)

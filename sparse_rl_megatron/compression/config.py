@@ -8,12 +8,15 @@ over-budget prompts are not compressed at prefill.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 DENSE_METHOD = "none"
 """Method name meaning: no compression, the full KV cache is kept."""
 
-SCOPES = ("all", "response")
-GQA_POOLINGS = ("max", "mean")
+Scope = Literal["all", "response"]
+SCOPES: tuple[str, ...] = get_args(Scope)
+GqaPooling = Literal["max", "mean"]
+GQA_POOLINGS: tuple[str, ...] = get_args(GqaPooling)
 
 
 @dataclass
@@ -28,7 +31,7 @@ class CompressionConfig:
     """alpha: the most recent tokens, always kept; their queries are the scorers' observation window."""
     buffer: int = 128
     """W: compression runs when the retained (candidate) length reaches B + W, back down to B."""
-    scope: str = "all"
+    scope: Scope = "all"
     """Which tokens are eviction candidates: ``all`` (prompt included) or ``response`` (prompt kept whole)."""
     rkv_lambda: float = 0.1
     """R-KV mix: score = lambda * importance - (1 - lambda) * redundancy."""
@@ -36,7 +39,7 @@ class CompressionConfig:
     """R-KV: cosine similarity above which two keys count as duplicates."""
     pool_kernel: int = 7
     """R-KV / SnapKV: max-pool kernel along the sequence for the importance (odd; padding kernel // 2)."""
-    gqa_pooling: str = "max"
+    gqa_pooling: GqaPooling = "max"
     """How the query heads of one GQA group are pooled into their KV head's logits: ``max`` or ``mean``."""
     sink_tokens: int = 4
     """StreamingLLM: the first candidates always kept (attention sinks)."""

@@ -17,7 +17,7 @@ from pathlib import Path
 from sparse_rl_megatron.data.sets import BENCHMARKS, check_dataset
 from sparse_rl_megatron.utils.dtypes import DTYPE_NAMES
 from sparse_rl_megatron.utils.errors import UsageError, UserError, positive_int
-from sparse_rl_megatron.utils.preflight import check_model_dir, check_new_output, first_free_path
+from sparse_rl_megatron.utils.file_checks import check_model_dir, check_new_output, first_free_path
 
 log = logging.getLogger(__name__)
 

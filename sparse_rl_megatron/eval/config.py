@@ -7,9 +7,7 @@ from pathlib import Path
 from sparse_rl_megatron.compression.config import CompressionConfig
 from sparse_rl_megatron.data.sets import BENCHMARKS
 from sparse_rl_megatron.rewards.pool import VerifierPoolConfig
-from sparse_rl_megatron.rollout.engines import EngineBuild
-
-DTYPES = ("float32", "bfloat16", "float16")
+from sparse_rl_megatron.rollout.engines import ENGINE_DTYPES, EngineBuild, EngineDtype
 
 
 @dataclass
@@ -64,7 +62,7 @@ class EvalConfig:
     """k values of pass@k (default 1, powers of two, n); values above a benchmark's n are left out."""
     seed: int = 0
     """Sampler seed (same seed, same samples)."""
-    dtype: str = "float32"
+    dtype: EngineDtype = "float32"
     """Compute dtype of the engine."""
     max_batch_size: int = 64
     """Most sequences the engine decodes together."""
@@ -82,8 +80,8 @@ class EvalConfig:
             raise ValueError(f"EvalConfig.temperature must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"EvalConfig.top_p must be in (0, 1], got {self.top_p}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"EvalConfig.dtype must be one of {', '.join(DTYPES)}, got '{self.dtype}'")
+        if self.dtype not in ENGINE_DTYPES:
+            raise ValueError(f"EvalConfig.dtype must be one of {', '.join(ENGINE_DTYPES)}, got '{self.dtype}'")
         if self.pass_k is not None and any(k < 1 for k in self.pass_k):
             raise ValueError(f"EvalConfig.pass_k values must be >= 1, got {self.pass_k}")
         unknown = set(self.per_benchmark) - set(self.benchmarks)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sparse_rl_megatron.utils.errors import UserError
-from sparse_rl_megatron.utils.preflight import read_json_file
+from sparse_rl_megatron.utils.file_checks import read_json_file
 
 FORMAT_VERSION = 1
 

@@ -25,7 +25,7 @@ from sparse_rl_megatron.eval.subsets import full_chain_fraction, shortcut_free_a
 from sparse_rl_megatron.rewards.reward import MathReward, reason_counts
 from sparse_rl_megatron.rewards.verify import REASONS, Verdict
 from sparse_rl_megatron.utils.errors import UsageError, UserError
-from sparse_rl_megatron.utils.preflight import read_json_file
+from sparse_rl_megatron.utils.file_checks import read_json_file
 
 log = logging.getLogger(__name__)
 

@@ -122,7 +122,7 @@ def run_experiment(cfg: ExperimentConfig, log: Callable[[str], None] = print, st
     from sparse_rl_megatron.experiment.budget_rule import apply_budget_rule, run_budget_stage
     from sparse_rl_megatron.experiment.control import run_control
     from sparse_rl_megatron.experiment.results import write_report
-    from sparse_rl_megatron.utils.run_dir import RunDirLock
+    from sparse_rl_megatron.trainer.runtime.run_dir import RunDirLock
 
     if stage not in STAGES:
         raise UserError(f"--stage must be one of {', '.join(STAGES)}, got '{stage}'")

@@ -6,7 +6,7 @@ Megatron's own knobs pass through unchanged as dicts (``megatron_overrides`` -> 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 
@@ -15,11 +15,18 @@ from sparse_rl_megatron.learner.batch import BATCH_LAYOUTS
 from sparse_rl_megatron.learner.logprobs import DEFAULT_CHUNK_TOKENS
 from sparse_rl_megatron.learner.model_provider import LAYER_SPECS
 from sparse_rl_megatron.models.arch import DEFAULT_VOCAB_MULTIPLE
+from sparse_rl_megatron.utils.device import DeviceFacts, resolve
 
-LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root")
+LrDecayStyle = Literal["constant", "linear", "cosine", "inverse-square-root"]
+LR_DECAY_STYLES: tuple[str, ...] = get_args(LrDecayStyle)
 DECAYING_STYLES = ("linear", "cosine")
 """Schedules that reach ``min_lr`` at ``lr_decay_steps`` (and stay there)."""
-PARAM_DTYPES = ("auto", "float32", "bfloat16")
+ParamsDtype = Literal["auto", "float32", "bfloat16"]
+PARAM_DTYPES: tuple[str, ...] = get_args(ParamsDtype)
+LayerSpecName = Literal["auto", "local", "te"]
+"""The names of ``learner.model_provider.LAYER_SPECS`` (the registry checks them and says what each is)."""
+BatchLayoutName = Literal["padded", "packed"]
+"""The names of ``learner.batch.BATCH_LAYOUTS`` (the registry checks them and says what each costs)."""
 
 
 @dataclass
@@ -32,7 +39,7 @@ class OptimConfig:
     """Floor of the decaying schedules."""
     lr_warmup_steps: int = 0
     """Linear warm-up from 0 over this many optimizer steps."""
-    lr_decay_style: str = "constant"
+    lr_decay_style: LrDecayStyle = "constant"
     """Schedule after warm-up: constant, linear, cosine, inverse-square-root."""
     lr_decay_steps: int | None = 1_000_000
     """Optimizer steps (warm-up included) after which linear/cosine decay reach ``min_lr``; None: the run's
@@ -104,11 +111,11 @@ class LearnerSettings:
     """TP degree; must divide the attention heads, the KV groups and the FFN width."""
     pipeline_parallel_size: int = 1
     """PP degree; must divide the number of layers. The world size / (TP x PP) is the DP degree."""
-    params_dtype: str = "auto"
+    params_dtype: ParamsDtype = "auto"
     """Parameter dtype: float32, bfloat16, or auto (bfloat16 with CUDA, float32 on CPU)."""
-    layer_spec: str = "auto"
+    layer_spec: LayerSpecName = "auto"
     """Transformer layer implementation: te (Transformer Engine), local (megatron-core), auto."""
-    batch_layout: str = "padded"
+    batch_layout: BatchLayoutName = "padded"
     """Micro-batch layout: padded (rows right-padded) or packed (rows concatenated, block-causal mask)."""
     max_tokens_per_device: int = 16384
     """Token budget of one micro-batch on one device (dynamic micro-batching)."""
@@ -152,14 +159,15 @@ class LearnerSettings:
             raise ValueError("LearnerConfig.loss.entropy_coef > 0 is not supported by the Megatron learner "
                              "(vocab-parallel entropy is not implemented); valid: 0")
 
-    def torch_params_dtype(self) -> torch.dtype:
-        if self.params_dtype == "auto":
-            return torch.bfloat16 if torch.cuda.is_available() else torch.float32
-        return {"float32": torch.float32, "bfloat16": torch.bfloat16}[self.params_dtype]
+    def torch_params_dtype(self, device: DeviceFacts | None = None) -> torch.dtype:
+        """The parameter dtype on ``device`` (default: this machine): ``auto`` is ``device.auto_params_dtype``."""
+        name = resolve(device).auto_params_dtype if self.params_dtype == "auto" else self.params_dtype
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
 
-    def distributed_optimizer(self) -> bool:
+    def distributed_optimizer(self, device: DeviceFacts | None = None) -> bool:
+        """``optim.use_distributed_optimizer``; None: on with CUDA on ``device`` (default: this machine)."""
         flag = self.optim.use_distributed_optimizer
-        return torch.cuda.is_available() if flag is None else flag
+        return resolve(device).cuda if flag is None else flag
 
 
 @dataclass(kw_only=True)

@@ -43,13 +43,15 @@ def import_from_hf(
     from sparse_rl_megatron.learner.hf_io import load_hf_into_model
     from sparse_rl_megatron.learner.model_provider import build_stage_model
     from sparse_rl_megatron.learner.parallel import init_model_parallel
+    from sparse_rl_megatron.utils.device import DeviceFacts
 
+    facts = DeviceFacts.detect()
     arch, cfg = read_arch(hf_dir)
-    init_model_parallel(tensor_parallel_size, pipeline_parallel_size)
+    init_model_parallel(tensor_parallel_size, pipeline_parallel_size, facts=facts)
     dtype = torch_dtype(params_dtype or arch.hf_dtype)
     log.info("building the %s model at TP=%d x PP=%d (%s)", arch.family, tensor_parallel_size, pipeline_parallel_size,
              dtype)
-    model = build_stage_model(arch, params_dtype=dtype, spec="local" if not torch.cuda.is_available() else "auto")
+    model = build_stage_model(arch, params_dtype=dtype, spec="auto" if facts.cuda else "local", facts=facts)
     log.info("loading the HF weights of %s", hf_dir)
     load_hf_into_model(model, arch, hf_dir)
     log.info("saving the torch_dist checkpoint %s", megatron_dir)

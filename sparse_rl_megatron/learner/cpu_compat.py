@@ -3,7 +3,9 @@
 megatron-core 0.16.1 (and 0.17-0.19) hard-codes CUDA in many spots that a CPU run with the gloo backend
 walks through. Each patch below is named after the workaround of
 ``../shared/reference/megatron-on-cpu.md`` that found it, does the least that makes the spot run on CPU,
-and is applied only when ``torch.cuda.is_available()`` is False. ``apply()`` is idempotent.
+and is applied only when ``torch.cuda.is_available()`` is False. ``apply()`` is idempotent. This shim checks CUDA
+by itself, on purpose, instead of taking the run's ``utils.device.DeviceFacts``: it patches megatron-core
+process-wide, from whichever entry point reaches megatron first, and must answer for this torch build itself.
 
 - W1 ``torch.cuda.current_device()`` -> ``"cpu"`` (rope ``inv_freq``, TP buffers, p2p shapes, DDP buffers).
 - W2 the model-parallel RNG tracker keeps CPU generator states instead of CUDA ones.

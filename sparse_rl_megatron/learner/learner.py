@@ -34,6 +34,7 @@ from sparse_rl_megatron.learner.parallel import current_layout, device, init_mod
 from sparse_rl_megatron.learner.weight_export import DEFAULT_BUCKET_BYTES, Bucket, export_hf_buckets
 from sparse_rl_megatron.models.arch import ModelArch
 from sparse_rl_megatron.models.megatron_config import FUSION_SWITCHES
+from sparse_rl_megatron.utils.device import DeviceFacts, resolve
 
 
 def _is_megatron_checkpoint(path: str | os.PathLike) -> bool:
@@ -43,8 +44,12 @@ def _is_megatron_checkpoint(path: str | os.PathLike) -> bool:
 class Learner:
     """``logprobs(batch)``, ``train_step(batch)``, ``export_weights()``, ``save(dir)``, ``load(dir)``."""
 
-    def __init__(self, config: LearnerConfig, *, trainable: bool = True):
+    def __init__(self, config: LearnerConfig, *, trainable: bool = True, device_facts: DeviceFacts | None = None):
+        """``device_facts``: the machine's facts as the run resolved them (``RunPlan.device_facts``); None detects
+        them here. Every device decision of the learner (dtype, layer spec, fusions, process group, DDP,
+        optimizer) uses these."""
         self.config = config
+        self.device_facts = resolve(device_facts)
         if _is_megatron_checkpoint(config.model_path):
             meta = ckpt.read_meta(config.model_path)
             self.arch, self.hf_config = ModelArch.from_dict(meta["arch"]), meta["hf_config"]
@@ -56,12 +61,14 @@ class Learner:
         # validate the layout against the architecture before any process group or model exists
         self.arch.check_tensor_parallel(config.tensor_parallel_size)
         self.arch.check_pipeline_parallel(config.pipeline_parallel_size)
-        self.spec = resolve_layer_spec(config.layer_spec)  # "te" or "local"
-        check_sequence_parallel(self.spec, config.megatron_overrides)
-        self.layout = init_model_parallel(config.tensor_parallel_size, config.pipeline_parallel_size, config.seed)
+        self.spec = resolve_layer_spec(config.layer_spec, self.device_facts)  # "te" or "local"
+        check_sequence_parallel(self.spec, config.megatron_overrides, self.device_facts)
+        self.layout = init_model_parallel(config.tensor_parallel_size, config.pipeline_parallel_size, config.seed,
+                                          facts=self.device_facts)
+        self.params_dtype = config.torch_params_dtype(self.device_facts)
         self.model = build_stage_model(
-            self.arch, params_dtype=config.torch_params_dtype(), spec=self.spec,
-            vocab_multiple=config.vocab_multiple, overrides=config.megatron_overrides,
+            self.arch, params_dtype=self.params_dtype, spec=self.spec,
+            vocab_multiple=config.vocab_multiple, overrides=config.megatron_overrides, facts=self.device_facts,
         )
         self.model.return_hidden = True
         self.use_thd = self.spec == "te"  # packed rows as THD (TE attention); the local spec takes a dense mask
@@ -74,8 +81,8 @@ class Learner:
         if trainable:
             from sparse_rl_megatron.learner.optimizer import build_optimizer, wrap_ddp
 
-            self.ddp = wrap_ddp(self.model, config)
-            self.optimizer, self.scheduler = build_optimizer(self.ddp, config)
+            self.ddp = wrap_ddp(self.model, config, self.device_facts)
+            self.optimizer, self.scheduler = build_optimizer(self.ddp, config, self.device_facts)
         if _is_megatron_checkpoint(config.model_path):
             self.load(config.model_path, load_optimizer=False)
         else:
@@ -207,5 +214,5 @@ class Learner:
             fused.append("overlap_grad_reduce")
         extras = [f"{k}={getattr(cfg, k)}" for k in ("sequence_parallel", "recompute_granularity") if getattr(cfg, k)]
         return (f"{self.arch.family} L={self.arch.num_layers} H={self.arch.hidden_size} TP={lay.tp} PP={lay.pp} "
-                f"DP={lay.dp} dtype={self.config.torch_params_dtype()} spec={self.spec} "
+                f"DP={lay.dp} dtype={self.params_dtype} spec={self.spec} "
                 f"fusions={','.join(fused) or 'none'}" + "".join(f" {e}" for e in extras))

@@ -18,6 +18,7 @@ from sparse_rl_megatron.models.arch import DEFAULT_VOCAB_MULTIPLE, ModelArch
 from sparse_rl_megatron.models.megatron_config import transformer_config
 from sparse_rl_megatron.models.rope import apply_rope_scaling
 
+from sparse_rl_megatron.utils.device import DeviceFacts, resolve
 from sparse_rl_megatron.utils.registry import Registry
 from sparse_rl_megatron.learner import cpu_compat
 
@@ -32,18 +33,18 @@ def te_installed() -> bool:
     return importlib.util.find_spec("transformer_engine") is not None
 
 
-def te_available() -> bool:
-    """Transformer Engine usable: a GPU is present (TE has no CPU kernels) and megatron-core imported TE
-    (its ``HAVE_TE`` flag, which its TE layer spec needs)."""
-    if not torch.cuda.is_available():
+def te_available(facts: DeviceFacts | None = None) -> bool:
+    """Transformer Engine usable: a GPU is present (``facts``, default: this machine; TE has no CPU kernels) and
+    megatron-core imported TE (its ``HAVE_TE`` flag, which its TE layer spec needs)."""
+    if not resolve(facts).cuda:
         return False
     from megatron.core.models.gpt import gpt_layer_specs
 
     return bool(gpt_layer_specs.HAVE_TE)
 
 
-def _te_missing_reason() -> str:
-    if not torch.cuda.is_available():
+def _te_missing_reason(facts: DeviceFacts) -> str:
+    if not facts.cuda:
         return "no CUDA device"
     if te_installed():
         return ("transformer_engine is installed but megatron-core cannot import it (its HAVE_TE is False; "
@@ -51,8 +52,9 @@ def _te_missing_reason() -> str:
     return "transformer_engine is not installed"
 
 
-def resolve_layer_spec(name: str = "auto") -> str:
-    """``te`` or ``local``: the spec ``name`` (``te``, ``local``, ``auto``) stands for on this machine.
+def resolve_layer_spec(name: str = "auto", facts: DeviceFacts | None = None) -> str:
+    """``te`` or ``local``: the spec ``name`` (``te``, ``local``, ``auto``) stands for on the device ``facts``
+    (default: this machine).
 
     ``te`` without a usable TE is refused with the reason; ``auto`` falls back to ``local``, with a warning
     when a TE is installed but unusable (its kernels were expected and will not run).
@@ -60,31 +62,33 @@ def resolve_layer_spec(name: str = "auto") -> str:
     LAYER_SPECS.check(name, "layer_spec")
     if name == "local":
         return "local"
-    if te_available():
+    facts = resolve(facts)
+    if te_available(facts):
         return "te"
     if name == "te":
-        raise RuntimeError(f"layer_spec='te' needs Transformer Engine and a CUDA device ({_te_missing_reason()}); "
-                           "use 'local' or 'auto'")
-    if torch.cuda.is_available() and te_installed():
-        warnings.warn(f"layer_spec='auto': {_te_missing_reason()}; using the local megatron-core spec",
+        raise RuntimeError(f"layer_spec='te' needs Transformer Engine and a CUDA device "
+                           f"({_te_missing_reason(facts)}); use 'local' or 'auto'")
+    if facts.cuda and te_installed():
+        warnings.warn(f"layer_spec='auto': {_te_missing_reason(facts)}; using the local megatron-core spec",
                       RuntimeWarning, stacklevel=2)
     return "local"
 
 
-def layer_spec(name: str = "auto", qk_layernorm: bool = False):
-    """The transformer-layer ``ModuleSpec`` of ``resolve_layer_spec(name)``; ``qk_layernorm``: per-head RMSNorm
-    of q and k (Qwen3)."""
+def layer_spec(name: str = "auto", qk_layernorm: bool = False, facts: DeviceFacts | None = None):
+    """The transformer-layer ``ModuleSpec`` of ``resolve_layer_spec(name, facts)``; ``qk_layernorm``: per-head
+    RMSNorm of q and k (Qwen3)."""
     from megatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_layer_local_spec,
         get_gpt_layer_with_transformer_engine_spec,
     )
 
-    if resolve_layer_spec(name) == "te":
+    if resolve_layer_spec(name, facts) == "te":
         return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk_layernorm)
     return get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=qk_layernorm)
 
 
-def check_sequence_parallel(spec_name: str, overrides: dict[str, Any] | None) -> None:
+def check_sequence_parallel(spec_name: str, overrides: dict[str, Any] | None,
+                            facts: DeviceFacts | None = None) -> None:
     """Refuse ``sequence_parallel`` (a megatron override) where megatron-core cannot run it.
 
     Sequence parallel needs norms that take part in it (their weight gradients are all-reduced over the TP
@@ -96,7 +100,7 @@ def check_sequence_parallel(spec_name: str, overrides: dict[str, Any] | None) ->
     from megatron.core.transformer import transformer_block
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
-    sub = layer_spec(spec_name).submodules
+    sub = layer_spec(spec_name, facts=facts).submodules
     norms = {"input_layernorm": sub.input_layernorm, "pre_mlp_layernorm": sub.pre_mlp_layernorm,
              "final_layernorm": transformer_block.LayerNormImpl}
     torch_norms = [name for name, n in norms.items() if getattr(n, "module", n) is WrappedTorchNorm]
@@ -145,19 +149,23 @@ def build_stage_model(
     spec: str = "auto",
     vocab_multiple: int = DEFAULT_VOCAB_MULTIPLE,
     overrides: dict[str, Any] | None = None,
+    facts: DeviceFacts | None = None,
 ):
-    """This rank's stage of the model (parallel state must be initialised). Weights are random until loaded."""
+    """This rank's stage of the model (parallel state must be initialised), on the GPU when ``facts`` (default:
+    this machine) has CUDA. Weights are random until loaded."""
     from megatron.core import parallel_state as ps
 
+    facts = resolve(facts)
     tp = ps.get_tensor_model_parallel_world_size()
     pp = ps.get_pipeline_model_parallel_world_size()
     config = transformer_config(
-        arch, tensor_parallel_size=tp, pipeline_parallel_size=pp, params_dtype=params_dtype, overrides=overrides
+        arch, tensor_parallel_size=tp, pipeline_parallel_size=pp, params_dtype=params_dtype, overrides=overrides,
+        cuda=facts.cuda,
     )
     cls = _gpt_model_class()
     model = cls(
         config=config,
-        transformer_layer_spec=layer_spec(spec, qk_layernorm=arch.qk_norm),
+        transformer_layer_spec=layer_spec(spec, qk_layernorm=arch.qk_norm, facts=facts),
         vocab_size=arch.padded_vocab_size(tp, vocab_multiple),
         max_sequence_length=arch.max_position_embeddings,
         pre_process=ps.is_pipeline_first_stage(),
@@ -169,7 +177,7 @@ def build_stage_model(
     )
     apply_rope_scaling(model, arch)
     model.true_vocab_size = arch.vocab_size
-    if torch.cuda.is_available():
+    if facts.cuda:
         model.cuda(torch.cuda.current_device())
     return model
 

@@ -17,19 +17,22 @@ import torch.distributed as dist
 from sparse_rl_megatron.learner import cpu_compat, distopt_fixes
 from sparse_rl_megatron.learner.config import LearnerConfig
 from sparse_rl_megatron.learner.parallel import device
+from sparse_rl_megatron.utils.device import DeviceFacts, resolve
 
 
 @cpu_compat.in_device_mode
-def wrap_ddp(model, config: LearnerConfig):
-    """Megatron ``DistributedDataParallel`` around the stage model; wires the schedule's grad hooks."""
+def wrap_ddp(model, config: LearnerConfig, facts: DeviceFacts | None = None):
+    """Megatron ``DistributedDataParallel`` around the stage model; wires the schedule's grad hooks. ``facts``:
+    the learner's device (default: this machine)."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 
+    facts = resolve(facts)
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True,
         # on CUDA the grad reduce of each bucket starts as soon as its grads are ready in the last micro-batch's
         # backward (megatron's DDP hooks; the schedule's no_sync holds it for the others); CPU runs it at the end
-        overlap_grad_reduce=torch.cuda.is_available(),
-        use_distributed_optimizer=config.distributed_optimizer(),
+        overlap_grad_reduce=facts.cuda,
+        use_distributed_optimizer=config.distributed_optimizer(facts),
         check_for_nan_in_grad=False,  # the learner's own guard skips the step instead of raising
     )
     ddp = DistributedDataParallel(config=model.config, ddp_config=ddp_config, module=model)
@@ -39,8 +42,8 @@ def wrap_ddp(model, config: LearnerConfig):
 
 
 @cpu_compat.in_device_mode
-def build_optimizer(ddp, config: LearnerConfig):
-    """``(optimizer, scheduler)`` for the DDP-wrapped model."""
+def build_optimizer(ddp, config: LearnerConfig, facts: DeviceFacts | None = None):
+    """``(optimizer, scheduler)`` for the DDP-wrapped model; ``facts``: the learner's device (default: this machine)."""
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
@@ -48,11 +51,12 @@ def build_optimizer(ddp, config: LearnerConfig):
     if o.lr_decay_steps is None:
         raise ValueError("OptimConfig.lr_decay_steps is None (the run's length): resolve it with "
                          "OptimConfig.for_run(optimizer_steps) before building the optimizer")
-    dtype = config.torch_params_dtype()
+    facts = resolve(facts)
+    dtype = config.torch_params_dtype(facts)
     kwargs: dict[str, Any] = dict(
         optimizer="adam", lr=o.lr, min_lr=o.min_lr, weight_decay=o.weight_decay, adam_beta1=o.adam_beta1,
         adam_beta2=o.adam_beta2, adam_eps=o.adam_eps, clip_grad=o.clip_grad, bf16=dtype == torch.bfloat16,
-        params_dtype=dtype, use_distributed_optimizer=config.distributed_optimizer(),
+        params_dtype=dtype, use_distributed_optimizer=config.distributed_optimizer(facts),
     )
     valid = {f.name for f in dataclasses.fields(OptimizerConfig)}
     unknown = sorted(set(config.optimizer_overrides) - valid)

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from sparse_rl_megatron.learner import cpu_compat
+from sparse_rl_megatron.utils.device import DeviceFacts, cuda_present, resolve
 
 # A collective that has not finished after this long is a hang (a rank died or diverged); fail loudly
 # rather than wait for the default 30 minutes.
@@ -49,11 +50,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_process_group(timeout_s: int = DEFAULT_TIMEOUT_S) -> None:
-    """Join (or create, for a single process) the default process group. Idempotent."""
+def init_process_group(timeout_s: int = DEFAULT_TIMEOUT_S, facts: DeviceFacts | None = None) -> None:
+    """Join (or create, for a single process) the default process group: NCCL when ``facts`` (default: this
+    machine) has CUDA, else gloo. Idempotent."""
     if dist.is_initialized():
         return
-    cuda = torch.cuda.is_available()
+    cuda = resolve(facts).cuda
     if "RANK" not in os.environ:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
@@ -66,13 +68,15 @@ def init_process_group(timeout_s: int = DEFAULT_TIMEOUT_S) -> None:
 
 
 @cpu_compat.in_device_mode
-def init_model_parallel(tp: int, pp: int, seed: int = 1234, timeout_s: int = DEFAULT_TIMEOUT_S) -> ParallelLayout:
-    """Initialise (or re-initialise at another layout) megatron-core's parallel state.
+def init_model_parallel(tp: int, pp: int, seed: int = 1234, timeout_s: int = DEFAULT_TIMEOUT_S,
+                        facts: DeviceFacts | None = None) -> ParallelLayout:
+    """Initialise (or re-initialise at another layout) megatron-core's parallel state (the process group's
+    backend from ``facts``, default: this machine).
 
     The world size must be a multiple of ``tp * pp``; the quotient is the data-parallel size.
     """
     cpu_compat.apply()
-    init_process_group(timeout_s)
+    init_process_group(timeout_s, facts)
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
@@ -108,5 +112,5 @@ def current_layout() -> ParallelLayout:
 
 
 def device() -> torch.device:
-    """The device this rank computes on."""
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    """The device this rank computes on: its GPU when ``cuda_present()``, else the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if cuda_present() else torch.device("cpu")

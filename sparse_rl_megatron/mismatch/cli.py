@@ -89,7 +89,7 @@ def output_paths(args: argparse.Namespace, cfg, budgets: list[int]) -> tuple[Pat
     is written as given; the default name never replaces an earlier study's files (numbered -2, -3, ... when taken)
     unless ``--overwrite``."""
     from sparse_rl_megatron.utils.errors import UserError
-    from sparse_rl_megatron.utils.preflight import first_free_path
+    from sparse_rl_megatron.utils.file_checks import first_free_path
 
     if args.output:
         json_path = Path(args.output)
@@ -167,7 +167,7 @@ def _report(cfg, plan, measurement, correction, notes, json_path: Path, png_path
         "samples_per_prompt": cfg.rollout.samples_per_prompt, "sampling": to_dict(cfg.rollout.sampling),
         "sampler_seed": step_seed(cfg.seed, STUDY_STEP), "correction": to_dict(correction), "notes": notes,
         "probe_max_abs_diff": measurement.probe_max_abs_diff,
-        "dense_tolerance": probe_tolerance(cfg), "config": to_dict(cfg),
+        "dense_tolerance": probe_tolerance(cfg, device_facts=plan.device_facts), "config": to_dict(cfg),
     }
     document = results_document(measurement, meta)
     path = write_results(document, json_path)

@@ -61,7 +61,7 @@ def measure(cfg: "TrainConfig", plan: "RunPlan", rows: list[tuple[str, "Compress
         dirs = D.on_main(lambda: prepare_model(cfg, plan.task, run_dir))
         for note in dirs.notes:
             say(note)
-        learner = Learner(cfg.learner_config(dirs.learner), trainable=False)
+        learner = Learner(cfg.learner_config(dirs.learner), trainable=False, device_facts=plan.device_facts)
         hf_dir = dirs.engine_hf or export_for_engine(learner, run_dir)
         spec = ENGINES.get(cfg.rollout.engine)
         engine = reward = records = None

@@ -1,5 +1,6 @@
 """Model families on megatron-core: HF config -> ``ModelArch`` -> ``TransformerConfig``, and the HF <-> Megatron
-weight mapping. Imports megatron-core lazily (only ``megatron_config`` needs it)."""
+weight mapping; ``tiny``: tiny HF models and a tokenizer built in code (tests, benchmarks, ``model_path: tiny``,
+task models). Imports megatron-core lazily (only ``megatron_config`` needs it)."""
 from sparse_rl_megatron.models.arch import (
     DEFAULT_VOCAB_MULTIPLE,
     FAMILIES,

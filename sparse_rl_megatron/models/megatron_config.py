@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from sparse_rl_megatron.models.arch import ModelArch
+from sparse_rl_megatron.utils.device import cuda_present
 
 # Fused CUDA kernels that have no CPU implementation; off whenever CUDA is absent.
 _CPU_UNFUSED = dict(
@@ -69,10 +70,12 @@ def transformer_config(
     pipeline_parallel_size: int = 1,
     params_dtype: torch.dtype = torch.float32,
     overrides: dict[str, Any] | None = None,
+    cuda: bool | None = None,
 ):
     """The megatron-core ``TransformerConfig`` for ``arch`` at a TP x PP layout.
 
-    Fusions follow ``fusion_settings``. ``overrides`` are set last (any ``TransformerConfig`` field, e.g.
+    Fusions follow ``fusion_settings(cuda)`` (``cuda``: the learner's device has CUDA; None: this machine's
+    ``cuda_present()``). ``overrides`` are set last (any ``TransformerConfig`` field, e.g.
     ``recompute_granularity``, or a fusion switch); an unknown field name is refused with the list of valid
     ones. Dropout is 0 (RL fine-tuning; also what makes the
     dense log-probs deterministic). ``calculate_per_token_loss`` is on because the learner pre-normalises
@@ -115,7 +118,7 @@ def transformer_config(
         # thing but warns that it is deprecated on every model build.
         cuda_graph_scope=[],
     )
-    kwargs.update(fusion_settings(torch.cuda.is_available()))
+    kwargs.update(fusion_settings(cuda_present() if cuda is None else cuda))
     valid = {f.name for f in dataclasses.fields(TransformerConfig)}
     for key in overrides or {}:
         if key not in valid:

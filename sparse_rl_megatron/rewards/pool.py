@@ -24,14 +24,15 @@ import weakref
 from collections import deque
 from dataclasses import dataclass
 from multiprocessing import connection
-from typing import Sequence
+from typing import Literal, Sequence, get_args
 
 from sparse_rl_megatron.rewards.verify import Verdict
 from sparse_rl_megatron.rewards.worker import safe_extract, worker_main
 
 log = logging.getLogger(__name__)
 
-START_METHODS = ("forkserver", "spawn", "fork")
+StartMethod = Literal["forkserver", "spawn", "fork"]
+START_METHODS: tuple[str, ...] = get_args(StartMethod)
 
 # After the in-worker (soft) timer fires, the worker has this long to send its 'timeout' verdict before
 # the parent kills it: enough for a Python-level unwind, short enough that a stuck worker costs little.
@@ -55,7 +56,7 @@ class VerifierPoolConfig:
     """Also time out inside the worker (cheap: no restart). Off: only the parent's kill enforces the limit."""
     memory_limit_gb: float | None = 4.0
     """Address-space cap of each worker (None = none), so one huge answer cannot eat the machine's RAM."""
-    start_method: str = "forkserver"
+    start_method: StartMethod = "forkserver"
     """How workers start: ``forkserver`` (preloaded math-verify, fast restarts), ``spawn`` or ``fork``."""
 
     def __post_init__(self) -> None:

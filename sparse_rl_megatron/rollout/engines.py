@@ -18,11 +18,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from sparse_rl_megatron.compression.config import CompressionConfig
+from sparse_rl_megatron.utils.dtypes import DTYPE_NAMES, DtypeName
 from sparse_rl_megatron.utils.registry import Registry
 
 if TYPE_CHECKING:
     from sparse_rl_megatron.rollout.engine import RolloutEngine
     from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
+
+
+EngineDtype = DtypeName
+"""Compute dtypes a rollout engine runs in (``rollout.dtype``, ``sparse-rl eval``'s ``dtype``)."""
+ENGINE_DTYPES: tuple[str, ...] = DTYPE_NAMES
 
 
 @dataclass(frozen=True)
@@ -33,7 +39,7 @@ class EngineBuild:
     """The HF model directory the engine loads."""
     compression: CompressionConfig = field(default_factory=CompressionConfig)
     """KV compression while sampling (``hf``; ``sglang`` takes its own from ``sglang``)."""
-    dtype: str = "float32"
+    dtype: EngineDtype = "float32"
     """Compute dtype of the weights and the KV cache (``hf``)."""
     max_batch_size: int = 64
     """Most sequences decoded together (``hf``)."""

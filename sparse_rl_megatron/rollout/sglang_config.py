@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from sparse_rl_megatron.compression import CompressionConfig
 
-WEIGHT_SYNCS = ("tensor", "distributed", "disk")
-DISTRIBUTED_BACKENDS = ("gloo", "nccl")
+WeightSync = Literal["tensor", "distributed", "disk"]
+WEIGHT_SYNCS: tuple[str, ...] = get_args(WeightSync)
+DistributedBackend = Literal["gloo", "nccl"]
+DISTRIBUTED_BACKENDS: tuple[str, ...] = get_args(DistributedBackend)
 
 
 @dataclass
@@ -41,10 +43,10 @@ class SGLangOptions:
     """Share a GRPO group's prompt KV between its samples (prefilled once)."""
     inner_backend: str = ""
     """Attention kernels under the plugin: '' = torch_native on CPU, triton on CUDA."""
-    weight_sync: str = "tensor"
+    weight_sync: WeightSync = "tensor"
     """How ``update_weights`` reaches the servers: ``tensor`` (in-process only), ``distributed`` (a process group
     with the servers, any node), ``disk`` (safetensors written to ``weight_sync_dir``, then reloaded)."""
-    distributed_backend: str = "gloo"
+    distributed_backend: DistributedBackend = "gloo"
     """Process-group backend of ``distributed`` sync: ``gloo`` (CPU) or ``nccl`` (GPU)."""
     master_address: str = ""
     """Address the servers use to reach this process for ``distributed`` sync (a routable literal IP; '' = this

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Iterable
 
 import torch
 
+from sparse_rl_megatron.utils.device import cuda_present
+
 if TYPE_CHECKING:
     from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
 
@@ -71,7 +73,7 @@ def _check_distributed(transport, infos: list[dict]) -> None:
     """Refuse before any collective what cannot work: NCCL with an in-process engine on this process's GPU."""
     if transport.config.distributed_backend != "nccl" or not hasattr(transport.client, "engine"):
         return
-    if torch.cuda.is_available() and shares_gpu(infos[0], torch.cuda.current_device()):
+    if cuda_present() and shares_gpu(infos[0], torch.cuda.current_device()):
         raise RuntimeError(f"weight_sync 'distributed' (nccl): the in-process engine runs on this process's GPU "
                            f"{torch.cuda.current_device()}; {NCCL_COLOCATED}")
 

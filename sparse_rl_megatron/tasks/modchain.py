@@ -175,7 +175,7 @@ class ModChainTask(Task):
     def build_model(self, out_dir: str | os.PathLike, *, seed: int = 0) -> Path:
         from transformers import AutoModelForCausalLM
 
-        from sparse_rl_megatron.utils.tiny_models import tiny_config
+        from sparse_rl_megatron.models.tiny import tiny_config
 
         tok = self.tokenizer()
         m = self.spec.model

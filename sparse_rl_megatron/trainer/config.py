@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
 
 from sparse_rl_megatron.algo.config import CorrectionConfig
 from sparse_rl_megatron.compression.budget_controller import AdaptiveBudgetConfig
@@ -22,15 +22,15 @@ from sparse_rl_megatron.compression.config import CompressionConfig
 from sparse_rl_megatron.learner.config import LearnerConfig, LearnerSettings
 from sparse_rl_megatron.rewards.pool import VerifierPoolConfig
 from sparse_rl_megatron.rollout.engine import SamplingParams
-from sparse_rl_megatron.rollout.engines import EngineBuild
+from sparse_rl_megatron.rollout.engines import ENGINE_DTYPES, EngineBuild, EngineDtype
 from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig, SGLangOptions, check_plugin_compression
 
 if TYPE_CHECKING:
     from sparse_rl_megatron.rollout.layout import EngineSlot
 
-ENGINE_DTYPES = ("float32", "bfloat16", "float16")
 RESUME_MODES = ("auto", "never")
-EVAL_MODES = ("dense", "sparse", "adaptive")
+EvalMode = Literal["dense", "sparse", "adaptive"]
+EVAL_MODES: tuple[str, ...] = get_args(EvalMode)
 """``dense``: full KV cache; ``sparse``: the stated compression (``eval.compression``, else the rollout's as
 configured: with the adaptive budget, its start budget, never the controller's, so evaluations at different steps
 compare); ``adaptive``: the rollout's compression at the adaptive budget controller's current budget (only with
@@ -88,7 +88,7 @@ class RolloutConfig:
     adaptive_budget: AdaptiveBudgetConfig = field(default_factory=AdaptiveBudgetConfig)
     """Adapt ``compression.budget`` each step to hold a mismatch signal at a target (``enabled: true``); an ``sglang``
     engine's servers are sized for ``max_budget`` and each request carries the step's budget."""
-    dtype: str = "float32"
+    dtype: EngineDtype = "float32"
     """Compute dtype of the engine (float32 on CPU; bfloat16 on GPUs)."""
     max_batch_size: int = 64
     """Most sequences the ``hf`` engine decodes together (``sglang``: ``sglang.max_running_requests``)."""
@@ -257,7 +257,7 @@ class TrainEvalConfig:
     """Sampling temperature (0 = greedy, the least noisy estimate on a small held-out set)."""
     top_p: float = 1.0
     """Nucleus mass."""
-    modes: list[str] = field(default_factory=lambda: list(DEFAULT_EVAL_MODES))
+    modes: list[EvalMode] = field(default_factory=lambda: list(DEFAULT_EVAL_MODES))
     """``dense`` (full KV cache), ``sparse`` (``compression``; skipped when that is dense) and/or ``adaptive`` (the
     rollout's compression at the adaptive budget controller's current budget; needs
     ``rollout.adaptive_budget.enabled``)."""

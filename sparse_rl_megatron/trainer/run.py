@@ -114,7 +114,7 @@ def _claim_run_dir(cfg: TrainConfig, run: Run) -> tuple[Any, list[str]]:
     """Rank 0: lock the run directory, choose fresh start or resume (the newest intact checkpoint: ``resume.py``),
     write the resolved config."""
     from sparse_rl_megatron.trainer.checkpointing.resume import choose
-    from sparse_rl_megatron.utils.run_dir import RunDirLock, archive_previous_outputs
+    from sparse_rl_megatron.trainer.runtime.run_dir import RunDirLock, archive_previous_outputs
 
     lock = run.stack.enter_context(RunDirLock(run.run_dir))
     notes = []
@@ -145,9 +145,10 @@ def _build_models(cfg: TrainConfig, run: Run) -> None:
     dirs = D.on_main(lambda: prepare_model(cfg, run.plan.task, run.run_dir))
     for note in dirs.notes:
         run.say(note)
-    run.learner = Learner(cfg.learner_config(dirs.learner))
+    facts = run.plan.device_facts
+    run.learner = Learner(cfg.learner_config(dirs.learner), device_facts=facts)
     if cfg.learner.loss.kl_coef > 0:  # the reference policy is the initial model, also after a resume
-        run.ref_learner = Learner(cfg.learner_config(dirs.learner), trainable=False)
+        run.ref_learner = Learner(cfg.learner_config(dirs.learner), trainable=False, device_facts=facts)
     hf_dir = dirs.engine_hf or export_for_engine(run.learner, run.run_dir)
     run.probe = probe_sequence(run.learner.arch.vocab_size, cfg.sync.probe_tokens, cfg.seed)
     run.say(run.plan.layout.describe())

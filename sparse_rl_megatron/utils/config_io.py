@@ -7,6 +7,9 @@ that only holds for one value of another (``Cls.DERIVED_KEYS``, e.g. ``launch.la
 dropped (back to its default) when that other key is overridden and it is not. An unknown key is refused with the
 list of valid keys at that level; a value of the wrong type names its dotted path and the expected type.
 Dataclass ``__post_init__`` validation runs as usual; its errors become ``ConfigError`` prefixed with the dotted path.
+A ``Literal`` field (a choice among names) is type-checked here (a string for string choices); which names are
+valid is the dataclass's own check, whose message names the field and the valid names (from the registry when the
+choice has one), so a bad name gets the same error from a recipe as from the dataclass built in code.
 
 Recipes share settings with ``include:`` (``load_recipe``): a top-level ``include: base.yaml`` (or a list of
 files) names recipes, relative to the including file, that are read first and deep-merged in order; the including
@@ -56,10 +59,16 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _literal_type(tp: Any) -> type | None:
+    """The one type of a ``Literal``'s values (``str`` for ``Literal["a", "b"]``), else None."""
+    kinds = {type(v) for v in typing.get_args(tp)}
+    return kinds.pop() if len(kinds) == 1 else None
+
+
 def _takes_str(tp: Any) -> bool:
-    if tp is str:
+    if tp is str or (typing.get_origin(tp) is typing.Literal and _literal_type(tp) is str):
         return True
-    return typing.get_origin(tp) in (typing.Union, types.UnionType) and str in typing.get_args(tp)
+    return typing.get_origin(tp) in (typing.Union, types.UnionType) and any(_takes_str(a) for a in typing.get_args(tp))
 
 
 def _convert(tp: Any, value: Any, path: str) -> Any:
@@ -100,10 +109,13 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
             raise ConfigError(f"{path}: expected a mapping, got {value!r}")
         return _plain(dict(value))
     if origin is typing.Literal:
-        allowed = typing.get_args(tp)
-        if value not in allowed:
-            raise ConfigError(f"{path}: must be one of {', '.join(map(str, allowed))}; got {value!r}")
-        return value
+        kind = _literal_type(tp)
+        if kind is None:  # mixed value types: the value itself must be one of them
+            allowed = typing.get_args(tp)
+            if value not in allowed:
+                raise ConfigError(f"{path}: must be one of {', '.join(map(str, allowed))}; got {value!r}")
+            return value
+        return _convert(kind, value, path)  # the names themselves: the dataclass's check (see the docstring)
     if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
     if tp is float and isinstance(value, str):

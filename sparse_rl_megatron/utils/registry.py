@@ -1,6 +1,9 @@
 """Small name -> object registries, so every choice in a config is made by name.
 
 An unknown name raises ``UnknownNameError`` listing the valid names; registering a name twice is refused.
+A config field chosen from an open registry (one a plug-in may add names to: estimators, modes, engines, scorers,
+rewards, templates, tasks) is typed ``str``, the registry being the list of valid names; a fixed choice is typed
+``Literal`` (for a closed registry, such as the layer specs, a test keeps the two equal).
 Imports only the standard library, so the torch-only packages (``algo``, ``compression``) may use it.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Fixtures shared by the whole-command tests."""
 import pytest
 
-from sparse_rl_megatron.utils.tiny_models import save_tiny_hf_checkpoint
+from sparse_rl_megatron.models.tiny import save_tiny_hf_checkpoint
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from sparse_rl_megatron.eval.model_source import is_megatron_checkpoint, resolve_hf_model
-from sparse_rl_megatron.utils.tiny_models import save_tiny_hf_checkpoint
+from sparse_rl_megatron.models.tiny import save_tiny_hf_checkpoint
 
 
 def test_hf_dir_is_used_as_is(tmp_path):

@@ -78,7 +78,7 @@ def test_every_arm_runs_and_the_table_and_figure_are_written_then_a_rerun_skips_
 
 
 def test_a_second_experiment_into_a_busy_directory_is_refused(tmp_path):
-    from sparse_rl_megatron.utils.run_dir import RunDirLock
+    from sparse_rl_megatron.trainer.runtime.run_dir import RunDirLock
 
     out = tmp_path / "exp"
     with RunDirLock(out / "seed_0"):  # one process per seed: another seed of the same experiment could run

@@ -93,7 +93,7 @@ def _cleanup(launcher: subprocess.Popen, procs: list[psutil.Process]) -> None:
 
 
 def test_sigterm_to_every_process_stops_clean_then_a_killed_launcher_takes_its_ranks_along(tmp_path, shared_data):
-    from sparse_rl_megatron.utils.run_dir import RunDirLock
+    from sparse_rl_megatron.trainer.runtime.run_dir import RunDirLock
 
     run_dir, log = tmp_path / "run", tmp_path / "launch.log"
     run_dir.mkdir()

@@ -78,7 +78,7 @@ def free_port() -> int:
 
 def _stale_lock(run_dir: Path) -> int:
     """Leave the lock record of a run that died without cleaning up (SIGKILL); returns its pid."""
-    hold = ("import sys, time; from sparse_rl_megatron.utils.run_dir import RunDirLock; "
+    hold = ("import sys, time; from sparse_rl_megatron.trainer.runtime.run_dir import RunDirLock; "
             "RunDirLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(60)")
     proc = subprocess.Popen([sys.executable, "-c", hold, str(run_dir)], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -149,7 +149,7 @@ def test_stop_and_resume_equals_the_uninterrupted_run(tmp_path, shared_data):
 
 
 def test_second_run_into_a_busy_run_dir_is_refused_with_the_holders_pid(tmp_path, shared_data):
-    hold = ("import sys, time; from sparse_rl_megatron.utils.run_dir import RunDirLock; "
+    hold = ("import sys, time; from sparse_rl_megatron.trainer.runtime.run_dir import RunDirLock; "
             "RunDirLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(120)")
     holder = subprocess.Popen([sys.executable, "-c", hold, str(tmp_path / "run")], stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": str(ROOT)})

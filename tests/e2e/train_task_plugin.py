@@ -1,7 +1,7 @@
 """A small ``Task`` for the trainer's ``task:<name>`` wiring tests, registered as ``task:tiny_sums`` when imported
 (``plugins: [train_task_plugin]`` with this folder on PYTHONPATH).
 
-Problems ``a + b`` with a gold answer; the model is the random tiny Qwen2 of ``utils.tiny_models``; the warm start
+Problems ``a + b`` with a gold answer; the model is the random tiny Qwen2 of ``models.tiny``; the warm start
 copies the built model and records the options it was given (this tests the wiring, not learning).
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ class TinySums(Task):
         return Dataset(self.name, f"task:{self.name}/{split}", rows)
 
     def build_model(self, out_dir, *, seed=0):
-        from sparse_rl_megatron.utils.tiny_models import save_tiny_hf_checkpoint
+        from sparse_rl_megatron.models.tiny import save_tiny_hf_checkpoint
 
         return save_tiny_hf_checkpoint(out_dir, seed=seed, init_std=0.2)
 

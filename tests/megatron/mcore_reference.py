@@ -53,7 +53,7 @@ def _one_step(model, prepared, ref_lp, prompts, responses) -> tuple[float, float
 def build_references(root: Path) -> Path:
     """Write the HF checkpoints under ``root/<model>`` and the references to ``root/ref.pt``; returns the latter."""
     from sparse_rl_megatron.algo import prepare_correction
-    from sparse_rl_megatron.utils.tiny_models import build_tiny_model, build_tiny_tokenizer
+    from sparse_rl_megatron.models.tiny import build_tiny_model, build_tiny_tokenizer
 
     refs = {}
     prompts, responses = spec.sequences()

@@ -106,7 +106,7 @@ def test_export_names_its_dtype_and_warns_about_a_missing_tokenizer(mcore_refs, 
     from safetensors.torch import load_file
 
     from sparse_rl_megatron.learner import checkpoint
-    from sparse_rl_megatron.utils.preflight import MEGATRON_ASSETS_DIR
+    from sparse_rl_megatron.utils.file_checks import MEGATRON_ASSETS_DIR
 
     assert MEGATRON_ASSETS_DIR == checkpoint.ASSETS_DIR
     source = json.loads((mcore_refs.parent / "qwen2_tied" / "config.json").read_text())

@@ -9,7 +9,7 @@ import torch
 
 import mcore_spec as spec
 import numerics
-from sparse_rl_megatron.utils.tiny_models import build_tiny_model
+from sparse_rl_megatron.models.tiny import build_tiny_model
 
 
 def _model(name: str):

@@ -21,13 +21,13 @@ cpu_compat.apply()
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
-    from sparse_rl_megatron.utils.tiny_models import save_tiny_hf_checkpoint
+    from sparse_rl_megatron.models.tiny import save_tiny_hf_checkpoint
 
     return save_tiny_hf_checkpoint(tmp_path_factory.mktemp("tiny-qwen2"), seed=MODEL_SEED, init_std=INIT_STD)
 
 
 @pytest.fixture(scope="session")
 def hf_model():
-    from sparse_rl_megatron.utils.tiny_models import build_tiny_model
+    from sparse_rl_megatron.models.tiny import build_tiny_model
 
     return build_tiny_model(seed=MODEL_SEED, init_std=INIT_STD)

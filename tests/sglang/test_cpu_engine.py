@@ -10,7 +10,7 @@ import torch
 
 from sglang_ext import cpu_compat
 from sglang_helpers import assert_logprobs_match
-from sparse_rl_megatron.utils.tiny_models import build_tiny_model, save_tiny_hf_checkpoint
+from sparse_rl_megatron.models.tiny import build_tiny_model, save_tiny_hf_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -62,7 +62,7 @@ def server(tiny_model_dir, tmp_path_factory):
 
 def test_http_server_samples_like_the_reference_and_takes_weights_over_gloo(server, tiny_model_dir, hf_model):
     from sparse_rl_megatron.rollout.sglang_engine import SGLangRolloutEngine
-    from sparse_rl_megatron.utils.tiny_models import build_tiny_model
+    from sparse_rl_megatron.models.tiny import build_tiny_model
 
     url, proc, log = server
     config = SGLangEngineConfig(model_path=str(tiny_model_dir), urls=[url], compression=COMPRESSION,

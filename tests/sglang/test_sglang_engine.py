@@ -122,7 +122,7 @@ def test_fifty_rounds_leave_the_allocator_where_it_started(engine):
 
 
 def test_weight_updates_tensor_distributed_disk(engine, hf_model, tmp_path):
-    from sparse_rl_megatron.utils.tiny_models import build_tiny_model
+    from sparse_rl_megatron.models.tiny import build_tiny_model
 
     other = build_tiny_model(seed=11, init_std=0.2)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=24, seed=2)

@@ -32,7 +32,7 @@ def test_plain_completion_template():
 
 
 def test_tokenizer_template_uses_the_tokenizers_chat_template():
-    from sparse_rl_megatron.utils.tiny_models import build_tiny_tokenizer
+    from sparse_rl_megatron.models.tiny import build_tiny_tokenizer
 
     tok = build_tiny_tokenizer()
     # The tiny tokenizer carries Qwen2.5's template: same text as qwen25_chat_user.

@@ -13,7 +13,7 @@ import torch
 
 from sparse_rl_megatron.rollout.engine import SamplingParams
 from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
-from sparse_rl_megatron.utils.tiny_models import build_tiny_model, build_tiny_tokenizer
+from sparse_rl_megatron.models.tiny import build_tiny_model, build_tiny_tokenizer
 
 PROMPTS = ["Let x be a real number such that", "First, 2 + 3 = 5. Then 5 * 4 = 20. Finally"]
 MODELS = {"hf_engine_tier": 1, "sglang_tier": 3}

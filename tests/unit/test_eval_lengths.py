@@ -7,7 +7,7 @@ from sparse_rl_megatron.eval.lengths import context_error, dense_prompts
 from sparse_rl_megatron.eval.report import sampling_label
 from sparse_rl_megatron.rollout.engine import SamplingParams
 from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
-from sparse_rl_megatron.utils.tiny_models import build_tiny_model
+from sparse_rl_megatron.models.tiny import build_tiny_model
 
 B, W = 16, 4  # compress when 20 candidates are cached
 

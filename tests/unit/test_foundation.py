@@ -10,7 +10,7 @@ import torch
 from sparse_rl_megatron.rollout.engine import SamplingParams
 from sparse_rl_megatron.rollout.sample import CompressionInfo, Sample
 from sparse_rl_megatron.utils.registry import Registry, UnknownNameError
-from sparse_rl_megatron.utils.tiny_models import build_tiny_model, build_tiny_tokenizer
+from sparse_rl_megatron.models.tiny import build_tiny_model, build_tiny_tokenizer
 
 
 def test_registry_lists_valid_names_and_refuses_duplicates():

@@ -93,7 +93,7 @@ def test_engine_stops_at_its_deadline_with_the_steps_done(tmp_path):
     from gpu_kit import part_engine
     from gpu_kit.sizes import TOY
 
-    from sparse_rl_megatron.utils.tiny_models import build_tiny_model
+    from sparse_rl_megatron.models.tiny import build_tiny_model
 
     torch.manual_seed(0)
     model = build_tiny_model("qwen2", vocab_size=256, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)

@@ -1,7 +1,7 @@
 """Default output names are informative (a checkpoint's parent folder, the inference mode) and never replace
 an earlier output: the first free numbered variant is taken."""
 from sparse_rl_megatron.eval.results import default_results_name
-from sparse_rl_megatron.utils.preflight import first_free_path
+from sparse_rl_megatron.utils.file_checks import first_free_path
 
 
 def test_default_results_name_tells_checkpoints_apart():

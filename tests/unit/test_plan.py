@@ -202,7 +202,7 @@ def test_kv_bytes_equal_what_the_reference_engine_holds(monkeypatch, method):
     from sparse_rl_megatron.rollout.engine import SamplingParams
     from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
     from sparse_rl_megatron.rollout.kv_cache import align_keys
-    from sparse_rl_megatron.utils.tiny_models import build_tiny_model, build_tiny_tokenizer
+    from sparse_rl_megatron.models.tiny import build_tiny_model, build_tiny_tokenizer
 
     model, tok = build_tiny_model("qwen2", seed=3), build_tiny_tokenizer()
     caches = []

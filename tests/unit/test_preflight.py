@@ -9,7 +9,7 @@ import pytest
 
 from sparse_rl_megatron.utils.config_io import ConfigError, load_config
 from sparse_rl_megatron.utils.errors import UserError
-from sparse_rl_megatron.utils.preflight import check_model_dir, check_new_output
+from sparse_rl_megatron.utils.file_checks import check_model_dir, check_new_output
 
 
 def test_model_dir_checks(tmp_path):
@@ -80,7 +80,7 @@ def _model_dir(path, context: int, tokenizer: bool = True):
     tokenizer, for a model of ``context`` positions."""
     import json
 
-    from sparse_rl_megatron.utils.tiny_models import build_tiny_tokenizer
+    from sparse_rl_megatron.models.tiny import build_tiny_tokenizer
 
     path.mkdir(parents=True, exist_ok=True)
     config = {"model_type": "qwen2", "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 2,

@@ -20,7 +20,7 @@ from sparse_rl_megatron.compression import CompressionConfig
 from sparse_rl_megatron.rollout.engine import SamplingParams
 from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
 from sparse_rl_megatron.rollout.kv_cache import align_keys
-from sparse_rl_megatron.utils.tiny_models import build_tiny_model
+from sparse_rl_megatron.models.tiny import build_tiny_model
 
 MAX_FLIPPED = 1
 """Samples per case whose tokens may differ: P(>= 1 flip) <= flip_probability(500, 1e-6) = 1e-3; P(>= 2) ~ 1e-6."""

@@ -8,7 +8,7 @@ from sparse_rl_megatron.compression import CompressionConfig
 from sparse_rl_megatron.rollout.engine import RolloutEngine, SamplingParams
 from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
 from sparse_rl_megatron.rollout.kv_cache import CompressedKVCache
-from sparse_rl_megatron.utils.tiny_models import build_tiny_model, build_tiny_tokenizer
+from sparse_rl_megatron.models.tiny import build_tiny_model, build_tiny_tokenizer
 
 PROMPTS = ["Let x be a real number such that", "The answer is", "First, 2 + 3 = 5. Then 5 * 4 = 20. Finally"]
 

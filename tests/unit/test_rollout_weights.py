@@ -4,7 +4,7 @@ import torch
 
 from sparse_rl_megatron.rollout.engine import SamplingParams
 from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
-from sparse_rl_megatron.utils.tiny_models import build_tiny_model, build_tiny_tokenizer, save_tiny_hf_checkpoint
+from sparse_rl_megatron.models.tiny import build_tiny_model, build_tiny_tokenizer, save_tiny_hf_checkpoint
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12, ignore_eos=True)
 PROMPT = [[5, 6, 7, 8, 9]]

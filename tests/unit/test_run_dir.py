@@ -10,11 +10,11 @@ import textwrap
 import pytest
 
 from sparse_rl_megatron.utils.errors import UserError
-from sparse_rl_megatron.utils.run_dir import LOCK_FILE, RunDirBusy, RunDirLock, archive_previous_outputs
+from sparse_rl_megatron.trainer.runtime.run_dir import LOCK_FILE, RunDirBusy, RunDirLock, archive_previous_outputs
 
 HOLD = textwrap.dedent("""
     import sys, time
-    from sparse_rl_megatron.utils.run_dir import RunDirLock
+    from sparse_rl_megatron.trainer.runtime.run_dir import RunDirLock
     lock = RunDirLock(sys.argv[1]).acquire()
     print("held", flush=True)
     time.sleep(60)

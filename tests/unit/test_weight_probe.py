@@ -19,7 +19,7 @@ from sparse_rl_megatron.trainer.engines.weight_probe import (PROBE_TOLERANCE_16B
                                                              WeightSyncError, default_tolerance, engine_logprobs,
                                                              probe_sequence, probe_verdict)
 from sparse_rl_megatron.utils.errors import RunFailed
-from sparse_rl_megatron.utils.tiny_models import build_tiny_model
+from sparse_rl_megatron.models.tiny import build_tiny_model
 
 SHAPE = dict(num_layers=4, hidden_size=128, num_heads=4, num_kv_heads=2)
 STD = 0.2

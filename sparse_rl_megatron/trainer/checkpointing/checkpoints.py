@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from sparse_rl_megatron.trainer.checkpointing.integrity import STATE_FILE, file_sizes
+from sparse_rl_megatron.utils.device import cuda_present
 from sparse_rl_megatron.utils.errors import RunFailed, UserError
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -90,23 +91,24 @@ def _atomic_write(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
-def capture_rng() -> dict[str, Any]:
-    """This process's python, numpy and torch (CPU, and CUDA when present) RNG states."""
+def capture_rng(cuda: bool | None = None) -> dict[str, Any]:
+    """This process's python, numpy and torch (CPU, and CUDA when ``cuda``; None: ``cuda_present()``) RNG states."""
     import numpy as np
 
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
+    if cuda_present() if cuda is None else cuda:
         state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
-def restore_rng(state: dict[str, Any]) -> None:
+def restore_rng(state: dict[str, Any], cuda: bool | None = None) -> None:
+    """Set the states ``capture_rng`` took; the CUDA one only when ``cuda`` (None: ``cuda_present()``)."""
     import numpy as np
 
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
+    if "cuda" in state and (cuda_present() if cuda is None else cuda):
         torch.cuda.set_rng_state(state["cuda"])
 
 
@@ -129,7 +131,7 @@ def save(run_dir: str | os.PathLike, step: int, learner, trainer_state: dict[str
     D.wait_for_main()
     try:
         _agreed(out, lambda: learner.save(out))
-        _agreed(out, lambda: _write_rng(out, D.rank()))
+        _agreed(out, lambda: _write_rng(out, D.rank(), learner.device_facts.cuda))
         _agreed(out, lambda: _write_state(out, step, trainer_state) if D.is_main() else None)
     except SaveFailed:
         if D.is_main():
@@ -145,10 +147,10 @@ def save(run_dir: str | os.PathLike, step: int, learner, trainer_state: dict[str
     return out
 
 
-def _write_rng(out: Path, rank: int) -> None:
+def _write_rng(out: Path, rank: int, cuda: bool) -> None:
     rng_dir = out / RNG_DIR
     rng_dir.mkdir(exist_ok=True)
-    _atomic_write(rng_dir / f"rank{rank}.pt", lambda f: torch.save(capture_rng(), f))
+    _atomic_write(rng_dir / f"rank{rank}.pt", lambda f: torch.save(capture_rng(cuda), f))
 
 
 def _write_state(out: Path, step: int, trainer_state: dict[str, Any]) -> None:
@@ -253,11 +255,11 @@ def prune(run_dir: str | os.PathLike, keep_last: int) -> list[Path]:
     return doomed
 
 
-def load_rng(ckpt: str | os.PathLike, rank: int) -> bool:
-    """Restore this rank's RNG states from ``ckpt``; False when the checkpoint has none for this rank (it was
-    written by a run with fewer ranks)."""
+def load_rng(ckpt: str | os.PathLike, rank: int, cuda: bool | None = None) -> bool:
+    """Restore this rank's RNG states from ``ckpt`` (the CUDA one when ``cuda``; None: ``cuda_present()``); False
+    when the checkpoint has none for this rank (it was written by a run with fewer ranks)."""
     path = Path(ckpt) / RNG_DIR / f"rank{rank}.pt"
     if not path.is_file():
         return False
-    restore_rng(torch.load(path, weights_only=False))
+    restore_rng(torch.load(path, weights_only=False), cuda)
     return True

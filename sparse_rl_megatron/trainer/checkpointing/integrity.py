@@ -17,7 +17,7 @@ import json
 import os
 from pathlib import Path
 
-from sparse_rl_megatron.utils.preflight import MEGATRON_META_FILE as LEARNER_META
+from sparse_rl_megatron.utils.file_checks import MEGATRON_META_FILE as LEARNER_META
 
 STATE_FILE = "trainer_state.json"
 """The trainer's state in a checkpoint directory; written last, so a checkpoint without it is incomplete."""

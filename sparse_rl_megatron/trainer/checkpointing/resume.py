@@ -97,7 +97,7 @@ def load(run, choice: Choice) -> Choice:
             error = _why(err)
         failed = [e for e in D.gather_objects(error) if e is not None]
         if not failed:
-            choice.rng_restored = C.load_rng(choice.path, D.rank())
+            choice.rng_restored = C.load_rng(choice.path, D.rank(), run.learner.device_facts.cuda)
             return choice
         bad, step = choice.path, int(choice.state["step"])
 

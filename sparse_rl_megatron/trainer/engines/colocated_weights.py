@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from sparse_rl_megatron.utils.device import cuda_present
+
 if TYPE_CHECKING:
     from sparse_rl_megatron.rollout.layout import RolloutLayout
 
@@ -62,5 +64,5 @@ class ColocatedPayloads:
 
         if self.group is not None:
             dist.barrier(group=self.group)
-        if torch.cuda.is_available():
+        if cuda_present():
             torch.cuda.ipc_collect()

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from sparse_rl_megatron.utils.device import DeviceFacts, resolve
 from sparse_rl_megatron.utils.errors import RunFailed
 
 if TYPE_CHECKING:
@@ -62,18 +63,19 @@ def default_tolerance(engine_dtype: str, learner_dtype: "str | torch.dtype" = "f
     return PROBE_TOLERANCE_16BIT if names & set(SIXTEEN_BIT) else PROBE_TOLERANCE_FP32
 
 
-def probe_tolerance(cfg, learner=None) -> float:
+def probe_tolerance(cfg, learner=None, device_facts: DeviceFacts | None = None) -> float:
     """``sync.probe_tolerance``, else the default for the engine's dtype and the learner's (``learner`` built:
-    its parameter dtype; else ``learner.params_dtype``, ``auto`` resolved for this machine)."""
+    its parameter dtype; else ``learner.params_dtype``, ``auto`` resolved for ``device_facts``, default: this
+    machine)."""
     if cfg.sync.probe_tolerance:
         return cfg.sync.probe_tolerance
     config = getattr(learner, "config", None)
     if config is not None and hasattr(config, "torch_params_dtype"):
-        learner_dtype = config.torch_params_dtype()
+        learner_dtype = config.torch_params_dtype(getattr(learner, "device_facts", None))
     else:
         learner_dtype = cfg.learner.params_dtype
         if learner_dtype == "auto":
-            learner_dtype = "bfloat16" if torch.cuda.is_available() else "float32"
+            learner_dtype = resolve(device_facts).auto_params_dtype
     return default_tolerance(cfg.rollout.dtype, learner_dtype)
 
 

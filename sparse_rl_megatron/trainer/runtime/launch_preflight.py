@@ -95,12 +95,6 @@ def check_rendezvous(endpoint: str, timeout_s: float) -> str:
             time.sleep(CONNECT_RETRY_S)
 
 
-def visible_gpus() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nnodes", type=int, default=1, help="nodes of the launch")
     parser.add_argument("--nproc-per-node", type=int, default=1, help="ranks (GPUs) per node")
@@ -113,12 +107,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from sparse_rl_megatron.trainer.cli import load
     from sparse_rl_megatron.trainer.runtime.run_plan import preflight
+    from sparse_rl_megatron.utils.device import DeviceFacts
 
     cfg = load(args)
     shape = LaunchShape(args.nnodes, args.nproc_per_node)
-    lines = [check_gpus(shape, visible_gpus(), cfg.learner.tensor_parallel_size, cfg.learner.pipeline_parallel_size,
+    facts = DeviceFacts.detect()
+    lines = [check_gpus(shape, facts.gpus, cfg.learner.tensor_parallel_size, cfg.learner.pipeline_parallel_size,
                         cfg.launch.gpus)]
-    plan = preflight(cfg, shape.world_size, ranks_per_node=shape.nproc_per_node, on_gpu=visible_gpus() > 0)
+    plan = preflight(cfg, shape.world_size, ranks_per_node=shape.nproc_per_node, on_gpu=facts.gpus > 0,
+                     device_facts=facts)
     lines.append(f"model {cfg.model_path} and data {cfg.data.dataset} ({len(plan.train_data)} problems) present")
     lines.append(plan.layout.describe())
     if args.rdzv_endpoint:

@@ -46,12 +46,12 @@ def prepare_model(cfg, task, run_dir: Path) -> ModelDirs:
     """Rank 0: resolve ``cfg.model_path`` to model directories, building what is missing."""
     from sparse_rl_megatron.tasks import is_task_ref
     from sparse_rl_megatron.trainer.config import TINY_MODEL
-    from sparse_rl_megatron.utils.preflight import MEGATRON_META_FILE
+    from sparse_rl_megatron.utils.file_checks import MEGATRON_META_FILE
 
     root = run_dir / MODEL_DIR
     init = root / "init"
     if cfg.model_path == TINY_MODEL:
-        from sparse_rl_megatron.utils.tiny_models import save_tiny_hf_checkpoint
+        from sparse_rl_megatron.models.tiny import save_tiny_hf_checkpoint
 
         built = build_once(init, lambda d: save_tiny_hf_checkpoint(d, seed=cfg.seed, init_std=0.2))
         return ModelDirs(str(init), str(init), [f"{'built' if built else 'reusing'} tiny random Qwen2 in {init}"])

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from sparse_rl_megatron.utils.device import DeviceFacts, cuda_present
 from sparse_rl_megatron.utils.errors import UserError
 
 if TYPE_CHECKING:
@@ -47,12 +48,14 @@ class RunPlan:
     """The model's HF config when it exists before the run (None for ``tiny`` / task models)."""
     layout: "RolloutLayout | None" = None
     """Where the rollout engines run (what starts, and what the start-up line says)."""
+    device_facts: DeviceFacts = field(default_factory=DeviceFacts.detect)
+    """This machine's device facts, resolved once by ``preflight`` and passed down (learner, checkpoints, probe)."""
 
 
 def rollout_layout(cfg: "TrainConfig", world_size: int, ranks_per_node: int | None = None,
                    on_gpu: bool | None = None) -> "RolloutLayout":
     """The run's rollout engines at ``world_size`` ranks, ``ranks_per_node`` per node (default: torchrun's
-    ``LOCAL_WORLD_SIZE``, else all on one node), on GPUs or not (default: whether CUDA is available)."""
+    ``LOCAL_WORLD_SIZE``, else all on one node), on GPUs or not (default: ``cuda_present()``)."""
     import os
 
     from sparse_rl_megatron.rollout.layout import LayoutError, RolloutLayout
@@ -61,9 +64,7 @@ def rollout_layout(cfg: "TrainConfig", world_size: int, ranks_per_node: int | No
     if ranks_per_node is None:
         ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     if on_gpu is None:
-        import torch
-
-        on_gpu = torch.cuda.is_available()
+        on_gpu = cuda_present()
     r = cfg.rollout
     urls = list(r.sglang.urls) if r.engine == "sglang" else []
     try:
@@ -103,7 +104,7 @@ def check_model(cfg: "TrainConfig", world_size: int) -> dict[str, Any] | None:
     from sparse_rl_megatron.models.arch import arch_from_hf_config
     from sparse_rl_megatron.tasks import is_task_ref
     from sparse_rl_megatron.trainer.config import TINY_MODEL
-    from sparse_rl_megatron.utils.preflight import check_model_dir
+    from sparse_rl_megatron.utils.file_checks import check_model_dir
 
     tp, pp = cfg.learner.tensor_parallel_size, cfg.learner.pipeline_parallel_size
     if world_size % (tp * pp):
@@ -112,7 +113,7 @@ def check_model(cfg: "TrainConfig", world_size: int) -> dict[str, Any] | None:
             f"the world size {world_size} (torchrun --nnodes x --nproc-per-node); valid: a divisor of {world_size}")
     hf_config = None
     if cfg.model_path == TINY_MODEL:
-        from sparse_rl_megatron.utils.tiny_models import tiny_config
+        from sparse_rl_megatron.models.tiny import tiny_config
 
         hf_config = tiny_config("qwen2").to_dict()
     elif is_task_ref(cfg.model_path):
@@ -171,7 +172,7 @@ def _prompt_tokenizer(cfg: "TrainConfig"):
     """The tokenizer of ``model_path`` when the directory (or a Megatron checkpoint's ``hf_assets``) has one."""
     from pathlib import Path
 
-    from sparse_rl_megatron.utils.preflight import MEGATRON_ASSETS_DIR, has_tokenizer
+    from sparse_rl_megatron.utils.file_checks import MEGATRON_ASSETS_DIR, has_tokenizer
 
     for directory in (Path(cfg.model_path), Path(cfg.model_path) / MEGATRON_ASSETS_DIR):
         if directory.is_dir() and has_tokenizer(directory):
@@ -225,10 +226,13 @@ def check_context(cfg: "TrainConfig", hf_config: dict[str, Any] | None, template
 
 
 def preflight(cfg: "TrainConfig", world_size: int, ranks_per_node: int | None = None,
-              on_gpu: bool | None = None, lengths: tuple[str, ...] = ("rollout", "eval")) -> RunPlan:
+              on_gpu: bool | None = None, lengths: tuple[str, ...] = ("rollout", "eval"),
+              device_facts: DeviceFacts | None = None) -> RunPlan:
     """Check ``cfg`` against files, registries, ``world_size`` and the rollout layout (``rollout_layout``); load
     the data. ``lengths``: whose lengths must fit the model's context (what the command runs: ``rollout``,
-    ``eval``). Raises ``UserError``."""
+    ``eval``). ``device_facts``: this machine's (default: detected here, once for the run; kept in the plan);
+    ``on_gpu``: check the learner dtype and the rollout layout as on GPUs or not (default: ``device_facts.cuda``).
+    Raises ``UserError``."""
     from sparse_rl_megatron.data.templates import TEMPLATES
     from sparse_rl_megatron.rewards.registry import REWARDS
     from sparse_rl_megatron.tasks import is_task_ref
@@ -236,10 +240,10 @@ def preflight(cfg: "TrainConfig", world_size: int, ranks_per_node: int | None = 
     from sparse_rl_megatron.rollout.engines import ENGINES
     from sparse_rl_megatron.utils.registry import UnknownNameError
 
+    if device_facts is None:
+        device_facts = DeviceFacts.detect()
     if on_gpu is None:
-        import torch
-
-        on_gpu = torch.cuda.is_available()
+        on_gpu = device_facts.cuda
     check_learner_dtype(cfg, on_gpu)
     hf_config = check_model(cfg, world_size)
     task = None
@@ -266,4 +270,4 @@ def preflight(cfg: "TrainConfig", world_size: int, ranks_per_node: int | None = 
     check_context(cfg, hf_config, template, train if "rollout" in lengths else None,
                   evals if "eval" in lengths else {})
     return RunPlan(task=task, template=template, reward=reward, train_data=train, eval_data=evals,
-                   hf_config=hf_config, layout=layout)
+                   hf_config=hf_config, layout=layout, device_facts=device_facts)
