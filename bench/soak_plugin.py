@@ -10,7 +10,7 @@ scopes and several budgets, or dense ``none``), decoding side by side. Every fin
 ``tests/sglang`` (``tests/numerics.hf_logprob_tolerance``, per sample), with the same compression record (events,
 peak, kept digest). SGLang's strict memory checkers are on (a leaked or double-freed slot ends the scheduler, and the
 soak). A request the plugin refused after a retraction (already compressed) is resubmitted as a new draw and counted
-(``redraws``).
+(``redraws``; none expected since issue 25 item 4: compressed requests are not retracted, ``sglang_ext/admission.py``).
 
 Server settings are drawn from the seed once per engine (an engine serves ``--rounds-per-engine`` rounds, then the
 next engine starts with the next draw); workloads once per round. A failure prints the engine's settings, the

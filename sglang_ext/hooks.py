@@ -15,7 +15,7 @@ installing the plugin changes nothing for servers that do not select it.
 | ``BeamCoordinator.validate_and_init`` | around | beam search is refused per request (beam rows are remapped) |
 | ``PrefillAdder.add_one_req`` | around | a request is admitted by its own bound (its B + W + 1; ``admission``) |
 | ``PrefillAdder.add_chunked_req`` | around | the same, when a chunked prefill's last chunk reserves its future |
-| ``PrefillAdder._get_running_request_total_token_offset`` | around | running requests count by their own bound |
+| ``PrefillAdder._get_running_request_total_token_offset`` | around | a running compressed request: its exact need |
 | ``PrefillAdder.preempt_to_schedule`` | around | the same for the request a preemption makes room for |
 | ``Req._compute_max_prefix_len`` | around | a radix hit stops alpha tokens short (ring queries), and at the prompt |
 | ``common.checkpoint_kv_cache`` | around | a compressible request's checkpoint inserts its prompt only |
@@ -25,7 +25,8 @@ installing the plugin changes nothing for servers that do not select it.
 | ``allocation.alloc_for_decode`` | around | reserve slots for first compressions that copy a shared prompt |
 | ``ScheduleBatch.new_tokens_required_next_decode`` | around | those reservations count when SGLang checks memory |
 | ``schedule_batch.release_req`` | around | a retracted request that already compressed is refused, not resumed dense |
-| ``ScheduleBatch.retract_decode`` | around | the refusal carries the plugin's message |
+| ``ScheduleBatch._get_decode_retraction_order`` | around | dense requests are retracted first, compressed ones last |
+| ``ScheduleBatch.retract_decode`` | around | forced retraction spares an all-compressed batch; the refusal's message |
 | ``SchedulerOutputStreamer.is_request_level_customized_info_key`` | around | provenance sent once per request |
 | ``SchedulerInvariantChecker._check_all_pools`` | after | with ``stats_path``: log the idle pool (tests) |
 """
@@ -36,7 +37,7 @@ from http import HTTPStatus
 import torch
 
 from sglang_ext.accounting import extras_needed, handles_row, owned_slots, release_row, reserve_extras
-from sglang_ext.admission import clipped, request_bound
+from sglang_ext.admission import KEEP_COMPRESSED, clipped, request_bound, retraction_rank, running_reserve
 from sglang_ext.backend import active_backend
 from sglang_ext.compaction import record_idle
 from sglang_ext.config import REQUEST_KEY, ConfigError
@@ -45,9 +46,10 @@ from sglang_ext.refusals import (refuse_before_resolution, refused_beam_message,
                                  validate_server_args)
 
 REFUSED_RETRACTION = (
-    "sparse_kv: this request was retracted (KV pool full) after its KV cache had been compressed; re-prefilling "
-    "it would rebuild a dense cache and change the sampling distribution, so it is refused. Resubmit it, or "
-    "enlarge the KV pool / lower max_running_requests")
+    "sparse_kv: this request was retracted after its KV cache had been compressed; re-prefilling it would "
+    "rebuild a dense cache and change the sampling distribution, so it is refused. Admission keeps compressed "
+    "requests from being retracted for lack of KV slots (sglang_ext/admission.py); priority preemption "
+    "(--enable-priority-scheduling) still can. Resubmit it")
 _REFUSED_ATTR = "_sparse_kv_refused"
 
 
@@ -131,6 +133,29 @@ def _with_own_bound(original, adder, req, *args, **kwargs):
         return original(adder, req, *args, **kwargs)
     with clipped(backend, req):
         return original(adder, req, *args, **kwargs)
+
+
+def _running_offset(original, adder, req, *args, **kwargs):
+    """``PrefillAdder._get_running_request_total_token_offset``: a compressible request's exact remaining need,
+    at ratio 1 (``admission.running_reserve``); SGLang's estimate for the others."""
+    backend = active_backend()
+    if backend is None or not backend.compresses:
+        return original(adder, req, *args, **kwargs)
+    reserve = running_reserve(backend, req)
+    if reserve is not None:
+        return reserve
+    with clipped(backend, req):
+        return original(adder, req, *args, **kwargs)
+
+
+def _retraction_order(original, reqs, *args, **kwargs):
+    """Indices of ``reqs``, kept first (``retract_decode`` pops from the end): compressed requests, then
+    compressible ones not yet compressed, then dense ones; SGLang's order within each (Python sorts stably)."""
+    order = original(reqs, *args, **kwargs)
+    backend = active_backend()
+    if backend is None or not backend.compresses:
+        return order
+    return sorted(order, key=lambda i: retraction_rank(backend, reqs[i]))
 
 
 def _max_prefix_len(original, req, input_len):
@@ -224,6 +249,13 @@ def _release_req(original, *args, **kwargs):
 
 
 def _retract_decode(original, batch, *args, **kwargs):
+    backend = active_backend()
+    if backend is not None and backend.compresses and batch.reqs \
+            and all(retraction_rank(backend, r) == KEEP_COMPRESSED for r in batch.reqs) and batch.check_decode_mem():
+        # SGLang's forced retraction (SGLANG_TEST_RETRACT) of a batch that fits: none of these may be retracted.
+        from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import NewTokenRatioTracker
+
+        return [], NewTokenRatioTracker.estimate_new_token_ratio_after_retract(batch.reqs), []
     retracted, ratio, aborted = original(batch, *args, **kwargs)
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
@@ -259,7 +291,7 @@ def register_hooks() -> None:
         ("sglang.srt.beam_search.coordinator.BeamCoordinator.validate_and_init", _refuse_beams, around),
         ("sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req", _add_one_req, around),
         ("sglang.srt.managers.schedule_policy.PrefillAdder.add_chunked_req", _with_own_bound, around),
-        ("sglang.srt.managers.schedule_policy.PrefillAdder._get_running_request_total_token_offset", _with_own_bound,
+        ("sglang.srt.managers.schedule_policy.PrefillAdder._get_running_request_total_token_offset", _running_offset,
          around),
         ("sglang.srt.managers.schedule_policy.PrefillAdder.preempt_to_schedule", _with_own_bound, around),
         ("sglang.srt.managers.schedule_batch.Req._compute_max_prefix_len", _max_prefix_len, around),
@@ -272,6 +304,7 @@ def register_hooks() -> None:
         ("sglang.srt.managers.schedule_batch.ScheduleBatch.new_tokens_required_next_decode", _new_tokens_required,
          around),
         ("sglang.srt.managers.schedule_batch.release_req", _release_req, around),
+        ("sglang.srt.managers.schedule_batch.ScheduleBatch._get_decode_retraction_order", _retraction_order, around),
         ("sglang.srt.managers.schedule_batch.ScheduleBatch.retract_decode", _retract_decode, around),
         ("sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer."
          "is_request_level_customized_info_key", _request_level_key, around),

@@ -13,11 +13,17 @@ returns the same :class:`Sample` fields, so the trainer and the evaluator take e
   retained tokens, kept digest). ``Sample.weight_version`` is checked against the version SGLang reports
   for the request (``meta_info['weight_version']``, set by every weight update here): a sample never claims
   weights it was not sampled with; a request whose weights changed mid-flight is an error.
-- **Refused retractions.** A request SGLang retracted after its first compression is refused by the plugin
-  (its compressed KV cannot be rebuilt); it is resubmitted as a fresh sample (``max_resubmits``). Each sample's
-  ``metadata`` counts its retractions (``retractions``, the last draw's) and the fresh draws before it (``redraws``);
-  the trainer logs the fractions (``rollout/retracted_frac``, ``rollout/redrawn_frac``): redraws bias a step towards
-  short responses (SGLang retracts the requests with the fewest output tokens first).
+- **Retraction.** When the KV pool runs short SGLang retracts running requests and re-prefills them later. The
+  plugin admits every compressed request by its exact remaining need and retracts dense requests first
+  (``sglang_ext/admission.py``), so a compressed request is never retracted for lack of KV slots: each sample is
+  its request's first draw, and the response lengths are those of an unpressured run. Dense requests, and
+  compressible ones before their first compression (their KV is still dense, rebuilt exactly), may be retracted and
+  resume. A request retracted after its first compression all the same (priority preemption) is refused by the
+  plugin (its compressed KV cannot be rebuilt) and resubmitted as a fresh sample (``max_resubmits``, counted in
+  ``resubmitted``); a redraw would bias a step towards short responses (SGLang retracts the requests with the
+  fewest output tokens first). Each sample's ``metadata`` counts its retractions (``retractions``, the last
+  draw's) and the fresh draws before it (``redraws``); the trainer logs them (``rollout/retractions``,
+  ``rollout/redraws``) and the fractions of samples with any (``rollout/retracted_frac``, ``rollout/redrawn_frac``).
 - **Seeds.** Each request carries a ``sampling_seed`` from ``(SamplingParams.seed, group id, index)`` when
   ``SGLangEngineConfig.request_seeds`` says so (default: the in-process CPU engine), but SGLang 0.5.23 honours it
   only with ``enable_deterministic_inference``, which refuses any attention backend outside its deterministic list,

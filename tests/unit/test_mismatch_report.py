@@ -78,6 +78,7 @@ def test_row_statistics_exact():
     second.metadata.update(retractions=0, redraws=1)   # refused after a compression, drawn again
     m = rollout_metrics([first, second, _batch([[0.0], [0.0]]).samples[0]])
     assert (m["rollout/retracted_frac"], m["rollout/redrawn_frac"]) == (1 / 3, 1 / 3)
+    assert (m["rollout/retractions"], m["rollout/redraws"]) == (2.0, 1.0)   # counts, not fractions
     assert sorted(row.log_rho.tolist()) == pytest.approx(sorted([0.0, L(0.5), L(1e-5), L(2.0), 0.0]), abs=1e-6)
     first, second = row.samples
     assert first == {"group": 0, "index": 0, "source_id": None, "reward": 0.0, "response_tokens": 3,

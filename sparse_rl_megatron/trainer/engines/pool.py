@@ -365,7 +365,10 @@ def rollout_metrics(samples: Sequence["Sample"]) -> dict[str, float]:
         "rollout/kv_tokens_dense_mean": float(dense_kv.mean()),
         "rollout/kv_retained_frac": float((peak_kv / dense_kv).mean()),
         "rollout/weight_version": float(min(s.weight_version for s in samples)),
-        # SGLang under KV pressure: samples retracted (re-prefilled) and redrawn (refused after a compression)
+        # SGLang under KV pressure: samples retracted (re-prefilled: dense, or before their first compression) and
+        # redrawn (refused after a compression; admission keeps compressed requests from being retracted, so 0)
         "rollout/retracted_frac": sum(s.metadata.get("retractions", 0) > 0 for s in samples) / count,
         "rollout/redrawn_frac": sum(s.metadata.get("redraws", 0) > 0 for s in samples) / count,
+        "rollout/retractions": float(sum(s.metadata.get("retractions", 0) for s in samples)),
+        "rollout/redraws": float(sum(s.metadata.get("redraws", 0) for s in samples)),
     }
