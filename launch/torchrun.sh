@@ -51,6 +51,7 @@ on_stop() {
     echo "[launch] $(date '+%F %T') SIG$1 received: the ranks stop after their current step, with a checkpoint"
   fi
   stop_signal="$1"
+  interrupted=1
   if [ -n "$torchrun_pid" ]; then
     pkill "-$1" -P "$torchrun_pid" 2>/dev/null || true  # the ranks: torchrun's children
     if [ -z "$resender" ]; then  # again every 5 s (as TERM: a repeat changes nothing), for ranks still starting
@@ -81,10 +82,12 @@ fi
     --module sparse_rl_megatron.cli train "$@" log.heartbeat=true
 ) &
 torchrun_pid=$!
-# bash runs a trap only between commands: wait again after each interruption until torchrun has ended
+# bash runs a trap only between commands: a trap interrupts `wait` (status > 128), so wait again until torchrun's
+# own status comes back (if torchrun ended meanwhile, bash still holds its status for the next wait)
 while true; do
+  interrupted=0
   if wait "$torchrun_pid"; then status=0; break; else status=$?; fi
-  kill -0 "$torchrun_pid" 2>/dev/null || break
+  if [ "$interrupted" != 1 ] || [ "$status" -le 128 ]; then break; fi
 done
 if [ -n "$resender" ]; then pkill -P "$resender" 2>/dev/null || true; kill "$resender" 2>/dev/null || true; fi
 if [ -n "$stop_signal" ]; then
