@@ -2,7 +2,7 @@
 
 ``cuda_present()`` is the package's one answer to "is CUDA present". ``DeviceFacts.detect()`` reads it (and the
 GPU count) once at a run's entry point: ``preflight`` (``sparse-rl train`` and ``sparse-rl mismatch``) keeps it
-as ``RunPlan.device``, ``sparse-rl preflight`` checks a launch with it, ``convert`` builds with it, and a
+as ``RunPlan.device_facts``, ``sparse-rl preflight`` checks a launch with it, ``convert`` builds with it, and a
 ``Learner`` built without one detects it at its set-up. From there it is passed to where the decisions are made:
 
 - the learner's ``auto`` parameter dtype and its distributed optimizer default (``learner/config.py``),

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sparse_rl_megatron.utils.device import DeviceFacts, cuda_present
+from sparse_rl_megatron.utils.device import DeviceFacts, cuda_present, resolve
 from sparse_rl_megatron.utils.errors import UserError
 
 if TYPE_CHECKING:
@@ -240,8 +240,7 @@ def preflight(cfg: "TrainConfig", world_size: int, ranks_per_node: int | None = 
     from sparse_rl_megatron.rollout.engines import ENGINES
     from sparse_rl_megatron.utils.registry import UnknownNameError
 
-    if device_facts is None:
-        device_facts = DeviceFacts.detect()
+    device_facts = resolve(device_facts)
     if on_gpu is None:
         on_gpu = device_facts.cuda
     check_learner_dtype(cfg, on_gpu)
