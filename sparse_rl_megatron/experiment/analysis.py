@@ -1,5 +1,8 @@
-"""The pre-registered analysis (docs/experiments.md, issue 20): endpoints, collapse, the four primary tests with
-Holm, the manipulation check, and the secondary comparisons; written as ``analysis.json`` / ``analysis.md``.
+"""The pre-registered analyses (docs/experiments.md): endpoints, collapse, the primary tests with Holm, the
+manipulation check, and the secondary comparisons; written as ``analysis.json`` / ``analysis.md``. ``DESIGNS``
+holds each registration's tests by name (``experiment.analysis``): ``issue20`` and ``issue27`` (endpoint on the
+shortcut-free records, the tracking tests of the fixed budgets as a fixed sequence, and the adaptive arm's
+footprint rule, ``footprint_rule``).
 
 Endpoint of a run in a mode: the mean of its last ``ENDPOINT_EVALS`` evaluations of greedy held-out accuracy
 (points). A paired difference takes, per seed, one arm's endpoint minus another's (the arms of a seed share
@@ -14,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparse_rl_megatron.experiment.stats import holm, paired_summary
+from sparse_rl_megatron.utils.registry import Registry
 
 ENDPOINT_EVALS = 3
 ANALYSIS_JSON = "analysis.json"
@@ -30,6 +34,11 @@ FREE_KEYS = ("eval/dense/shortcut_free_accuracy", "eval/sparse/shortcut_free_acc
 """Accuracy on the records no trivial policy answers (tasks that flag them; ``eval/subsets.py``): rows
 ``<mode>_shortcut_free_{start,end,final}``, shown next to the classes."""
 SUBSET_KEY = re.compile(r"^eval/(dense|sparse)/[^/]+/subset_([^/]+)/accuracy$")
+KV_TOKENS_KEY = "rollout/kv_tokens_peak_mean"
+"""KV tokens a sequence held at its peak (prompt + kept response tokens), mean over a step's samples; a run's
+footprint (``kv_tokens``) is its mean over the rollout steps."""
+BUDGET_KEY = "rollout/budget_sampled_mean"
+"""The mean budget in a step's samples' provenance (compressed runs)."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +53,12 @@ class Test:
     mode: str = "dense"
     margin: float = 0.0
     primary: bool = True
+    """In the Holm family (``family`` ``holm``); False: decided alone, unadjusted."""
+    metric: str = ""
+    """The endpoint: ``""`` all held-out records, ``"_shortcut_free"`` the records no trivial policy answers."""
+    sequence: bool = False
+    """A fixed-sequence test: the design's sequence tests are decided in order, each at alpha unadjusted, and
+    the first one not supported stops the sequence (the later ones: "not reached")."""
 
 
 TESTS = (
@@ -55,6 +70,57 @@ TESTS = (
     Test("dose1", "dose: dense beats naive at B_h", "dense", "naive_harsh", primary=False),
     Test("dose2", "dose: naive at B* beats naive at B_h", "naive", "naive_harsh", primary=False),
 )
+
+
+TESTS_27 = (
+    Test("C1", "naive at the low budget degrades GRPO", "dense", "naive_low", metric="_shortcut_free"),
+    Test("C2b", "the correction helps at the low budget (Sparse-RL beats naive)", "sparse_rl_low", "naive_low",
+         metric="_shortcut_free"),
+    Test("C3", "Sparse-RL (mid budget) is more robust under sparse inference (mid-budget cache)", "sparse_rl_mid",
+         "dense", mode="sparse", metric="_shortcut_free"),
+    Test("G", "the gap to dense grows as the budget falls (high beats low)", "sparse_rl_high", "sparse_rl_low",
+         metric="_shortcut_free"),
+    Test("A", "the adaptive budget tracks dense (within 5 points)", "sparse_rl_adaptive", "dense", margin=-5.0,
+         metric="_shortcut_free"),
+    Test("T_high", "Sparse-RL at the high budget tracks dense (within 5 points)", "sparse_rl_high", "dense",
+         margin=-5.0, primary=False, metric="_shortcut_free", sequence=True),
+    Test("T_mid", "Sparse-RL at the mid budget tracks dense (within 5 points)", "sparse_rl_mid", "dense",
+         margin=-5.0, primary=False, metric="_shortcut_free", sequence=True),
+    Test("T_low", "Sparse-RL at the low budget tracks dense (within 5 points)", "sparse_rl_low", "dense",
+         margin=-5.0, primary=False, metric="_shortcut_free", sequence=True),
+    Test("check", "dense RL learns (manipulation check)", "dense", "start", primary=False, metric="_shortcut_free"),
+)
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """The adaptive arm's claim (issue 27): its tracking test ``test`` supported AND its mean KV tokens per
+    sequence no larger than those of the smallest-budget arm of ``ladder`` (smallest first) whose tracking test
+    (``ladder_tests``) is supported; when none is, the largest budget's arm is the reference."""
+
+    test: str
+    arm: str
+    ladder: tuple[str, ...]
+    ladder_tests: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Design:
+    """One registration's tests: the Holm family (``primary``), the fixed sequence, the ones the manipulation
+    check gates (``gated``), and the adaptive arm's footprint rule."""
+
+    tests: tuple[Test, ...]
+    gated: tuple[str, ...]
+    footprint: Footprint | None = None
+    holm_note: str = ""
+
+
+DESIGNS: Registry[Design] = Registry("experiment analysis design")
+DESIGNS.add("issue20", Design(TESTS, ("C1", "C2a", "C2b"), holm_note="Holm over C1, C2a, C2b, C3"))
+DESIGNS.add("issue27", Design(TESTS_27, ("C1", "C2b", "G", "A", "T_high", "T_mid", "T_low"),
+                              Footprint("A", "sparse_rl_adaptive", ("sparse_rl_low", "sparse_rl_mid", "sparse_rl_high"),
+                                        ("T_low", "T_mid", "T_high")),
+                              holm_note="Holm over C1, C2b, C3, G, A; T_high -> T_mid -> T_low a fixed sequence"))
 
 
 def evals(records: list[dict], key: str) -> list[tuple[int, float]]:
@@ -93,6 +159,12 @@ def collapse(records: list[dict]) -> str | None:
     return None
 
 
+def step_mean(records: list[dict], key: str) -> float | None:
+    """Mean of ``key`` over the rollout steps (step > 0) that logged it."""
+    vals = [r[key] for r in records if r.get(key) is not None and r["step"] > 0]
+    return sum(vals) / len(vals) if vals else None
+
+
 def arm_table(records: dict[str, dict[int, list[dict]]]) -> dict[str, dict]:
     """Per arm and seed: start and endpoint per mode and class, collapse. A run with a single evaluation (the
     supervised control: its final model) has that evaluation as its endpoint, and the seed's shared warm start
@@ -105,7 +177,8 @@ def arm_table(records: dict[str, dict[int, list[dict]]]) -> dict[str, dict]:
             keys += sorted({k for r in recs for k in r if SUBSET_KEY.match(k)})
             keys += [k for k in FREE_KEYS if any(r.get(k) is not None for r in recs)]
             single = len(evals(recs, "eval/dense/accuracy")) == 1
-            row = {"collapse": collapse(recs)}
+            row = {"collapse": collapse(recs), "kv_tokens": step_mean(recs, KV_TOKENS_KEY),
+                   "budget_mean": step_mean(recs, BUDGET_KEY)}
             for key in keys:
                 match = SUBSET_KEY.match(key)
                 name = ("_".join(match.groups()) if match else f"{key.split('/')[1]}_shortcut_free"
@@ -126,19 +199,22 @@ def arm_table(records: dict[str, dict[int, list[dict]]]) -> dict[str, dict]:
 def _diffs(table: dict, test: Test) -> dict[int, float]:
     a = table.get(test.arm_a, {})
     b = table.get(test.arm_b, {}) if test.arm_b != "start" else a
-    key_b = f"{test.mode}_start" if test.arm_b == "start" else f"{test.mode}_end"
+    key = f"{test.mode}{test.metric}"
+    key_b = f"{key}_start" if test.arm_b == "start" else f"{key}_end"
     out = {}
     for seed in sorted(set(a) & set(b)):
-        x, y = a[seed].get(f"{test.mode}_end"), b[seed].get(key_b)
+        x, y = a[seed].get(f"{key}_end"), b[seed].get(key_b)
         if x is not None and y is not None:
             out[seed] = x - y
     return out
 
 
-def decide(table: dict, tests=TESTS) -> dict[str, dict]:
-    """Each test's statistics; the primary ones Holm-adjusted and decided by the pre-registered rule."""
+def decide(table: dict, tests=TESTS, design: Design | None = None) -> dict[str, dict]:
+    """Each test's statistics; the primary ones Holm-adjusted, the sequence ones in order, all decided by the
+    pre-registered rule; then the manipulation check's gate and the footprint rule (``design``)."""
+    design = design or Design(tuple(tests), ("C1", "C2a", "C2b"))
     results = {}
-    for t in tests:
+    for t in design.tests:
         d = _diffs(table, t)
         if len(d) < 2:
             results[t.name] = {"test": t.__dict__, "seeds": sorted(d), "verdict": "not run (fewer than 2 seeds)"}
@@ -149,6 +225,7 @@ def decide(table: dict, tests=TESTS) -> dict[str, dict]:
     primary = {n: r["p_sign_flip"] for n, r in results.items()
                if r["test"]["primary"] and "p_sign_flip" in r}
     adjusted = holm(primary)
+    stopped = None
     for name, r in results.items():
         if "p_sign_flip" not in r:
             continue
@@ -159,21 +236,59 @@ def decide(table: dict, tests=TESTS) -> dict[str, dict]:
         else:
             ok = r["p_sign_flip"] < ALPHA and r["bound"] > margin
         r["verdict"] = "supported" if ok else ("against" if r["p_against"] < ALPHA else "not supported")
+        if r["test"].get("sequence"):
+            if stopped is not None:
+                r["verdict"] = f"not reached (the sequence stopped at {stopped}; would be: {r['verdict']})"
+            elif not ok:
+                stopped = name
     check = results.get("check", {})
     if check.get("verdict") != "supported":
-        for name in ("C1", "C2a", "C2b"):
+        for name in design.gated:
             if name in results and "p_sign_flip" in results[name]:
                 results[name]["verdict"] = ("not testable (dense RL did not learn; would be: "
                                             f"{results[name]['verdict']})")
+    if design.footprint is not None:
+        footprint_rule(table, results, design.footprint)
     return results
 
 
-def write_analysis(out: Path, records: dict[str, dict[int, list[dict]]], extra: dict | None = None) -> Path:
+def arm_footprint(table: dict, arm: str, seeds: list[int] | None = None) -> float | None:
+    """Mean over ``seeds`` (None: all) of the arm's per-seed mean KV tokens per sequence."""
+    rows = table.get(arm, {})
+    vals = [rows[s]["kv_tokens"] for s in (seeds if seeds is not None else rows) if s in rows
+            and rows[s].get("kv_tokens") is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def footprint_rule(table: dict, results: dict, rule: Footprint) -> None:
+    """The adaptive arm's verdict (``Footprint``), written into ``results[rule.test]`` as ``footprint`` and a
+    ``verdict`` that requires both parts."""
+    r = results.get(rule.test)
+    if r is None or "p_sign_flip" not in r:
+        return
+    tracking = [arm for arm, t in zip(rule.ladder, rule.ladder_tests)
+                if results.get(t, {}).get("verdict") == "supported"]
+    reference = tracking[0] if tracking else rule.ladder[-1]
+    ours, theirs = arm_footprint(table, rule.arm, r["seeds"]), arm_footprint(table, reference, r["seeds"])
+    small = ours is not None and theirs is not None and ours <= theirs
+    r["footprint"] = {"arm_kv_tokens": ours, "reference_arm": reference, "reference_kv_tokens": theirs,
+                      "reference_tracks_dense": bool(tracking), "no_larger": small}
+    tracks = r["verdict"]
+    if tracks == "supported":
+        r["verdict"] = "supported" if small else "not supported (tracks dense, but a larger KV footprint than " \
+                                                 f"{reference})"
+    r["tracking_verdict"] = tracks
+
+
+def write_analysis(out: Path, records: dict[str, dict[int, list[dict]]], extra: dict | None = None,
+                   design_name: str = "issue20") -> Path:
     """``analysis.json`` and ``analysis.md`` of ``records`` (``{arm: {seed: metrics records}}``)."""
     from sparse_rl_megatron.experiment.analysis_report import analysis_markdown
 
     table = arm_table(records)
-    result = {"arms": table, "tests": decide(table), **(extra or {})}
+    design = DESIGNS.get(design_name)
+    result = {"arms": table, "tests": decide(table, design=design), "design": design_name,
+              "holm_note": design.holm_note, **(extra or {})}
     (out / ANALYSIS_JSON).write_text(json.dumps(result, indent=1, default=str) + "\n")
     (out / ANALYSIS_MD).write_text(analysis_markdown(result))
     return out / ANALYSIS_MD
@@ -183,4 +298,4 @@ def write_full_analysis(cfg, records: dict) -> Path:
     """``analysis.md`` / ``.json`` with the study's summaries, in the experiment directory."""
     from sparse_rl_megatron.experiment.analysis_report import study_summary
 
-    return write_analysis(Path(cfg.experiment.out), records, study_summary(cfg, records))
+    return write_analysis(Path(cfg.experiment.out), records, study_summary(cfg, records), cfg.experiment.analysis)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import math
 
-ARM_ORDER = ("dense", "naive", "sparse_rl", "naive_harsh", "sft")
+ARM_ORDER = ("dense", "naive", "sparse_rl", "naive_harsh", "sft", "naive_low", "sparse_rl_low", "sparse_rl_mid",
+             "sparse_rl_high", "sparse_rl_adaptive")
 
 
 def _f(x, digits: int = 1) -> str:
@@ -32,7 +33,8 @@ def arms_markdown(arms: dict) -> str:
     subsets = sorted({k.split("_", 1)[1].rsplit("_", 1)[0] for rows in arms.values() for row in rows.values()
                       for k in row if k.startswith("dense_") and k.endswith("_end")} - {"end"})
     head = ("| arm | seeds | dense start → endpoint | sparse start → endpoint | "
-            + " | ".join(f"{s} dense start → endpoint" for s in subsets) + " | collapses |")
+            + " | ".join(f"{s} dense start → endpoint" for s in subsets) + " | KV tokens / sequence | mean budget | "
+            "collapses |")
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for name in names:
         rows = list(arms[name].values())
@@ -40,6 +42,7 @@ def arms_markdown(arms: dict) -> str:
                  for m in ("dense", "sparse")]
         cells += [f"{_ms([r.get(f'dense_{s}_start') for r in rows])} → {_ms([r.get(f'dense_{s}_end') for r in rows])}"
                   for s in subsets]
+        cells += [_ms([r.get("kv_tokens") for r in rows]), _ms([r.get("budget_mean") for r in rows])]
         collapses = [r["collapse"] for r in rows if r.get("collapse")]
         lines.append(f"| {name} | {len(rows)} | " + " | ".join(cells) + f" | {len(collapses)}"
                      + (f" ({', '.join(collapses)})" if collapses else "") + " |")
@@ -70,6 +73,14 @@ def tests_markdown(tests: dict) -> str:
         lines.append(f"| {name} | {r['test']['claim']} | {r['n']} | {diffs} | {_f(r['mean'])} | "
                      f"[{_f(r['ci_low'])}, {_f(r['ci_high'])}] | {_f(r['bound'])} | {_f(r['margin'])} | "
                      f"{_p(r['p_sign_flip'])} | {_p(r.get('p_holm'))} | {r['verdict']} |")
+    for name, r in tests.items():
+        fp = r.get("footprint")
+        if fp:
+            why = ("the smallest fixed budget that tracks dense" if fp["reference_tracks_dense"]
+                   else "no fixed budget tracks dense: the largest")
+            lines.append(f"\n{name}, footprint: {_f(fp['arm_kv_tokens'])} KV tokens per sequence against "
+                         f"{_f(fp['reference_kv_tokens'])} for {fp['reference_arm']} ({why}); no larger: "
+                         f"{fp['no_larger']}; tracking alone: {r.get('tracking_verdict')}")
     return "\n".join(lines) + "\n"
 
 
@@ -175,8 +186,14 @@ def analysis_markdown(result: dict) -> str:
     text = ["## Arms (greedy held-out accuracy, points: mean ± sd over seeds; endpoint = mean of the last 3 "
             "evaluations)\n", arms_markdown(result["arms"]),
             "\n## Per seed, dense endpoint\n", per_seed_markdown(result["arms"], "dense"),
-            "\n## Per seed, sparse endpoint\n", per_seed_markdown(result["arms"], "sparse"),
-            "\n## Tests (pre-registered; Holm over C1, C2a, C2b, C3)\n", tests_markdown(result["tests"])]
+            "\n## Per seed, sparse endpoint\n", per_seed_markdown(result["arms"], "sparse")]
+    if any(k.endswith("_shortcut_free_end") for rows in result["arms"].values() for r in rows.values() for k in r):
+        text += ["\n## Per seed, shortcut-free dense endpoint\n",
+                 per_seed_markdown(result["arms"], "dense_shortcut_free"),
+                 "\n## Per seed, shortcut-free sparse endpoint\n",
+                 per_seed_markdown(result["arms"], "sparse_shortcut_free")]
+    text += [f"\n## Tests (pre-registered; {result.get('holm_note') or 'Holm over C1, C2a, C2b, C3'})\n",
+             tests_markdown(result["tests"])]
     if "compounding" in result:
         text += ["\n## Compounding test (mismatch at B* on the same prompts; veto in %)\n",
                  compounding_markdown(result["compounding"]),

@@ -25,7 +25,8 @@ def seed_dir(cfg: ExperimentConfig, seed: int) -> Path:
 def arm_train_config(cfg: ExperimentConfig, run: ArmRun, seed: int, model_dir: str | Path | None = None
                      ) -> TrainConfig:
     """The ``TrainConfig`` of ``run`` for ``seed``: the base recipe + the arm's overrides, its budget, its run
-    directory, and the seed's warm start as the model (``model_dir``; None keeps the task reference). The
+    directory, and the seed's warm start as the model (``model_dir``; None keeps the task reference). An arm
+    with a budget ``level`` runs at ``experiment.level_budgets[level]`` (with the adaptive budget: its start). The
     ``sparse`` evaluation of every arm uses the base recipe's rollout compression unless ``eval.compression``
     is set, so all arms are evaluated under the same compressed cache."""
     data = to_dict(cfg.train)
@@ -36,6 +37,8 @@ def arm_train_config(cfg: ExperimentConfig, run: ArmRun, seed: int, model_dir: s
         data["rollout"]["compression"]["budget"] = run.budget
     elif run.spec.harsh and cfg.experiment.harsh_budget:  # unset (before the budget rule): refused by the runner
         data["rollout"]["compression"]["budget"] = cfg.experiment.harsh_budget
+    elif run.spec.level in cfg.experiment.level_budgets:  # unknown (before the rule): refused by the runner
+        data["rollout"]["compression"]["budget"] = cfg.experiment.level_budgets[run.spec.level]
     data.update(seed=seed, run_dir=str(seed_dir(cfg, seed) / run.name))
     if model_dir is not None:
         data.update(model_path=str(model_dir), warm_start={})

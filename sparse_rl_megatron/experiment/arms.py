@@ -3,6 +3,8 @@
 The claims they test (Sparse-RL, Luo et al. 2026): naive compressed-KV rollouts degrade GRPO (``naive`` vs
 ``dense``, and ``naive_harsh`` at a smaller budget as a dose arm); rejection + reweighting restores it
 (``sparse_rl``, ``sparse_rl_snapkv``); RL beats the obvious alternative, more supervised training (``sft``).
+Issue 27's arms run at budget levels chosen by the contamination rule (``naive_low``, ``sparse_rl_{low,mid,high}``)
+or with the adaptive budget (``sparse_rl_adaptive``).
 """
 from __future__ import annotations
 
@@ -26,6 +28,9 @@ class Arm:
     """The supervised control (no RL run)."""
     harsh: bool = False
     """Runs at the dose budget ``experiment.harsh_budget`` (B_h) instead of the recipe's."""
+    level: str | None = None
+    """Runs at the budget of this level of ``experiment.level_budgets`` (issue 27: ``low``, ``mid``, ``high``;
+    with the adaptive budget: its start)."""
 
 
 ARMS: Registry[Arm] = Registry("experiment arm")
@@ -40,6 +45,16 @@ ARMS.add("sparse_rl_snapkv", Arm("Sparse-RL, SnapKV rollouts", {"rollout": {"com
 ARMS.add("naive_harsh", Arm("GRPO, R-KV rollouts at the harsher dose budget B_h, no correction",
                             {"rollout": {"compression": {"method": "rkv"}}, "correction": {"mode": "none"}},
                             harsh=True))
+_RKV_NAIVE = {"rollout": {"compression": {"method": "rkv"}}, "correction": {"mode": "none"}}
+_RKV_SPARSE_RL = {"rollout": {"compression": {"method": "rkv"}}, "correction": {"mode": "sparse_rl"}}
+ARMS.add("naive_low", Arm("GRPO, R-KV rollouts at the low budget level, no correction", _RKV_NAIVE, level="low"))
+for _level in ("low", "mid", "high"):
+    ARMS.add(f"sparse_rl_{_level}", Arm(f"Sparse-RL, R-KV rollouts at the {_level} budget level", _RKV_SPARSE_RL,
+                                        level=_level))
+ARMS.add("sparse_rl_adaptive", Arm(
+    "Sparse-RL, R-KV rollouts, adaptive budget (rollout.adaptive_budget) starting at the mid budget level",
+    {"rollout": {"compression": {"method": "rkv"}, "adaptive_budget": {"enabled": True}},
+     "correction": {"mode": "sparse_rl"}}, level="mid"))
 ARMS.add("sft", Arm("supervised, equal CPU time (or experiment.control.steps)", supervised=True))
 
 

@@ -5,7 +5,12 @@ first ``budget_rule.prompts`` prompts x ``samples`` at T = 1 from the seed's war
 candidate budget, and counts what Sparse-RL's veto would drop. Pooled over the seeds (the mean of the seeds'
 vetoed fractions; the ratio of the mean rewards), B* is the smallest candidate with would-be veto <=
 ``max_would_veto`` and sparse / dense reward >= ``min_reward_ratio``; if none passes, the largest candidate.
-B_h = max(``min_budget``, B* // 2). The choice goes to ``<out>/budget_rule.json``; with
+B_h = max(``min_budget``, B* // 2) (``kind: veto_reward``, issue 20).
+
+``kind: contamination`` (issue 27): the contamination share of a candidate is the mean over the seeds of the
+share of sequences with any token rho < 0.5 (``sparse/contaminated_frac``); each level of ``levels`` gets the
+candidate whose share is nearest its target (a tie: the larger budget), B* = the ``main_level``'s budget,
+B_h = the smallest level budget. The choice goes to ``<out>/budget_rule.json``; with
 ``experiment.budgets_from_rule`` the arms and the study read it from there (``apply_budget_rule``).
 """
 from __future__ import annotations
@@ -29,6 +34,7 @@ STUDY_DIR = "budgets"
 STUDY_FILE = "mismatch.json"
 VETO_KEY = "sparse/vetoed_seq_frac"
 REWARD_KEY = "rollout/reward_mean"
+CONTAMINATION_KEY = "sparse/contaminated_frac"
 
 
 def mismatch_command(recipe: Path, output: Path, budgets: list[int], prompts: int, samples: int) -> list[str]:
@@ -59,8 +65,10 @@ def run_mismatch(train_data: dict, work: Path, output: Path, budgets: list[int],
 
 
 def row_stats(document: dict) -> dict[str, dict[str, float]]:
-    """``{label: {"veto", "reward"}}`` of a mismatch results document (``dense``, ``<method> B=<b>``)."""
-    return {row["label"]: {"veto": row["stats"].get(VETO_KEY), "reward": row["stats"].get(REWARD_KEY)}
+    """``{label: {"veto", "reward", "contaminated"}}`` of a mismatch results document (``dense``,
+    ``<method> B=<b>``)."""
+    return {row["label"]: {"veto": row["stats"].get(VETO_KEY), "reward": row["stats"].get(REWARD_KEY),
+                           "contaminated": row["stats"].get(CONTAMINATION_KEY)}
             for row in document["rows"]}
 
 
@@ -86,6 +94,29 @@ def choose_budgets(per_seed: dict[int, dict[str, dict[str, float]]], method: str
             "dense_reward": dense_reward, "seeds": seeds, "method": method, "rule": to_dict(rule), "table": table}
 
 
+def choose_levels(per_seed: dict[int, dict[str, dict[str, float]]], method: str, rule: BudgetRuleConfig) -> dict:
+    """``kind: contamination`` over the seeds' ``row_stats``: each level's budget (the candidate whose pooled
+    contamination share is nearest the level's target; a tie: the larger budget), B* and B_h, and the table."""
+    seeds = sorted(per_seed)
+    dense_reward = sum(per_seed[s]["dense"]["reward"] for s in seeds) / len(seeds)
+    table = []
+    for budget in rule.candidates:
+        label = f"{method} B={budget}"
+        share = sum(per_seed[s][label]["contaminated"] for s in seeds) / len(seeds)
+        reward = sum(per_seed[s][label]["reward"] for s in seeds) / len(seeds)
+        table.append({"budget": budget, "contaminated": share, "reward": reward,
+                      "reward_ratio": reward / dense_reward if dense_reward > 0 else 0.0,
+                      "would_veto": sum(per_seed[s][label]["veto"] for s in seeds) / len(seeds),
+                      "per_seed_contaminated": {s: per_seed[s][label]["contaminated"] for s in seeds}})
+    levels = {}
+    for level, target in rule.levels.items():  # max over (-distance, budget): the nearest, then the larger
+        levels[level] = max(table, key=lambda row: (-round(abs(row["contaminated"] - target), 12), row["budget"]))[
+            "budget"]
+    return {"budget": levels[rule.main_level], "harsh_budget": min(levels.values()), "levels": levels,
+            "fallback_to_largest": False, "dense_reward": dense_reward, "seeds": seeds, "method": method,
+            "rule": to_dict(rule), "table": table}
+
+
 def study_caches(base: CompressionConfig, budget: int, harsh: int) -> list[CompressionConfig]:
     """The final models' other caches: R-KV at 2 B* and at B_h, SnapKV and StreamingLLM at B* (the other fields
     as the main cache)."""
@@ -96,8 +127,8 @@ def study_caches(base: CompressionConfig, budget: int, harsh: int) -> list[Compr
 
 
 def apply_budget_rule(cfg: ExperimentConfig) -> ExperimentConfig:
-    """``cfg`` with B* (rollout and evaluation caches), B_h and the study's caches of ``<out>/budget_rule.json``
-    when ``experiment.budgets_from_rule``; unchanged otherwise."""
+    """``cfg`` with B* (rollout and evaluation caches), B_h, the level budgets and the study's caches of
+    ``<out>/budget_rule.json`` when ``experiment.budgets_from_rule``; unchanged otherwise."""
     if not cfg.experiment.budgets_from_rule:
         return cfg
     path = Path(cfg.experiment.out) / RULE_FILE
@@ -106,6 +137,7 @@ def apply_budget_rule(cfg: ExperimentConfig) -> ExperimentConfig:
                         f"--stage budgets first (it chooses B* and B_h by the pre-registered rule)")
     choice = json.loads(path.read_text())
     b, h = int(choice["budget"]), int(choice["harsh_budget"])
+    levels = {k: int(v) for k, v in choice.get("levels", {}).items()}
     train = cfg.train
     rollout = dataclasses.replace(train.rollout, compression=dataclasses.replace(train.rollout.compression, budget=b))
     main_eval = train.eval.compression or train.rollout.compression
@@ -113,7 +145,8 @@ def apply_budget_rule(cfg: ExperimentConfig) -> ExperimentConfig:
     study = cfg.experiment.study
     if not study.caches:
         study = dataclasses.replace(study, caches=study_caches(train.rollout.compression, b, h))
-    section = dataclasses.replace(cfg.experiment, harsh_budget=h, study=study)
+    section = dataclasses.replace(cfg.experiment, harsh_budget=h, study=study,
+                                  level_budgets={**cfg.experiment.level_budgets, **levels})
     return dataclasses.replace(cfg, experiment=section, train=dataclasses.replace(train, rollout=rollout,
                                                                                    eval=evaluation))
 
@@ -148,11 +181,14 @@ def run_budget_stage(cfg: ExperimentConfig, warm_dirs: dict[int, Path], log: Cal
         log(f"budget rule: seeds {missing} are not measured yet; the rule is chosen once all of {pooled} are")
         return {}
     per_seed = {s: per_seed[s] for s in pooled}
-    choice = choose_budgets(per_seed, method, rule)
+    choice = (choose_levels if rule.kind == "contamination" else choose_budgets)(per_seed, method, rule)
     path.write_text(json.dumps(choice, indent=1) + "\n")
     for row in choice["table"]:
         log(f"budget {row['budget']}: would-be veto {row['would_veto']:.3f}, reward ratio {row['reward_ratio']:.3f}"
-            f"{' (passes)' if row['passes'] else ''}")
+            + (f", contaminated {row['contaminated']:.3f}" if "contaminated" in row else "")
+            + (" (passes)" if row.get("passes") else ""))
+    if "levels" in choice:
+        log(f"budget rule: levels {choice['levels']}")
     log(f"budget rule: B* = {choice['budget']}, B_h = {choice['harsh_budget']}"
         f"{' (no candidate passed: the largest)' if choice['fallback_to_largest'] else ''} -> {path}")
     return choice

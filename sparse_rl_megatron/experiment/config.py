@@ -28,12 +28,26 @@ class ControlConfig:
             raise ValueError("ControlConfig.options: set the control's length with control.steps, not options.steps")
 
 
+RULE_KINDS = ("veto_reward", "contamination")
+"""``veto_reward``: issue 20's B* and B_h; ``contamination``: issue 27's budget levels (``budget_rule.py``)."""
+
+
 @dataclass
 class BudgetRuleConfig:
-    """The pre-registered choice of the main KV budget B* from ``sparse-rl mismatch`` on the seeds' warm starts
-    (``budget_rule.py``): the smallest candidate whose pooled would-be veto rate and sparse / dense T = 1 reward
-    ratio pass both bounds (none passes: the largest candidate); the dose budget B_h = max(min_budget, B* // 2)."""
+    """The pre-registered choice of the KV budgets from ``sparse-rl mismatch`` on the seeds' warm starts
+    (``budget_rule.py``). ``kind: veto_reward`` (issue 20): the main budget B* is the smallest candidate whose
+    pooled would-be veto rate and sparse / dense T = 1 reward ratio pass both bounds (none passes: the largest
+    candidate); the dose budget B_h = max(min_budget, B* // 2). ``kind: contamination`` (issue 27): each level of
+    ``levels`` gets the candidate whose pooled contamination share is nearest its target; B* is ``main_level``'s
+    budget and B_h the smallest level's."""
 
+    kind: str = "veto_reward"
+    """``veto_reward`` or ``contamination`` (``RULE_KINDS``)."""
+    levels: dict[str, float] = field(default_factory=dict)
+    """``kind: contamination``: level name -> target share of contaminated sequences (any token rho < 0.5),
+    e.g. ``{low: 0.5, mid: 0.25, high: 0.1}``; the arms with that ``level`` run at its budget."""
+    main_level: str = "mid"
+    """``kind: contamination``: the level whose budget is B* (the base recipe's rollout and evaluation budget)."""
     candidates: list[int] = field(default_factory=lambda: [6, 8, 12, 16])
     """KV budgets tried, smallest first."""
     max_would_veto: float = 0.2
@@ -51,6 +65,15 @@ class BudgetRuleConfig:
     processes measuring disjoint seeds cannot choose from a part of them."""
 
     def __post_init__(self) -> None:
+        if self.kind not in RULE_KINDS:
+            raise ValueError(f"BudgetRuleConfig.kind must be one of {', '.join(RULE_KINDS)}, got '{self.kind}'")
+        if self.kind == "contamination":
+            if not self.levels or any(not 0 <= t <= 1 for t in self.levels.values()):
+                raise ValueError(f"BudgetRuleConfig.levels must map level names to target shares in [0, 1] for "
+                                 f"kind contamination, got {self.levels}")
+            if self.main_level not in self.levels:
+                raise ValueError(f"BudgetRuleConfig.main_level '{self.main_level}' must be one of the levels "
+                                 f"{sorted(self.levels)}")
         if not self.candidates or sorted(set(self.candidates)) != self.candidates or self.candidates[0] < 1:
             raise ValueError(f"BudgetRuleConfig.candidates must be distinct positive budgets, smallest first, got "
                              f"{self.candidates}")
@@ -103,8 +126,13 @@ class ExperimentSection:
     harsh_budget: int | None = None
     """KV budget B_h of the dose arm ``naive_harsh`` (with ``budgets_from_rule``: the rule's)."""
     budgets_from_rule: bool = False
-    """Take B* (rollout and evaluation budget), B_h and the study's caches from ``<out>/budget_rule.json``,
-    written by ``--stage budgets``; the arms refuse to run without it."""
+    """Take B* (rollout and evaluation budget), B_h, the level budgets and the study's caches from
+    ``<out>/budget_rule.json``, written by ``--stage budgets``; the arms refuse to run without it."""
+    level_budgets: dict[str, int] = field(default_factory=dict)
+    """KV budget of each budget level (the arms with a ``level``, e.g. ``sparse_rl_low``); with
+    ``budgets_from_rule``: the rule's."""
+    analysis: str = "issue20"
+    """The pre-registered tests ``--stage report`` decides (``analysis.DESIGNS``: ``issue20``, ``issue27``)."""
     budget_rule: BudgetRuleConfig = field(default_factory=BudgetRuleConfig)
     """How ``--stage budgets`` chooses B* and B_h."""
     study: StudyConfig = field(default_factory=StudyConfig)
@@ -125,6 +153,15 @@ class ExperimentSection:
         if harsh and not self.budgets_from_rule and (self.harsh_budget is None or self.harsh_budget < 1):
             raise ValueError(f"experiment.harsh_budget must be a positive KV budget for the dose arm(s) {harsh} "
                              f"(or set experiment.budgets_from_rule), got {self.harsh_budget}")
+        leveled = [a for a in self.arms if ARMS.get(a).level and ARMS.get(a).level not in self.level_budgets]
+        if leveled and not self.budgets_from_rule:
+            raise ValueError(f"experiment.level_budgets must give the budget of the level(s) of {leveled} "
+                             f"(or set experiment.budgets_from_rule), got {self.level_budgets}")
+        if any(b < 1 for b in self.level_budgets.values()):
+            raise ValueError(f"experiment.level_budgets must be positive KV budgets, got {self.level_budgets}")
+        from sparse_rl_megatron.experiment.analysis import DESIGNS
+
+        DESIGNS.check(self.analysis, "experiment.analysis")
         supervised = [a for a in self.arms if ARMS.get(a).supervised]
         if supervised and self.control.steps is None:
             ref = self.control.reference_arm

@@ -32,6 +32,15 @@ CLAIM_PANELS = {
     "grad norm (log scale)": "train/grad_norm",
 }
 """Panels of the issue-20 figure (``figure_claims.png``)."""
+CLAIM_PANELS_27 = {
+    "shortcut-free accuracy, dense inference": "eval/dense/shortcut_free_accuracy",
+    "shortcut-free accuracy, sparse inference": "eval/sparse/shortcut_free_accuracy",
+    "KV budget sampled with (mean)": "rollout/budget_sampled_mean",
+    "contaminated sequences (any rho < 0.5)": "sparse/contaminated_frac",
+    "KV tokens held per sequence (peak)": "rollout/kv_tokens_peak_mean",
+    "train reward": "rollout/reward_mean",
+}
+"""Panels of the issue-27 figure (``figure_claims.png``): accuracy, budget and contamination over the steps."""
 
 
 def _curve(by_seed: dict[int, list[dict]], key: str) -> tuple[list[int], list[float], list[float], list[float]]:

@@ -1,6 +1,7 @@
 """The experiment's results: per arm the final held-out accuracy (dense and sparse inference, mean and spread
-over seeds; also on the shortcut-free records where the task flags them) and what the rollouts cost and how far off-policy they were. Written as ``results.json`` and
-``results.md`` in the experiment directory (with ``figure.png``, ``figure.py``)."""
+over seeds; also on the shortcut-free records where the task flags them) and what the rollouts cost (KV tokens
+per sequence, the mean budget) and how far off-policy they were (rejections, contamination, rho's tail).
+Written as ``results.json`` and ``results.md`` in the experiment directory (with ``figure.png``, ``figure.py``)."""
 from __future__ import annotations
 
 import json
@@ -23,6 +24,8 @@ STEP_MEANS = {
     "rho_p5": "sparse/rho_p5",
     "repetition_rate": "rollout/repetition_rate",
     "reward": "rollout/reward_mean",
+    "budget": "rollout/budget_sampled_mean",
+    "contaminated_frac": "sparse/contaminated_frac",
 }
 """Per-arm summaries that are the mean over the run's rollout steps."""
 STEP_MAX = {"grad_norm_max": "train/grad_norm_max"}
@@ -116,6 +119,7 @@ def markdown_table(summary: dict) -> str:
     """The results table (accuracies in %, mean ± sample std over seeds; step means of the rollout metrics)."""
     head = ("| arm | seeds | dense acc start → final (%) | sparse acc start → final (%) | "
             "shortcut-free dense start → final (%) | shortcut-free sparse start → final (%) | KV held / dense | "
+            "KV tokens / sequence | mean budget | contaminated seqs | "
             "rejected seqs | rejected tokens | clip ratio | rho p1 | rho min | repetition | max grad norm | CPU s |")
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for name, arm in summary["arms"].items():
@@ -126,7 +130,8 @@ def markdown_table(summary: dict) -> str:
             f"{start_s} → {_fmt(m['sparse_acc'], s['sparse_acc'], 100)} | "
             + " | ".join(f"{_fmt(m[f'{mode}_free_start'], None, 100)} → "
                          f"{_fmt(m[f'{mode}_free'], s[f'{mode}_free'], 100)}" for mode in ("dense", "sparse"))
-            + f" | {_fmt(m['kv_ratio'], None, 1, 3)} | "
+            + f" | {_fmt(m['kv_ratio'], None, 1, 3)} | {_fmt(m['kv_tokens_held'], s['kv_tokens_held'])} | "
+            f"{_fmt(m['budget'], s['budget'])} | {_fmt(m['contaminated_frac'], s['contaminated_frac'], 1, 3)} | "
             f"{_fmt(m['rejected_seq_frac'], s['rejected_seq_frac'], 1, 3)} | "
             f"{_fmt(m['rejected_token_frac'], None, 1, 3)} | {_sci(m['clip_frac'])} | {_sci(m['rho_p1'])} | "
             f"{_sci(m['rho_min'])} | {_fmt(m['repetition_rate'], None, 1, 3)} | "
@@ -174,8 +179,9 @@ def write_report(cfg: ExperimentConfig) -> tuple[Path, Path | None]:
     figure = draw_figure(main, out / FIGURE_FILE, "arms")
     if main:  # the pre-registered analysis (issue 20) of whatever is complete
         from sparse_rl_megatron.experiment.analysis import write_full_analysis
-        from sparse_rl_megatron.experiment.figure import CLAIM_PANELS, CLAIMS_FIGURE_FILE
+        from sparse_rl_megatron.experiment.figure import CLAIM_PANELS, CLAIM_PANELS_27, CLAIMS_FIGURE_FILE
 
         write_full_analysis(cfg, main)
-        draw_figure(main, out / CLAIMS_FIGURE_FILE, "arms", CLAIM_PANELS)
+        panels = CLAIM_PANELS_27 if cfg.experiment.analysis == "issue27" else CLAIM_PANELS
+        draw_figure(main, out / CLAIMS_FIGURE_FILE, "arms", panels)
     return out / RESULTS_MD, figure

@@ -113,6 +113,10 @@ def _check_arms(cfg: ExperimentConfig) -> None:
     harsh = [a for a in cfg.experiment.arms if ARMS.get(a).harsh]
     if harsh and not cfg.experiment.harsh_budget:
         raise UserError(f"experiment.harsh_budget is not set for the dose arm(s) {', '.join(harsh)}")
+    leveled = [a for a in cfg.experiment.arms if ARMS.get(a).level not in (None, *cfg.experiment.level_budgets)]
+    if leveled:
+        raise UserError(f"experiment.level_budgets has no budget for the level of the arm(s) {', '.join(leveled)} "
+                        f"(got {cfg.experiment.level_budgets}); run --stage budgets first")
 
 
 def run_experiment(cfg: ExperimentConfig, log: Callable[[str], None] = print, stage: str = "arms") -> Path:
@@ -154,8 +158,9 @@ def run_experiment(cfg: ExperimentConfig, log: Callable[[str], None] = print, st
                 if (run_dir / ARM_DONE).is_file():
                     log(f"seed {seed}: arm {run.name} already complete, skipped")
                     continue
+                budget = run.budget or run.spec.harsh or run.spec.level
                 log(f"seed {seed}: arm {run.name} ({run.spec.description}"
-                    f"{f', budget {train_cfg.rollout.compression.budget}' if run.budget or run.spec.harsh else ''})"
+                    f"{f', budget {train_cfg.rollout.compression.budget}' if budget else ''})"
                     f" in {run_dir}")
                 if run.spec.supervised:
                     done = run_control(cfg, train_cfg, seed, warm, log)
