@@ -7,10 +7,12 @@ vetoed fractions; the ratio of the mean rewards), B* is the smallest candidate w
 ``max_would_veto`` and sparse / dense reward >= ``min_reward_ratio``; if none passes, the largest candidate.
 B_h = max(``min_budget``, B* // 2) (``kind: veto_reward``, issue 20).
 
-``kind: contamination`` (issue 27): the contamination share of a candidate is the mean over the seeds of the
-share of sequences with any token rho < 0.5 (``sparse/contaminated_frac``); each level of ``levels`` gets the
-candidate whose share is nearest its target (a tie: the larger budget), B* = the ``main_level``'s budget,
-B_h = the smallest level budget. The choice goes to ``<out>/budget_rule.json``; with
+``kind: contamination`` (issue 27, as amended after the pilot seed's measurement): the contamination share of a
+candidate is the mean over the seeds of the share of sequences with any token rho < 0.5
+(``sparse/contaminated_frac``), and its level share the largest such share at it or any larger candidate. The
+levels, from the smallest target up, each get the candidate whose level share is nearest the target (a tie: the
+larger budget) among the candidates smaller than the previous level's budget (distinct, ordered budgets);
+B* = the ``main_level``'s budget, B_h = the smallest level budget. The choice goes to ``<out>/budget_rule.json``; with
 ``experiment.budgets_from_rule`` the arms and the study read it from there (``apply_budget_rule``).
 """
 from __future__ import annotations
@@ -95,8 +97,15 @@ def choose_budgets(per_seed: dict[int, dict[str, dict[str, float]]], method: str
 
 
 def choose_levels(per_seed: dict[int, dict[str, dict[str, float]]], method: str, rule: BudgetRuleConfig) -> dict:
-    """``kind: contamination`` over the seeds' ``row_stats``: each level's budget (the candidate whose pooled
-    contamination share is nearest the level's target; a tie: the larger budget), B* and B_h, and the table."""
+    """``kind: contamination`` over the seeds' ``row_stats``: the level budgets (the module docstring's rule),
+    B* and B_h, and the table.
+
+    A budget's share is the pooled contamination at it or at any larger candidate (the largest of them: the
+    contamination curve made non-increasing in B, so a level "holds" its share at every larger budget; measured
+    curves are not monotone at small B, issue 27's pilot seed: 93%, 14%, 25%, 1% at B = 3, 4, 5, 6). The levels
+    are taken from the smallest target up (the largest budget first), each among the candidates smaller than the
+    previous level's budget, so they are distinct and ordered; when none is left, the level gets the previous
+    level's budget and is listed in ``collapsed``."""
     seeds = sorted(per_seed)
     dense_reward = sum(per_seed[s]["dense"]["reward"] for s in seeds) / len(seeds)
     table = []
@@ -108,13 +117,24 @@ def choose_levels(per_seed: dict[int, dict[str, dict[str, float]]], method: str,
                       "reward_ratio": reward / dense_reward if dense_reward > 0 else 0.0,
                       "would_veto": sum(per_seed[s][label]["veto"] for s in seeds) / len(seeds),
                       "per_seed_contaminated": {s: per_seed[s][label]["contaminated"] for s in seeds}})
-    levels = {}
-    for level, target in rule.levels.items():  # max over (-distance, budget): the nearest, then the larger
-        levels[level] = max(table, key=lambda row: (-round(abs(row["contaminated"] - target), 12), row["budget"]))[
-            "budget"]
+    worst = 0.0
+    for row in reversed(table):  # the non-increasing envelope: the worst share at this budget or a larger one
+        worst = max(worst, row["contaminated"])
+        row["contaminated_at_or_above"] = worst
+    levels, collapsed, below = {}, [], None
+    for level, target in sorted(rule.levels.items(), key=lambda kv: (kv[1], kv[0])):
+        rows = [r for r in table if below is None or r["budget"] < below]
+        if not rows:
+            levels[level] = below
+            collapsed.append(level)
+            continue
+        # the nearest its target; a tie: the larger budget
+        levels[level] = below = max(rows, key=lambda r: (-round(abs(r["contaminated_at_or_above"] - target), 12),
+                                                         r["budget"]))["budget"]
+    levels = {k: levels[k] for k in rule.levels}
     return {"budget": levels[rule.main_level], "harsh_budget": min(levels.values()), "levels": levels,
-            "fallback_to_largest": False, "dense_reward": dense_reward, "seeds": seeds, "method": method,
-            "rule": to_dict(rule), "table": table}
+            "collapsed": collapsed, "fallback_to_largest": False, "dense_reward": dense_reward, "seeds": seeds,
+            "method": method, "rule": to_dict(rule), "table": table}
 
 
 def study_caches(base: CompressionConfig, budget: int, harsh: int) -> list[CompressionConfig]:
@@ -188,7 +208,8 @@ def run_budget_stage(cfg: ExperimentConfig, warm_dirs: dict[int, Path], log: Cal
             + (f", contaminated {row['contaminated']:.3f}" if "contaminated" in row else "")
             + (" (passes)" if row.get("passes") else ""))
     if "levels" in choice:
-        log(f"budget rule: levels {choice['levels']}")
+        log(f"budget rule: levels {choice['levels']}"
+            + (f" (collapsed: {', '.join(choice['collapsed'])})" if choice.get("collapsed") else ""))
     log(f"budget rule: B* = {choice['budget']}, B_h = {choice['harsh_budget']}"
         f"{' (no candidate passed: the largest)' if choice['fallback_to_largest'] else ''} -> {path}")
     return choice

@@ -27,18 +27,27 @@ def _per_seed(shares: dict[int, list[float]]) -> dict[int, dict]:
             for s, v in shares.items()}
 
 
-def test_each_level_gets_the_candidate_nearest_its_contamination_target():
+def test_each_level_gets_the_candidate_nearest_its_contamination_target_distinct_and_ordered():
     rule = BudgetRuleConfig(kind="contamination", candidates=CANDIDATES, levels={"low": 0.5, "mid": 0.25, "high": 0.1})
     # pooled (mean of the two seeds): 0.70, 0.52, 0.31, 0.20, 0.10, 0.04
     shares = {0: [0.8, 0.54, 0.32, 0.2, 0.12, 0.04], 1: [0.6, 0.5, 0.3, 0.2, 0.08, 0.04]}
     choice = choose_levels(_per_seed(shares), "rkv", rule)
     assert choice["levels"] == {"low": 4, "mid": 8, "high": 12}  # 0.25: |0.31 - 0.25| = 0.06 > |0.20 - 0.25|
-    assert (choice["budget"], choice["harsh_budget"]) == (8, 4)
+    assert (choice["budget"], choice["harsh_budget"], choice["collapsed"]) == (8, 4, [])
     assert [round(r["contaminated"], 6) for r in choice["table"]] == [0.7, 0.52, 0.31, 0.2, 0.1, 0.04]
-    # a tie (0.35 and 0.15 are both 0.1 from 0.25): the larger budget; a target beyond the range: its end
+    # not monotone (the pilot seed's shape): a budget's level share is the worst at it or above (0.25 at B = 4)
+    bumpy = choose_levels(_per_seed({0: [0.93, 0.14, 0.25, 0.01, 0.0, 0.0]}), "rkv", rule)
+    assert [r["contaminated_at_or_above"] for r in bumpy["table"]] == [0.93, 0.25, 0.25, 0.01, 0.0, 0.0]
+    assert bumpy["levels"] == {"low": 4, "mid": 6, "high": 8}  # mid: a tie of 4 and 6 -> 6; low: below 6
+    # a tie (0.35 and 0.15 are both 0.1 from 0.25): the larger budget; the lower levels below it
     tied = choose_levels(_per_seed({0: [0.9, 0.9, 0.35, 0.15, 0.12, 0.11]}), "rkv", rule)
     assert tied["levels"] == {"low": 6, "mid": 8, "high": 16}
-    assert choose_levels(_per_seed({0: [0.3, 0.3, 0.3, 0.3, 0.3, 0.3]}), "rkv", rule)["levels"]["low"] == 16
+    # fewer candidates than levels: the last level shares the budget above it and is listed as collapsed
+    two = BudgetRuleConfig(kind="contamination", candidates=[3, 4], levels={"low": 0.5, "mid": 0.25, "high": 0.1})
+    short = choose_levels({0: {"dense": {"veto": 0, "reward": 0.5, "contaminated": 0},
+                               "rkv B=3": {"veto": 0, "reward": 0.1, "contaminated": 0.9},
+                               "rkv B=4": {"veto": 0, "reward": 0.4, "contaminated": 0.1}}}, "rkv", two)
+    assert short["levels"] == {"low": 3, "mid": 3, "high": 4} and short["collapsed"] == ["low"]
 
 
 @pytest.mark.parametrize("rule", [{"kind": "contamination"}, {"kind": "contamination", "levels": {"low": 1.5}},
