@@ -38,6 +38,17 @@ def _experiment(out: Path, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, env=env, cwd=out.parent, capture_output=True, text=True, timeout=600)
 
 
+def _experiment_here(capsys, out: Path, *extra: str, recipe: str = RECIPE) -> tuple[int, str, str]:
+    """``sparse-rl experiment`` in this process (exit status, stdout, stderr): for the calls that start no arm
+    (a refusal, a re-run that skips every arm), which would otherwise pay a process's imports for a line of output."""
+    from sparse_rl_megatron.cli import main
+
+    capsys.readouterr()
+    code = main(["experiment", "--config", recipe, "--out", str(out), *extra])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
 def _keys(run_dir: Path) -> set[str]:
     keys = set()
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
@@ -45,7 +56,7 @@ def _keys(run_dir: Path) -> set[str]:
     return keys
 
 
-def test_every_arm_runs_and_the_table_and_figure_are_written_then_a_rerun_skips_them(tmp_path):
+def test_every_arm_runs_and_the_table_and_figure_are_written_then_a_rerun_skips_them(tmp_path, capsys):
     out = tmp_path / "exp"
     first = _experiment(out, "--arms", *RL_ARMS, "sft")
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
@@ -73,19 +84,19 @@ def test_every_arm_runs_and_the_table_and_figure_are_written_then_a_rerun_skips_
     assert all(f"| {arm} | 1 |" in table for arm in (*RL_ARMS, "sft"))
     assert (out / "figure.png").stat().st_size > 10_000
 
-    again = _experiment(out, "--arms", *RL_ARMS, "sft")
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert all(f"arm {arm} already complete, skipped" in again.stdout for arm in (*RL_ARMS, "sft"))
+    code, again, err = _experiment_here(capsys, out, *TINY, "--arms", *RL_ARMS, "sft")
+    assert code == 0, err[-3000:]
+    assert all(f"arm {arm} already complete, skipped" in again for arm in (*RL_ARMS, "sft")), again[-3000:]
 
 
-def test_a_second_experiment_into_a_busy_directory_is_refused(tmp_path):
+def test_a_second_experiment_into_a_busy_directory_is_refused(tmp_path, capsys):
     from sparse_rl_megatron.trainer.runtime.run_dir import RunDirLock
 
     out = tmp_path / "exp"
     with RunDirLock(out / "seed_0"):  # one process per seed: another seed of the same experiment could run
-        busy = _experiment(out)
-    assert busy.returncode != 0
-    assert f"run directory {out / 'seed_0'} is in use by pid {os.getpid()}" in busy.stderr
+        code, _, err = _experiment_here(capsys, out, *TINY)
+    assert code != 0
+    assert f"run directory {out / 'seed_0'} is in use by pid {os.getpid()}" in err
 
 
 WEAK = str(ROOT / "configs" / "experiments" / "weak_claims.yaml")
@@ -104,10 +115,10 @@ def _weak(out: Path, stage: str, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, env=env, cwd=out.parent, capture_output=True, text=True, timeout=900)
 
 
-def test_issue20_stages_budget_rule_dose_arm_study_and_analysis(tmp_path):
+def test_issue20_stages_budget_rule_dose_arm_study_and_analysis(tmp_path, capsys):
     out = tmp_path / "weak"
-    early = _weak(out, "arms", "--arms", "dense")
-    assert early.returncode != 0 and "run the same command with --stage budgets first" in early.stderr
+    code, _, err = _experiment_here(capsys, out, "--stage", "arms", *WEAK_TINY, "--arms", "dense", recipe=WEAK)
+    assert code != 0 and "run the same command with --stage budgets first" in err, err[-3000:]
     budgets = _weak(out, "budgets")
     assert budgets.returncode == 0, budgets.stdout[-3000:] + budgets.stderr[-3000:]
     rule = json.loads((out / "budget_rule.json").read_text())
