@@ -4,9 +4,10 @@
   loads, with one line naming the field.
 - A deliberately broken free (evicted slots dropped but never freed) is caught by SGLang's strict idle
   memory checker: the oracle of every other engine test really can fail.
-- A forced retraction (SGLang's test switch, small pool, no radix cache) takes requests before their first
+- A forced retraction (SGLang's test switch, small pool, radix cache on) takes requests before their first
   compression only (re-prefilled and compressed the same way, correct); compressed ones are spared (issue 25,
-  item 4: before, they were refused and resubmitted), never resumed dense.
+  item 4: before, they were refused and resubmitted), never resumed dense; a retracted request puts only its
+  prompt into the radix tree.
 """
 from __future__ import annotations
 
