@@ -53,7 +53,7 @@ class Test:
     mode: str = "dense"
     margin: float = 0.0
     primary: bool = True
-    """In the Holm family (``family`` ``holm``); False: decided alone, unadjusted."""
+    """In the Holm family; False: decided alone at alpha, unadjusted (or in the fixed sequence)."""
     metric: str = ""
     """The endpoint: ``""`` all held-out records, ``"_shortcut_free"`` the records no trivial policy answers."""
     sequence: bool = False
