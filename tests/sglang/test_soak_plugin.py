@@ -97,9 +97,12 @@ def test_samples_after_a_weight_update_match_the_new_weights(rig):
 
 
 def test_requests_arriving_mid_decode_match_the_reference(rig):
-    """Two groups submitted once the first group's first sample has 4 response tokens (prefill chunks of the new
-    prompts, tree hits on the running ones' prefix, beside rows already compressing). With ``stale_tables`` samples
-    were off."""
+    """Two groups submitted once the first group's first sample has 4 response tokens: their prefill chunks, tree
+    hits on the running group's prompt and the duplicates the tree frees, beside rows already compressing, in a
+    pool the running group packs. With ``stale_tables`` samples were off."""
     plan = Plan(late={1, 2}, arrive_at=4)
-    run(rig, jobs(), 31, plan)
+    late = [Job(prompt=STEM, n=8, compression=RKV, max_new_tokens=36),
+            Job(prompt=STEM[:9] + [88, 9, 140], n=6, compression=SNAP_ALL, max_new_tokens=24),
+            Job(prompt=STEM + [420], n=5, compression={**RKV, "method": "streamingllm"}, max_new_tokens=24)]
+    run(rig, late, 31, plan)
     assert plan.arrived_mid_decode
