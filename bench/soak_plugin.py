@@ -12,6 +12,14 @@ peak, kept digest). SGLang's strict memory checkers are on (a leaked or double-f
 soak). A request the plugin refused after a retraction (already compressed) is resubmitted as a new draw and counted
 (``redraws``; none expected since issue 25 item 4: compressed requests are not retracted, ``sglang_ext/admission.py``).
 
+Rounds mix in events (``--events``, all by default on the command line, none in ``soak()``'s default; drawn per
+round from its seed, ``EVENTS``): aborts of some requests mid-decode through SGLang's abort path, groups arriving
+while the others decode, a weight update through the trainer's path (``update_weights``, which flushes the radix
+cache) before the round with the reference moved to the same new weights, a bare cache flush. Aborted samples are
+not checked (the others are, and the strict checkers watch the pool); streamed requests (the victims, the one whose
+progress times the arrivals) are checked on their log-probs only: SGLang sends a streamed request's request-level
+custom info, the plugin's record, with its first chunk only.
+
 Server settings are drawn from the seed once per engine (an engine serves ``--rounds-per-engine`` rounds, then the
 next engine starts with the next draw); workloads once per round. A failure prints the engine's settings, the
 round's seed and the sample, and exits 1 (``--keep-going`` runs on and reports every failure).
@@ -19,7 +27,9 @@ round's seed and the sample, and exits 1 (``--keep-going`` runs on and reports e
     nice -n 10 env OMP_NUM_THREADS=1 .venv/bin/python bench/soak_plugin.py --minutes 10 --seed 0
 
 ``--fault stale_tables`` runs the plugin with its ``ReqToTokenPool.write`` hook off (the defect of issue 25): the
-soak must then fail. ``tests/sglang/test_soak_plugin.py`` runs two rounds of it in the suite.
+soak must then fail; ``--fault abort_insert`` (an aborted compressed request goes into the radix tree whole) and
+``--fault no_flush`` (the engine's cache flush a no-op: KV of the old weights stays in the tree) are the events'
+defects. ``tests/sglang/test_soak_plugin.py`` runs two drawn rounds and one round per event in the suite.
 """
 from __future__ import annotations
 
