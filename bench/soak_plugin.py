@@ -272,8 +272,9 @@ def generate(engine, jobs: list[Job], seed: int, plan: Plan | None = None) -> tu
     done, redraws, aborted = {}, 0, 0
     tm = engine.client.engine.tokenizer_manager
     for attempt in range(MAX_DRAWS):
+        # rids end with "." so that none is a prefix of another (SGLang's abort matches rid prefixes)
         requests = [((g, i), jobs[g].prompt, engine._sampling(sampling[g], g, i, attempt, jobs[g].compression),
-                     f"soak{seed}-{g}-{i}-{attempt}.") for g, i in todo]   # no rid a prefix of another (abort matches prefixes)
+                     f"soak{seed}-{g}-{i}-{attempt}.") for g, i in todo]
         outs = engine.client._wait(_drive(tm, requests, plan))
         stream = streamed(requests, plan)
         retry = []
@@ -429,7 +430,8 @@ def main(argv=None) -> int:
                  rounds_per_engine=args.rounds_per_engine, keep_going=args.keep_going,
                  events=frozenset(e for e in args.events.split(",") if e))
     summary = {k: v for k, v in dataclasses.asdict(tally).items() if k != "failures"}
-    summary.update(failed_samples=len(tally.failures), seed=args.seed, events=args.events, wall_s=round(time.monotonic() - start, 1),
+    summary.update(failed_samples=len(tally.failures), seed=args.seed, event_kinds=args.events,   # events: compressions
+                   wall_s=round(time.monotonic() - start, 1),
                    first_failure=tally.failures[0] if tally.failures else None)
     print(json.dumps(summary))
     if args.json:
