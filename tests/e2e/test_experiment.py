@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,12 +29,17 @@ FIGURE_KEYS = ("rollout/reward_mean", "eval/dense/accuracy", "eval/sparse/accura
                "rollout/repetition_rate", "rollout/kv_tokens_peak_mean", "rollout/kv_retained_frac")
 
 
-def _experiment(out: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT),
-           "PYTHONWARNINGS": "ignore"}
-    cmd = [sys.executable, "-m", "sparse_rl_megatron.cli", "experiment", "--config", RECIPE, "--out", str(out),
-           *TINY, *extra]
-    return subprocess.run(cmd, env=env, cwd=out.parent, capture_output=True, text=True, timeout=600)
+def _experiment(capsys, out: Path, *extra: str, recipe: str = RECIPE) -> subprocess.CompletedProcess:
+    """``sparse-rl experiment`` in this process (its arms, its ``sparse-rl mismatch`` runs are processes of their
+    own, as always): the experiment's own process only prepares, dispatches and reports, and here it does not pay
+    a process's imports for that. Exit status and what it printed, as a finished process."""
+    from sparse_rl_megatron.cli import main
+
+    capsys.readouterr()
+    args = ["experiment", "--config", recipe, "--out", str(out), *(TINY if recipe == RECIPE else ()), *extra]
+    code = main(args)
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, captured.out, captured.err)
 
 
 def _keys(run_dir: Path) -> set[str]:
@@ -45,9 +49,9 @@ def _keys(run_dir: Path) -> set[str]:
     return keys
 
 
-def test_every_arm_runs_and_the_table_and_figure_are_written_then_a_rerun_skips_them(tmp_path):
+def test_every_arm_runs_and_the_table_and_figure_are_written_then_a_rerun_skips_them(tmp_path, capsys):
     out = tmp_path / "exp"
-    first = _experiment(out, "--arms", *RL_ARMS, "sft")
+    first = _experiment(capsys, out, "--arms", *RL_ARMS, "sft")
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     seed = out / "seed_0"
     warm = seed / "model" / "warm"
@@ -73,17 +77,17 @@ def test_every_arm_runs_and_the_table_and_figure_are_written_then_a_rerun_skips_
     assert all(f"| {arm} | 1 |" in table for arm in (*RL_ARMS, "sft"))
     assert (out / "figure.png").stat().st_size > 10_000
 
-    again = _experiment(out, "--arms", *RL_ARMS, "sft")
+    again = _experiment(capsys, out, "--arms", *RL_ARMS, "sft")
     assert again.returncode == 0, again.stderr[-3000:]
     assert all(f"arm {arm} already complete, skipped" in again.stdout for arm in (*RL_ARMS, "sft"))
 
 
-def test_a_second_experiment_into_a_busy_directory_is_refused(tmp_path):
+def test_a_second_experiment_into_a_busy_directory_is_refused(tmp_path, capsys):
     from sparse_rl_megatron.trainer.runtime.run_dir import RunDirLock
 
     out = tmp_path / "exp"
     with RunDirLock(out / "seed_0"):  # one process per seed: another seed of the same experiment could run
-        busy = _experiment(out)
+        busy = _experiment(capsys, out)
     assert busy.returncode != 0
     assert f"run directory {out / 'seed_0'} is in use by pid {os.getpid()}" in busy.stderr
 
@@ -96,24 +100,20 @@ WEAK_TINY = ["train.steps=2", "train.warm_start={steps: 5, eval_problems: 0}", "
              "experiment.study={checkpoint_steps: [2], prompts: 2, samples: 2}", "experiment.seeds=[0]"]
 
 
-def _weak(out: Path, stage: str, *extra: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT),
-           "PYTHONWARNINGS": "ignore"}
-    cmd = [sys.executable, "-m", "sparse_rl_megatron.cli", "experiment", "--config", WEAK, "--out", str(out),
-           "--stage", stage, *WEAK_TINY, *extra]
-    return subprocess.run(cmd, env=env, cwd=out.parent, capture_output=True, text=True, timeout=900)
+def _weak(capsys, out: Path, stage: str, *extra: str) -> subprocess.CompletedProcess:
+    return _experiment(capsys, out, "--stage", stage, *WEAK_TINY, *extra, recipe=WEAK)
 
 
-def test_issue20_stages_budget_rule_dose_arm_study_and_analysis(tmp_path):
+def test_issue20_stages_budget_rule_dose_arm_study_and_analysis(tmp_path, capsys):
     out = tmp_path / "weak"
-    early = _weak(out, "arms", "--arms", "dense")
+    early = _weak(capsys, out, "arms", "--arms", "dense")
     assert early.returncode != 0 and "run the same command with --stage budgets first" in early.stderr
-    budgets = _weak(out, "budgets")
+    budgets = _weak(capsys, out, "budgets")
     assert budgets.returncode == 0, budgets.stdout[-3000:] + budgets.stderr[-3000:]
     rule = json.loads((out / "budget_rule.json").read_text())
     assert rule["budget"] in (4, 6) and rule["harsh_budget"] == max(3, rule["budget"] // 2)
     assert [row["budget"] for row in rule["table"]] == [4, 6]
-    arms = _weak(out, "arms", "--arms", "dense", "naive_harsh")
+    arms = _weak(capsys, out, "arms", "--arms", "dense", "naive_harsh")
     assert arms.returncode == 0, arms.stdout[-3000:] + arms.stderr[-3000:]
     seed = out / "seed_0"
     harsh = yaml.safe_load((seed / "naive_harsh" / "config.yaml").read_text())
@@ -122,7 +122,7 @@ def test_issue20_stages_budget_rule_dose_arm_study_and_analysis(tmp_path):
     keys = _keys(seed / "naive_harsh")
     assert {"sparse/would_veto_frac", "sparse/entropy_sampler", "eval/dense/modchain_weak/subset_rest/accuracy",
             "eval/dense/no_answer_frac"} <= keys
-    study = _weak(out, "study", "--arms", "dense", "naive_harsh")
+    study = _weak(capsys, out, "study", "--arms", "dense", "naive_harsh")
     assert study.returncode == 0, study.stdout[-3000:] + study.stderr[-3000:]
     for arm in ("dense", "naive_harsh"):
         assert (seed / arm / "study" / "mismatch_step_2.json").is_file()

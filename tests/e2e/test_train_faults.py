@@ -115,24 +115,31 @@ def test_no_intact_checkpoint_stops_the_run_in_one_line(base, tmp_path):
     assert not (run_dir / "archive").exists()  # nothing was moved away
 
 
-@pytest.mark.parametrize("fault,reason", [
-    ("SPARSE_RL_TEST_FULL_DISK_AT_SAVE", r"\[Errno 28\] No space left on device"),
-    ("SPARSE_RL_TEST_KILL_WRITER_AT_SAVE", r"checkpoint writer process \d+ died \(signal SIGKILL\) before it wrote "
-                                           r"its files")], ids=["full-disk", "killed-writer"])
-def test_a_failed_save_stops_the_run_in_one_line_and_keeps_the_previous_checkpoint(tmp_path, shared_data, fault,
-                                                                                   reason):
+FAILED_SAVES = (("SPARSE_RL_TEST_FULL_DISK_AT_SAVE", r"\[Errno 28\] No space left on device"),
+                ("SPARSE_RL_TEST_KILL_WRITER_AT_SAVE", r"checkpoint writer process \d+ died \(signal SIGKILL\) before it "
+                                                       r"wrote its files"))
+"""Each fault (its fault_plugin switch, the reason the error line gives), injected into the save of step 2: the
+fresh run's second learner save, the resumed run's first (fault_plugin counts a process's saves)."""
+
+
+def test_a_failed_save_stops_the_run_in_one_line_and_keeps_the_previous_checkpoint(tmp_path, shared_data):
+    """One run directory takes both faults in turn (the second run resumes from step 1 and fails the same save
+    again), then the fault-free re-run resumes from step 1: three runs, not four."""
     import fault_plugin
 
-    assert fault in (fault_plugin.FULL_DISK_AT_SAVE, fault_plugin.KILL_WRITER_AT_SAVE)
     run_dir = tmp_path / "run"
-    line = _one_error_line(_run(run_dir, {**_env(shared_data), fault: "2"}, "steps=3", "plugins=[fault_plugin]"))
     step1, step2 = run_dir / "checkpoints" / "step_1", run_dir / "checkpoints" / "step_2"
-    assert re.match(rf"sparse-rl train: error: saving checkpoint {re.escape(str(step2))} failed: {reason}; nothing of "
-                    rf"it was kept; in the save of step 2 on rank 0; last complete checkpoint: {re.escape(str(step1))};"
-                    " rerun the same command to resume", line), line
-    assert sorted(p.name for p in step1.parent.iterdir()) == ["step_1"]  # the partial save removed
-    assert problem(step1, FORMAT_VERSION) is None
-    out = _ok(_run(run_dir, _env(shared_data), "steps=3"))  # the fault gone: the re-run resumes from step 1
+    for i, (fault, reason) in enumerate(FAILED_SAVES):
+        assert fault in (fault_plugin.FULL_DISK_AT_SAVE, fault_plugin.KILL_WRITER_AT_SAVE)
+        proc = _run(run_dir, {**_env(shared_data), fault: "2" if i == 0 else "1"}, "steps=3", "plugins=[fault_plugin]")
+        line = _one_error_line(proc)
+        assert re.match(rf"sparse-rl train: error: saving checkpoint {re.escape(str(step2))} failed: {reason}; "
+                        rf"nothing of it was kept; in the save of step 2 on rank 0; last complete checkpoint: "
+                        rf"{re.escape(str(step1))}; rerun the same command to resume", line), (fault, line)
+        assert (f"resuming from {step1}" in proc.stdout) == (i > 0), proc.stdout[-2000:]
+        assert sorted(p.name for p in step1.parent.iterdir()) == ["step_1"]  # the partial save removed
+        assert problem(step1, FORMAT_VERSION) is None
+    out = _ok(_run(run_dir, _env(shared_data), "steps=3"))  # the faults gone: the re-run resumes from step 1
     assert f"resuming from {step1}" in out and [r["step"] for r in _records(run_dir)] == [1, 2, 3]
 
 

@@ -1,14 +1,10 @@
 """``sparse-rl eval`` on SmolLM2-135M-Instruct and real GSM8K problems: dense and with R-KV on the hf engine (in this
-process, as ``tests/e2e/test_eval_cli.py`` runs the command: torch and transformers are imported once for the tier),
-R-KV on the sglang engine in bfloat16 (its own process: SGLang's engine starts child processes and signal handlers).
-The trainer's dense and sparse evaluation with each engine runs in test_recipe.py."""
+process, as ``tests/e2e/test_eval_cli.py`` runs the command: torch and transformers are imported once for the tier).
+SGLang's bf16 engine with the plugin evaluates the real model, dense and R-KV, in test_recipe.py's sglang run (the
+trainer's evaluation samples with the same ``sample_problems`` as this command; one SGLang start for the tier)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-
-from conftest import ROOT, env
 
 EVAL = ["--benchmarks", "gsm8k", "--limit", "2", "--max-new-tokens", "48", "--no-progress"]
 
@@ -25,15 +21,6 @@ def _eval_here(model, out, shared_data, *flags: str) -> dict:
     return _results(out)
 
 
-def _eval(model, out, shared_data, *flags: str) -> dict:
-    cmd = [sys.executable, "-m", "sparse_rl_megatron.cli", "eval", "--model", str(model), *EVAL, "--output", str(out),
-           *flags]
-    proc = subprocess.run(cmd, cwd=ROOT, env={**env(), "SPARSE_RL_DATA": str(shared_data)}, text=True,
-                          capture_output=True, timeout=600)
-    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return _results(out)
-
-
 def test_eval_dense_and_rkv(smollm2, shared_data, tmp_path):
     dense = _eval_here(smollm2, tmp_path / "dense.json", shared_data)
     rkv = _eval_here(smollm2, tmp_path / "rkv.json", shared_data, "--compression", "rkv", "--budget", "16",
@@ -46,11 +33,3 @@ def test_eval_dense_and_rkv(smollm2, shared_data, tmp_path):
     assert all(sum(c.isalpha() for c in s["response"]) > 20 for s in samples["dense"])
     assert [s["response"] for s in samples["dense"]] != [s["response"] for s in samples["rkv"]]
 
-
-def test_eval_with_the_sglang_engine_in_bfloat16_compresses_and_writes_text(smollm2, shared_data, tmp_path):
-    """``sparse-rl eval --engine sglang``: SGLang's CPU engine with the sparse_kv plugin, bf16 as the recipes serve."""
-    rkv = _eval(smollm2, tmp_path / "rkv.json", shared_data, "--engine", "sglang", "--dtype", "bfloat16",
-                "--compression", "rkv", "--budget", "16", "--buffer", "8")
-    samples = [p["samples"][0] for p in rkv["problems"]]
-    assert len(samples) == 2 and all(s["compression_events"] > 0 for s in samples)
-    assert all(sum(c.isalpha() for c in s["response"]) > 20 for s in samples)

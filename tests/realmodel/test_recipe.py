@@ -1,6 +1,10 @@
 """The paper's 1.5B R-KV recipe, scaled down by overrides only (docs/training.md, "Trying a recipe on a laptop"),
 trains SmolLM2-135M-Instruct for 2 steps on GSM8K with each engine in bfloat16 against the float32 learner, the
-weight-sync probe on: every phase on a real model and tokenizer (R-KV compresses; dense and sparse evaluation)."""
+weight-sync probe on: every phase on a real model and tokenizer (R-KV compresses; dense and sparse evaluation).
+The sglang run's evaluation is also the tier's check of SGLang's bf16 engine with the sparse_kv plugin on real
+weights as ``sparse-rl eval --engine sglang`` samples them (the trainer's evaluation and the command share
+``eval.runner.sample_problems``; the command's own arguments with ``--engine sglang`` are tested on the tiny model
+in tests/sglang/test_http_and_eval.py): one SGLang start for the tier instead of two."""
 from __future__ import annotations
 
 import json
@@ -45,3 +49,8 @@ def test_scaled_recipe_trains_two_steps(smollm2, shared_data, tmp_path, engine):
     assert {"eval/dense/gsm8k/accuracy", "eval/sparse/gsm8k/accuracy"} <= set(records[-1])
     assert "serves the learner's weights (version 0)" in proc.stdout
     assert os.path.isdir(run_dir / "checkpoints" / "step_2")
+    for mode in ("dense", "sparse"):  # the final evaluation's samples: real text, compressed only in sparse mode
+        record = json.loads((run_dir / "eval" / f"step_2.{mode}.json").read_text())
+        samples = [p["samples"][0] for p in record["benchmarks"]["gsm8k"]["problems"]]
+        assert samples and all(sum(c.isalpha() for c in s["response"]) > 20 for s in samples), samples
+        assert all((s["compression_events"] > 0) == (mode == "sparse") for s in samples), samples

@@ -7,6 +7,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import torch
@@ -114,3 +116,31 @@ def kill_session(proc: subprocess.Popen) -> None:
     except ProcessLookupError:
         pass
     proc.wait()
+
+
+FAULT_BOUND_S = 120.0
+"""Generous bound on every wait of the fault tests (what is waited for takes well under a second once it happens)."""
+
+
+def wait_for_decoding(stats: Path, since: int, call: threading.Thread) -> None:
+    """Until the plugin's pool log (``stats_path``: a line per forward) shows a decode forward past line ``since``:
+    the call's request is being served, so a fault injected now lands in the middle of the call."""
+    deadline = time.monotonic() + FAULT_BOUND_S
+    while not any(x.get("decode") for x in read_stats(stats)[since:]):
+        assert call.is_alive() and time.monotonic() < deadline, "the call ended (or never decoded) before the fault"
+        time.sleep(0.05)
+
+
+def in_thread(fn) -> tuple[threading.Thread, dict]:
+    """``fn()`` in a daemon thread; the box gets its ``result`` or its ``error``."""
+    box: dict = {}
+
+    def run():
+        try:
+            box["result"] = fn()
+        except BaseException as err:  # noqa: BLE001 - handed to the test
+            box["error"] = err
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, box

@@ -1,6 +1,10 @@
 """The plugin behind SGLang's HTTP server (``python -m sglang_ext.launch_server``), driven by
-``SGLangRolloutEngine(urls=...)`` with weights pushed over a gloo process group; and ``sparse-rl eval
---engine sglang`` (an in-process engine)."""
+``SGLangRolloutEngine(urls=...)`` with weights pushed over a gloo process group; ``sparse-rl eval
+--engine sglang`` (an in-process engine); and, last (it stops the module's server for good), a server that stops
+answering in the middle of a call fails the call in one line naming its URL (``EngineUnreachable``): a hung
+server (SIGSTOP) by its unanswered health checks, a gone one (SIGKILL) by refused connections. "In the middle":
+the plugin's pool log (``stats_path``) gains a line per forward; the fault is injected once a decode forward of
+the call's request is logged."""
 from __future__ import annotations
 
 import json
@@ -13,7 +17,8 @@ import time
 import urllib.request
 
 import pytest
-from sglang_helpers import STRICT_MEMORY_CHECKS, assert_matches_reference, teacher_forced
+from sglang_helpers import (FAULT_BOUND_S, STRICT_MEMORY_CHECKS, assert_matches_reference, in_thread, kill_session,
+                            read_stats, teacher_forced, wait_for_decoding)
 
 from sparse_rl_megatron.compression import CompressionConfig
 from sparse_rl_megatron.rollout.engine import SamplingParams
@@ -36,8 +41,10 @@ def _launcher_env() -> dict:
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
     port = _free_port()
-    log = tmp_path_factory.mktemp("server") / "server.log"
-    config = {"compression": {"method": "rkv", "budget": 12, "window": 3, "buffer": 4}, "kept_digest": True}
+    where = tmp_path_factory.mktemp("server")
+    log, stats = where / "server.log", where / "pool.jsonl"
+    config = {"compression": {"method": "rkv", "budget": 12, "window": 3, "buffer": 4}, "kept_digest": True,
+              "stats_path": str(stats)}
     with open(log, "w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "sglang_ext.launch_server", "--sparse-kv-config", json.dumps(config),
@@ -55,16 +62,15 @@ def server(tiny_model_dir, tmp_path_factory):
                 os.killpg(proc.pid, signal.SIGTERM)
                 pytest.fail(f"the server did not start:\n{log.read_text()[-3000:]}")
             time.sleep(2)
-    yield url, proc, log
-    os.killpg(proc.pid, signal.SIGTERM)
-    proc.wait(timeout=60)
+    yield url, proc, log, stats
+    kill_session(proc)  # (the last test has killed it already)
 
 
 def test_http_server_samples_like_the_reference_and_takes_weights_over_gloo(server, tiny_model_dir, hf_model):
     from sparse_rl_megatron.rollout.sglang_engine import SGLangRolloutEngine
     from sparse_rl_megatron.models.tiny import build_tiny_model
 
-    url, proc, log = server
+    url, proc, log, _ = server
     config = SGLangEngineConfig(model_path=str(tiny_model_dir), urls=[url], compression=COMPRESSION,
                                 weight_sync="distributed", distributed_backend="gloo", startup_timeout_s=900)
     engine = SGLangRolloutEngine(config)
@@ -109,3 +115,35 @@ def test_eval_cli_with_the_sglang_engine(tiny_model_dir, tmp_path):
     (bench,) = result["benchmarks"].values()
     samples = [s for p in bench["problems"] for s in p["samples"]]
     assert len(samples) == 6 and max(s["compression_events"] for s in samples) >= 1
+
+
+def test_http_server_that_stops_answering_mid_generate_fails_the_call_naming_its_url(server, tiny_model_dir):
+    from sparse_rl_megatron.rollout.server_liveness import EngineUnreachable
+    from sparse_rl_megatron.rollout.sglang_engine import SGLangRolloutEngine
+
+    url, proc, log, stats = server
+    assert proc.poll() is None, log.read_text()[-3000:]
+    served = json.loads(urllib.request.urlopen(url + "/model_info", timeout=30).read())["weight_version"]
+    config = SGLangEngineConfig(model_path=str(tiny_model_dir), urls=[url], compression=COMPRESSION,
+                                weight_sync="distributed", startup_timeout_s=900, request_retries=2,
+                                health_check_s=1.0)
+    engine = SGLangRolloutEngine(config, weight_version=0 if served == "default" else int(served))
+    # 1. a server that hangs (SIGSTOP): its /health checks go unanswered, retries + 1 in a row
+    mark = len(read_stats(stats))
+    long = SamplingParams(temperature=1.0, max_new_tokens=4000, ignore_eos=True)  # minutes of decoding on CPU
+    call, box = in_thread(lambda: engine.generate([[300, 12, 8, 77]], 2, long))
+    wait_for_decoding(stats, mark, call)
+    os.killpg(proc.pid, signal.SIGSTOP)
+    call.join(FAULT_BOUND_S)
+    assert not call.is_alive() and isinstance(box.get("error"), EngineUnreachable), box
+    assert str(box["error"]).startswith(f"SGLang server {url} stopped answering: no answer to /health 3 times in "
+                                        "a row (every 1 s) while POST /generate waited for it"), box["error"]
+    # 2. a server that is gone (SIGKILL of its whole process group): refused, retried twice, then one line
+    kill_session(proc)
+    with pytest.raises(EngineUnreachable) as err:
+        engine.client.flush_cache()
+    assert str(err.value).startswith(f"SGLang server {url} stopped answering: POST /flush_cache: ") and (
+        "(3 tries over " in str(err.value)) and "\n" not in str(err.value), err.value
+    with pytest.raises(EngineUnreachable, match=f"^SGLang server {url} stopped answering: "):
+        engine.generate([[5, 17, 42]], 1, SamplingParams(max_new_tokens=4))  # by its retries or its checks
+    engine.shutdown()

@@ -4,9 +4,10 @@
   loads, with one line naming the field.
 - A deliberately broken free (evicted slots dropped but never freed) is caught by SGLang's strict idle
   memory checker: the oracle of every other engine test really can fail.
-- A forced retraction (SGLang's test switch, small pool, no radix cache) takes requests before their first
+- A forced retraction (SGLang's test switch, small pool, radix cache on) takes requests before their first
   compression only (re-prefilled and compressed the same way, correct); compressed ones are spared (issue 25,
-  item 4: before, they were refused and resubmitted), never resumed dense.
+  item 4: before, they were refused and resubmitted), never resumed dense; a retracted request puts only its
+  prompt into the radix tree.
 """
 from __future__ import annotations
 
@@ -101,19 +102,22 @@ def test_strict_checker_catches_a_deliberately_broken_free(tiny_model_dir, tmp_p
     assert LEAK_REPORT in log and "the SGLang engine's process scheduler_0 (pid " in log, log[-3000:]
 
 
-def test_forced_retraction_spares_compressed_requests_and_resumes_the_others(tiny_model_dir, hf_model):
+def test_forced_retraction_spares_compressed_requests_resumes_the_others_and_keeps_the_radix_tree_exact(
+        tiny_model_dir, hf_model):
     """SGLang retracts the running request with the shortest output (ties: the longest prompt) every few
-    steps; the plugin puts compressed requests last and spares a batch of them only. Phase 1: requests are
-    retracted before their first compression and resume; none after it (before issue 25 item 4 they were refused
-    and resubmitted). Phase 2: a request retracted before it (its companion keeps the batch at two) is
-    re-prefilled, then compressed."""
+    steps; the plugin puts compressed requests last and spares a batch of them only. One engine, radix cache on,
+    the plugin's table checks on. Phase 1: requests are retracted before their first compression and resume; none
+    after it (before issue 25 item 4 they were refused and resubmitted). Phase 2: request A (the longer prompt) is
+    the retraction victim while B runs (B keeps the batch at two); A is re-prefilled (prompt + response so far),
+    then compressed. SGLang checkpoints that re-prefill into the tree: before issue 25 the tree took A's response
+    slots, which A's first compression then overwrote with kept K/V, so a later prefill of A's sequence read the
+    wrong K/V. Now only the prompt goes into the tree: phase 3's dense prefill of A's sequence is exact."""
     from sparse_rl_megatron.rollout.sglang_engine import SGLangRolloutEngine
 
     compression = CompressionConfig(**RKV)
     late = CompressionConfig(method="rkv", budget=12, window=2, buffer=4)
     config = SGLangEngineConfig(model_path=str(tiny_model_dir), compression=late, dtype="float32",
-                                max_total_tokens=512, radix_cache=False, max_resubmits=30,
-                                kept_digest=True)
+                                max_total_tokens=512, max_resubmits=30, kept_digest=True, check_tables=True)
     with scheduler_env(SGLANG_TEST_RETRACT="1", SGLANG_TEST_RETRACT_INTERVAL="4"):
         engine = SGLangRolloutEngine(config)
     try:
@@ -122,38 +126,13 @@ def test_forced_retraction_spares_compressed_requests_and_resumes_the_others(tin
         assert engine.resubmitted == 0                       # no request was retracted after a compression
         assert any(s.metadata["retractions"] >= 1 for s in samples)   # but some were before it, and resumed
         assert_matches_reference(samples, teacher_forced(hf_model, compression, samples), hf_model)
-        # Phase 2: A (longer prompt) is the retraction victim while B runs; A compresses only after B is done.
+        engine.client.flush_cache()  # phase 2 starts from an empty tree (phase 1's prompts are not A's)
         prompts = [list(range(100, 108)), [5, 17, 42]]
         params = [engine._sampling(sampling, g, 0, 0, to_dict(late)) for g in range(2)]
         params[1]["max_new_tokens"] = 6
         outs = engine.client.generate(prompts, params)
         a = engine._sample(outs[0], prompts[0], prompts[0], 0, 0, sampling)
-    finally:
-        engine.shutdown()
-    assert a.metadata["retractions"] >= 1 and a.compression.events >= 1    # retracted, re-prefilled, compressed
-    assert_matches_reference([a], teacher_forced(hf_model, late, [a]), hf_model)
-
-
-def test_a_retracted_request_puts_only_its_prompt_into_the_radix_tree(tiny_model_dir, hf_model):
-    """Phase 2 above with the radix cache on. Request A is retracted before its first compression and re-prefilled
-    (prompt + response so far); SGLang checkpoints that extend into the tree. Before issue 25 the tree took A's
-    response slots, which A's first compression then overwrote with kept K/V: a later prefill of A's sequence
-    reused them and read the wrong K/V. Now only the prompt goes into the tree; that prefill is exact."""
-    from sparse_rl_megatron.rollout.sglang_engine import SGLangRolloutEngine
-
-    late = CompressionConfig(method="rkv", budget=12, window=2, buffer=4)
-    config = SGLangEngineConfig(model_path=str(tiny_model_dir), compression=late, dtype="float32",
-                                max_total_tokens=512, max_resubmits=30, kept_digest=True, check_tables=True)
-    with scheduler_env(SGLANG_TEST_RETRACT="1", SGLANG_TEST_RETRACT_INTERVAL="4"):
-        engine = SGLangRolloutEngine(config)
-    try:
-        sampling = SamplingParams(temperature=1.0, max_new_tokens=24, ignore_eos=True)
-        prompts = [list(range(100, 108)), [5, 17, 42]]
-        params = [engine._sampling(sampling, g, 0, 0, to_dict(late)) for g in range(2)]
-        params[1]["max_new_tokens"] = 6
-        outs = engine.client.generate(prompts, params)
-        a = engine._sample(outs[0], prompts[0], prompts[0], 0, 0, sampling)
-        # a dense request on A's prompt and response so far: its prefill reuses what the tree holds of them
+        # phase 3: a dense request on A's prompt and response so far: its prefill reuses what the tree holds
         context = a.prompt_ids + a.response_ids[:16]
         probe = engine.generate([context], 1, SamplingParams(temperature=1.0, max_new_tokens=4, ignore_eos=True),
                                 compression=CompressionConfig())[0]

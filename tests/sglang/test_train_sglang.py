@@ -2,7 +2,9 @@
 engines, one in each rank's process (strict idle and busy memory checks on), each sample compressed rollouts of
 its share of the groups for the Megatron learner, take its weights after every step and serve them exactly (the
 post-sync probe on each engine: SGLang's dense log-probs of a fixed sequence vs the learner's within
-``numerics.hf_logprob_tolerance``), and evaluate their share of the held-out problems dense and sparse. One start per engine for the whole run (~2 min)."""
+``numerics.hf_logprob_tolerance``), and evaluate their share of the held-out problems dense and sparse. The same
+run has the adaptive KV budget on (issue 27): both servers are sized for max_budget and every step's requests, on
+both engines, carry that step's budget, which follows the controller. One start per engine for the whole run."""
 from __future__ import annotations
 
 import json
@@ -28,7 +30,7 @@ def _probe_tolerance() -> float:
     return logprob_tolerance(model, [probe.prompts[0].tolist()], [probe.responses[0].tolist()])
 
 
-STEPS = 2
+STEPS = 3
 # A tiny random Qwen2 (built by the run), GSM8K prompts, 2 prompts x 2 samples, R-KV at B=12, alpha=2, W=4: every
 # rollout compresses (the chat prompt alone is longer than B + W); eval before the first and after the last step.
 TRAIN = ["model_path=tiny", f"steps={STEPS}", "data.dataset=gsm8k_train", "data.limit=8", "global_batch_size=2",
@@ -60,11 +62,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_train_with_two_sglang_engines_under_torchrun(tmp_path, shared_data):
+ADAPTIVE = dict(target=0.3, min_budget=4, max_budget=16, gain=2.0, deadband=0.0, granule=1)
+"""The adaptive budget's settings: a target the tiny model's contamination share misses, so the budget moves."""
+
+
+def test_train_with_two_sglang_engines_under_torchrun_and_the_adaptive_budget(tmp_path, shared_data):
+    from sparse_rl_megatron.compression.budget_controller import AdaptiveBudgetConfig, BudgetController
+
     run_dir = tmp_path / "run"
     tolerance = _probe_tolerance()
-    proc = _train(shared_data, f"run_dir={run_dir}", *TRAIN, f"sync.probe_tolerance={tolerance!r}", timeout=900,
-                  ranks=2)
+    adaptive = "rollout.adaptive_budget={enabled: true, " + ", ".join(f"{k}: {v}" for k, v in ADAPTIVE.items()) + "}"
+    proc = _train(shared_data, f"run_dir={run_dir}", *TRAIN, f"sync.probe_tolerance={tolerance!r}", adaptive,
+                  timeout=900, ranks=2)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "rollout: 2 sglang engines x TP1 on ranks 0-1 (CPU), 2 groups -> 1 per engine" in proc.stdout
     assert "TP=1 PP=1 DP=2" in proc.stdout
@@ -87,6 +96,14 @@ def test_train_with_two_sglang_engines_under_torchrun(tmp_path, shared_data):
             record = json.loads((run_dir / "eval" / f"step_{step}.{mode}.json").read_text())
             assert (record["benchmarks"]["gsm8k"]["metrics"]["mean_compression_events"] > 0) == compressed
     assert (run_dir / "checkpoints" / f"step_{STEPS}").is_dir()
+    # the adaptive budget: the first step at the stated budget (12), each step's budget the controller's answer to
+    # the signal logged before, and what both engines sampled with
+    assert steps[0]["rollout/budget"] == 12
+    replay = BudgetController(AdaptiveBudgetConfig(**ADAPTIVE), 12)
+    for r in steps:
+        assert r["rollout/budget"] == replay.budget == r["rollout/budget_sampled_mean"], r
+        replay.update(r["rollout/budget_signal"])
+    assert len({r["rollout/budget"] for r in steps}) > 1, [r["rollout/budget"] for r in steps]
 
 
 def test_bad_sglang_option_is_one_line_at_start(tmp_path, shared_data):
@@ -96,24 +113,3 @@ def test_bad_sglang_option_is_one_line_at_start(tmp_path, shared_data):
     assert len(lines) == 1 and "rollout.sglang" in lines[0] and "tensor, distributed, disk" in lines[0], proc.stderr
     assert not (tmp_path / "run" / "model").exists()  # refused before any model was built
 
-
-def test_adaptive_budget_on_one_sglang_engine(tmp_path, shared_data):
-    """The adaptive budget (issue 27) with an sglang engine: the server is sized for max_budget, and every step's
-    requests carry that step's budget (the samples' provenance), which follows the controller."""
-    run_dir = tmp_path / "run"
-    adaptive = ("rollout.adaptive_budget={enabled: true, target: 0.3, min_budget: 4, max_budget: 16, gain: 2.0, "
-                "deadband: 0.0, granule: 1}")
-    proc = _train(shared_data, f"run_dir={run_dir}", *TRAIN, "steps=3", "eval.at_start=false", adaptive,
-                  timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in records if r["step"] >= 1]
-    assert [r["step"] for r in steps] == [1, 2, 3] and steps[0]["rollout/budget"] == 12
-    from sparse_rl_megatron.compression.budget_controller import AdaptiveBudgetConfig, BudgetController
-
-    replay = BudgetController(AdaptiveBudgetConfig(target=0.3, min_budget=4, max_budget=16, gain=2.0, deadband=0.0,
-                                                   granule=1), 12)
-    for r in steps:  # each step's budget is the controller's answer to the signal logged before, and sampled with
-        assert r["rollout/budget"] == replay.budget == r["rollout/budget_sampled_mean"], r
-        replay.update(r["rollout/budget_signal"])
-    assert len({r["rollout/budget"] for r in steps}) > 1, [r["rollout/budget"] for r in steps]
