@@ -92,7 +92,9 @@ class Tally:
     aborted: int = 0
     """Samples aborted mid-decode (``abort`` events; a victim that finished before its abort landed is checked)."""
     late_samples: int = 0
-    """Samples submitted while others decoded (``arrive`` events)."""
+    """Samples of late groups (``arrive`` events)."""
+    arrivals_mid_decode: int = 0
+    """Rounds whose late groups went in while the request timing them was still decoding (else: after it ended)."""
     weight_updates: int = 0
     flushes: int = 0
     max_delta: float = 0.0
@@ -242,7 +244,7 @@ async def _drive(tm, requests: list, plan: Plan) -> dict:
         aborted, out = False, None
         async for out in tm.generate_request(obj, None):
             n = len(out["output_ids"])
-            if not late and n >= plan.arrive_at and not started.is_set() and key in stream:
+            if plan.late and not late and n >= plan.arrive_at and not started.is_set() and key in stream:
                 plan.arrived_mid_decode = not out["meta_info"].get("finish_reason")
                 started.set()
             if key in plan.victims and not aborted and n >= plan.victims[key]:
@@ -387,6 +389,7 @@ def soak(*, seed: int, minutes: float = 0.0, max_rounds: int = 0, rounds_per_eng
                     tally.redraws += redraws
                     tally.aborted += aborted
                     tally.late_samples += sum(jobs[g].n for g in plan.late)
+                    tally.arrivals_mid_decode += plan.arrived_mid_decode
                     tally.max_delta = max(tally.max_delta, worst)
                     tally.max_delta_over_bound = max(tally.max_delta_over_bound, ratio)
                     log(f"round {tally.rounds} (seed {round_seed}): {len(jobs)} groups, {len(samples)} samples, "
