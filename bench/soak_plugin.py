@@ -68,6 +68,9 @@ class Settings:
     retract_interval: int
     """``SGLANG_TEST_RETRACT_INTERVAL`` (forced retraction every that many steps); 0: only the pool's own."""
     max_running: int | None
+    backend: str = "torch_native"
+    """The plugin's inner attention backend: ``torch_native``, or ``triton`` (on CPU: SGLang's Triton kernels in
+    Triton's interpreter, the kernels and index building a GPU runs; ``--triton-share``)."""
 
 
 @dataclass
@@ -89,6 +92,8 @@ class Tally:
     retracted_samples: int = 0
     redraws: int = 0
     engines: int = 0
+    triton_engines: int = 0
+    """Engines on the triton backend (``--triton-share``)."""
     aborted: int = 0
     """Samples aborted mid-decode (``abort`` events; a victim that finished before its abort landed is checked)."""
     late_samples: int = 0
@@ -138,6 +143,19 @@ def draw_workload(rng: random.Random, stems: list[list[int]]) -> list[Job]:
     return jobs
 
 
+TRITON_KV_SPLITS = 2
+"""Triton decode KV splits on a triton engine (the GPU default is 8): 2 still runs the split-combining stage at a
+quarter of the interpreter's time (as tests/sglang/test_triton_interpreter.py)."""
+
+
+def with_backend(settings: Settings, rng: random.Random, triton_share: float) -> Settings:
+    """``settings`` on the triton backend with probability ``triton_share`` (drawn from ``rng``, a generator of its
+    own: the torch_native draws of a seed stay what they were)."""
+    if triton_share > 0 and rng.random() < triton_share:
+        return dataclasses.replace(settings, backend="triton")
+    return settings
+
+
 def start_engine(model_dir: Path, settings: Settings, fault: str = ""):
     from sglang_ext.config import FAULT_ENV, scheduler_env
 
@@ -146,9 +164,12 @@ def start_engine(model_dir: Path, settings: Settings, fault: str = ""):
     from sparse_rl_megatron.rollout.sglang_engine import SGLangRolloutEngine
 
     extra = {"chunked_prefill_size": settings.chunk}
+    if settings.backend == "triton":
+        extra["triton_attention_num_kv_splits"] = TRITON_KV_SPLITS
     config = SGLangEngineConfig(model_path=str(model_dir), compression=CompressionConfig(**SERVER), dtype="float32",
                                 max_total_tokens=settings.pool, radix_cache=settings.radix, kept_digest=True,
-                                max_running_requests=settings.max_running, max_resubmits=0, extra_args=extra)
+                                max_running_requests=settings.max_running, max_resubmits=0, extra_args=extra,
+                                inner_backend="triton" if settings.backend == "triton" else "")   # "": torch_native on CPU
     env = dict(STRICT_MEMORY_CHECKS)
     if settings.retract_interval:
         env.update(SGLANG_TEST_RETRACT="1", SGLANG_TEST_RETRACT_INTERVAL=str(settings.retract_interval))
@@ -345,10 +366,11 @@ def run_round(engine, hf_model, jobs: list[Job], round_seed: int, plan: Plan | N
 
 def soak(*, seed: int, minutes: float = 0.0, max_rounds: int = 0, rounds_per_engine: int = 4,
          settings: Settings | None = None, fault: str = "", keep_going: bool = False,
-         events: frozenset = frozenset(), log=print) -> Tally:
+         events: frozenset = frozenset(), triton_share: float = 0.0, log=print) -> Tally:
     """Rounds until ``minutes`` pass (the round running then finishes) or ``max_rounds`` ran; ``settings`` fixes
     every engine's settings (default: drawn); ``events``: which of ``EVENTS`` rounds mix in (drawn per round from
-    its seed; none by default). ``fault``: one of ``SOAK_FAULTS`` or the plugin's (``SPARSE_RL_KV_FAULT``). Stops
+    its seed; none by default). ``triton_share``: the share of engines on the triton backend (Triton's interpreter on
+    CPU: slow, so keep it small). ``fault``: one of ``SOAK_FAULTS`` or the plugin's (``SPARSE_RL_KV_FAULT``). Stops
     at the first failing round unless ``keep_going``."""
     unknown = set(events) - set(EVENTS)
     if unknown:
@@ -356,6 +378,7 @@ def soak(*, seed: int, minutes: float = 0.0, max_rounds: int = 0, rounds_per_eng
     from sparse_rl_megatron.models.tiny import build_tiny_model, save_tiny_hf_checkpoint
 
     rng = random.Random(seed)
+    backend_rng = random.Random(f"{seed}-backend")
     tally = Tally()
     deadline = time.monotonic() + 60 * minutes if minutes else None
     hf_model = build_tiny_model(seed=MODEL_SEED, init_std=INIT_STD)
@@ -363,12 +386,13 @@ def soak(*, seed: int, minutes: float = 0.0, max_rounds: int = 0, rounds_per_eng
     with tempfile.TemporaryDirectory(prefix="soak-plugin-") as tmp:
         model_dir = save_tiny_hf_checkpoint(Path(tmp) / "tiny-qwen2", seed=MODEL_SEED, init_std=INIT_STD)
         while True:
-            engine_settings = settings or draw_settings(rng)
+            engine_settings = with_backend(settings or draw_settings(rng), backend_rng, triton_share)
             engine = start_engine(model_dir, engine_settings, "" if fault in SOAK_FAULTS else fault)
             hf_model.load_state_dict(initial)
             if fault == "no_flush":
                 engine.client.flush_cache = lambda: None
             tally.engines += 1
+            tally.triton_engines += engine_settings.backend == "triton"
             log(f"engine {tally.engines}: {engine_settings}")
             stems: list[list[int]] = []
             try:
@@ -423,6 +447,8 @@ def main(argv=None) -> int:
                    "abort_insert: an aborted compressed request goes into the radix tree) or no_flush (the soak's)")
     p.add_argument("--events", default=",".join(EVENTS),
                    help=f"events rounds mix in, comma-separated from {','.join(EVENTS)} ('' for none)")
+    p.add_argument("--triton-share", type=float, default=0.0,
+                   help="share of engines on the triton backend (Triton's interpreter on CPU: slow; e.g. 0.25)")
     p.add_argument("--keep-going", action="store_true", help="report every failing round instead of stopping")
     p.add_argument("--json", default="", help="also write the tally (and every failure's case) here")
     args = p.parse_args(argv)
@@ -431,7 +457,7 @@ def main(argv=None) -> int:
     tally = soak(seed=args.seed, minutes=args.minutes, max_rounds=args.rounds, fault=args.fault,
                  settings=PRESSURED if args.pressured else None,
                  rounds_per_engine=args.rounds_per_engine, keep_going=args.keep_going,
-                 events=frozenset(e for e in args.events.split(",") if e))
+                 events=frozenset(e for e in args.events.split(",") if e), triton_share=args.triton_share)
     summary = {k: v for k, v in dataclasses.asdict(tally).items() if k != "failures"}
     summary.update(failed_samples=len(tally.failures), seed=args.seed, event_kinds=args.events,   # events: compressions
                    wall_s=round(time.monotonic() - start, 1),

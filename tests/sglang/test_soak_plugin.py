@@ -18,6 +18,7 @@ Each can fail (measured on this CPU, each with the same test run on an engine wi
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 import sys
 from pathlib import Path
@@ -109,3 +110,17 @@ def test_requests_arriving_mid_decode_match_the_reference(rig):
             Job(prompt=STEM + [420], n=5, compression={**RKV, "method": "streamingllm"}, max_new_tokens=24)]
     run(rig, late, 31, plan)
     assert plan.arrived_mid_decode
+
+
+def test_a_triton_share_moves_engines_to_triton_and_leaves_the_seeds_draws_alone():
+    """``--triton-share``: engines drawn onto the triton backend from a generator of their own, so a seed's settings,
+    workloads and events (what recorded soaks name) are the same with and without it."""
+    def draws(share: float) -> list:
+        rng, backend_rng = random.Random(7), random.Random("7-backend")
+        return [soak_plugin.with_backend(soak_plugin.draw_settings(rng), backend_rng, share) for _ in range(40)]
+
+    plain, some, every = draws(0.0), draws(0.25), draws(1.0)
+    assert {s.backend for s in plain} == {"torch_native"} and {s.backend for s in every} == {"triton"}
+    assert 0 < sum(s.backend == "triton" for s in some) < 40
+    strip = lambda s: dataclasses.replace(s, backend="torch_native")  # noqa: E731
+    assert [strip(s) for s in some] == [strip(s) for s in every] == plain
