@@ -12,6 +12,14 @@ peak, kept digest). SGLang's strict memory checkers are on (a leaked or double-f
 soak). A request the plugin refused after a retraction (already compressed) is resubmitted as a new draw and counted
 (``redraws``; none expected since issue 25 item 4: compressed requests are not retracted, ``sglang_ext/admission.py``).
 
+Rounds mix in events (``--events``, all by default on the command line, none in ``soak()``'s default; drawn per
+round from its seed, ``EVENTS``): aborts of some requests mid-decode through SGLang's abort path, groups arriving
+while the others decode, a weight update through the trainer's path (``update_weights``, which flushes the radix
+cache) before the round with the reference moved to the same new weights, a bare cache flush. Aborted samples are
+not checked (the others are, and the strict checkers watch the pool); streamed requests (the victims, the one whose
+progress times the arrivals) are checked on their log-probs only: SGLang sends a streamed request's request-level
+custom info, the plugin's record, with its first chunk only.
+
 Server settings are drawn from the seed once per engine (an engine serves ``--rounds-per-engine`` rounds, then the
 next engine starts with the next draw); workloads once per round. A failure prints the engine's settings, the
 round's seed and the sample, and exits 1 (``--keep-going`` runs on and reports every failure).
@@ -19,7 +27,9 @@ round's seed and the sample, and exits 1 (``--keep-going`` runs on and reports e
     nice -n 10 env OMP_NUM_THREADS=1 .venv/bin/python bench/soak_plugin.py --minutes 10 --seed 0
 
 ``--fault stale_tables`` runs the plugin with its ``ReqToTokenPool.write`` hook off (the defect of issue 25): the
-soak must then fail. ``tests/sglang/test_soak_plugin.py`` runs two rounds of it in the suite.
+soak must then fail; ``--fault abort_insert`` (an aborted compressed request goes into the radix tree whole) and
+``--fault no_flush`` (the engine's cache flush a no-op: KV of the old weights stays in the tree) are the events'
+defects. ``tests/sglang/test_soak_plugin.py`` runs two drawn rounds and one round per event in the suite.
 """
 from __future__ import annotations
 
@@ -58,6 +68,9 @@ class Settings:
     retract_interval: int
     """``SGLANG_TEST_RETRACT_INTERVAL`` (forced retraction every that many steps); 0: only the pool's own."""
     max_running: int | None
+    backend: str = "torch_native"
+    """The plugin's inner attention backend: ``torch_native``, or ``triton`` (on CPU: SGLang's Triton kernels in
+    Triton's interpreter, the kernels and index building a GPU runs; ``--triton-share``)."""
 
 
 @dataclass
@@ -79,6 +92,16 @@ class Tally:
     retracted_samples: int = 0
     redraws: int = 0
     engines: int = 0
+    triton_engines: int = 0
+    """Engines on the triton backend (``--triton-share``)."""
+    aborted: int = 0
+    """Samples aborted mid-decode (``abort`` events; a victim that finished before its abort landed is checked)."""
+    late_samples: int = 0
+    """Samples of late groups (``arrive`` events)."""
+    arrivals_mid_decode: int = 0
+    """Rounds whose late groups went in while the request timing them was still decoding (else: after it ended)."""
+    weight_updates: int = 0
+    flushes: int = 0
     max_delta: float = 0.0
     max_delta_over_bound: float = 0.0
     """The largest sample's max |delta log-prob| / its tolerance (``numerics.hf_logprob_tolerance``): < 1 passes."""
@@ -120,6 +143,19 @@ def draw_workload(rng: random.Random, stems: list[list[int]]) -> list[Job]:
     return jobs
 
 
+TRITON_KV_SPLITS = 2
+"""Triton decode KV splits on a triton engine (the GPU default is 8): 2 still runs the split-combining stage at a
+quarter of the interpreter's time (as tests/sglang/test_triton_interpreter.py)."""
+
+
+def with_backend(settings: Settings, rng: random.Random, triton_share: float) -> Settings:
+    """``settings`` on the triton backend with probability ``triton_share`` (drawn from ``rng``, a generator of its
+    own: the torch_native draws of a seed stay what they were)."""
+    if triton_share > 0 and rng.random() < triton_share:
+        return dataclasses.replace(settings, backend="triton")
+    return settings
+
+
 def start_engine(model_dir: Path, settings: Settings, fault: str = ""):
     from sglang_ext.config import FAULT_ENV, scheduler_env
 
@@ -128,9 +164,12 @@ def start_engine(model_dir: Path, settings: Settings, fault: str = ""):
     from sparse_rl_megatron.rollout.sglang_engine import SGLangRolloutEngine
 
     extra = {"chunked_prefill_size": settings.chunk}
+    if settings.backend == "triton":
+        extra["triton_attention_num_kv_splits"] = TRITON_KV_SPLITS
     config = SGLangEngineConfig(model_path=str(model_dir), compression=CompressionConfig(**SERVER), dtype="float32",
                                 max_total_tokens=settings.pool, radix_cache=settings.radix, kept_digest=True,
-                                max_running_requests=settings.max_running, max_resubmits=0, extra_args=extra)
+                                max_running_requests=settings.max_running, max_resubmits=0, extra_args=extra,
+                                inner_backend="triton" if settings.backend == "triton" else "")   # "": torch_native on CPU
     env = dict(STRICT_MEMORY_CHECKS)
     if settings.retract_interval:
         env.update(SGLANG_TEST_RETRACT="1", SGLANG_TEST_RETRACT_INTERVAL=str(settings.retract_interval))
@@ -142,32 +181,143 @@ def start_engine(model_dir: Path, settings: Settings, fault: str = ""):
 
 MAX_DRAWS = 50
 """Fresh draws of one request refused after retractions before the round fails (the pool is too small)."""
+EVENTS = ("abort", "arrive", "update", "flush")
+"""Events a round may mix in (``--events``): ``abort``: some requests are aborted mid-decode through SGLang's abort
+path (``TokenizerManager.abort_request`` by rid, what ``/abort_request`` does); ``arrive``: some groups are submitted
+while the others decode; ``update``: before the round, perturbed weights go through ``SGLangRolloutEngine
+.update_weights`` (the trainer's path: weight-update session, tensor buckets, radix-cache flush) and the reference
+takes the same weights; ``flush``: before the round, the radix cache is flushed (``flush_cache``)."""
+SOAK_FAULTS = ("no_flush",)
+"""Faults of the soak itself (not the plugin's ``SPARSE_RL_KV_FAULT``): ``no_flush``: the engine never flushes its
+radix cache (a weight update leaves the old weights' KV in the tree)."""
+PERTURB = 0.05
+"""A weight update adds N(0, (PERTURB * std of the tensor)^2) to every parameter: log-probs move by far more than
+the tolerance, so KV left from the old weights shows."""
 
 
-def generate(engine, jobs: list[Job], seed: int) -> tuple[dict, int]:
-    """One batch of every job's samples (sent together); refused retractions are redrawn. Returns
-    ``{(job, index): Sample}`` and the number of redraws."""
+@dataclass
+class Plan:
+    """One round's events (drawn from the round's seed)."""
+
+    late: set = field(default_factory=set)
+    """Groups submitted once a sample of the others has ``arrive_at`` response tokens."""
+    arrive_at: int = 0
+    victims: dict = field(default_factory=dict)
+    """``{(group, index): n}``: aborted once it has n response tokens."""
+    update: bool = False
+    flush: bool = False
+    arrived_mid_decode: bool = False
+    """Set by ``_drive``: the late groups went in while the first early request was still decoding."""
+
+
+def draw_plan(rng: random.Random, jobs: list[Job], events: frozenset) -> Plan:
+    plan = Plan()
+    if "update" in events and rng.random() < 0.3:
+        plan.update = True
+    if "flush" in events and rng.random() < 0.3:
+        plan.flush = True
+    if "arrive" in events and len(jobs) >= 2 and rng.random() < 0.5:
+        plan.late = set(rng.sample(range(1, len(jobs)), rng.randint(1, max(1, len(jobs) // 2))))
+        plan.arrive_at = rng.randint(1, 8)
+    if "abort" in events and rng.random() < 0.5:
+        keys = [(g, i) for g, j in enumerate(jobs) for i in range(j.n)]
+        for key in rng.sample(keys, min(len(keys), rng.randint(1, 3))):
+            plan.victims[key] = rng.randint(1, jobs[key[0]].max_new_tokens - 2)
+    return plan
+
+
+def perturb_weights(engine, hf_model, seed: int) -> None:
+    """New weights for engine and reference: the reference's parameters perturbed in place (tied ones once), then
+    pushed to the engine as the next version the way the trainer pushes them (``update_weights``)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in hf_model.named_parameters():
+            p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * (PERTURB * float(p.std())))
+    named = list(hf_model.state_dict().items())
+    engine.update_weights([named[:5], named[5:]], version=engine.weight_version + 1)   # two buckets, as the learner
+
+
+def streamed(requests: list, plan: Plan) -> set:
+    """Keys of the requests ``_drive`` streams (to see their progress): the victims, and the first early request
+    when some groups arrive late. SGLang sends a streamed request's request-level custom info (the plugin's
+    record) with its first chunk only, so a streamed sample is checked on its log-probs, not its record."""
+    early = [r[0] for r in requests if r[0][0] not in plan.late]
+    return set(plan.victims) | ({early[0]} if plan.late and early else set())
+
+
+async def _drive(tm, requests: list, plan: Plan) -> dict:
+    """Submit ``requests`` (``(key, prompt, params, rid)``) on the engine's loop, all at once but the late groups:
+    those once the first early request (streamed) has ``plan.arrive_at`` tokens (or every early one ended); the
+    victims (streamed) aborted by rid once they have their token count. Returns ``{key: final output}``."""
+    import asyncio
+
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    started, results, stream = asyncio.Event(), {}, streamed(requests, plan)
+
+    async def one(key, prompt, params, rid, late):
+        if late:
+            await started.wait()
+        obj = GenerateReqInput(input_ids=prompt, sampling_params=params, return_logprob=True, stream=key in stream,
+                               rid=rid)
+        aborted, out = False, None
+        async for out in tm.generate_request(obj, None):
+            n = len(out["output_ids"])
+            if plan.late and not late and n >= plan.arrive_at and not started.is_set() and key in stream:
+                plan.arrived_mid_decode = not out["meta_info"].get("finish_reason")
+                started.set()
+            if key in plan.victims and not aborted and n >= plan.victims[key]:
+                tm.abort_request(rid=rid)
+                aborted = True
+        results[key] = out
+
+    first = [asyncio.ensure_future(one(*r, False)) for r in requests if r[0][0] not in plan.late]
+    rest = [asyncio.ensure_future(one(*r, True)) for r in requests if r[0][0] in plan.late]
+    if first:
+        await asyncio.gather(*first)
+    started.set()   # every early request ended before the mark (or there were none): the late ones go now
+    await asyncio.gather(*rest)
+    return results
+
+
+def generate(engine, jobs: list[Job], seed: int, plan: Plan | None = None) -> tuple[dict, int, int]:
+    """One batch of every job's samples (streamed, with the plan's arrivals and aborts); refused retractions are
+    redrawn (plainly). Returns ``{(job, index): Sample}`` of the samples that finished (aborted ones are left
+    out), the number of redraws and the number of aborted samples."""
     from sparse_rl_megatron.rollout.engine import SamplingParams
 
+    plan = plan or Plan()
     sampling = [SamplingParams(temperature=1.0, max_new_tokens=j.max_new_tokens, ignore_eos=True, seed=seed)
                 for j in jobs]
     todo = [(g, i) for g, j in enumerate(jobs) for i in range(j.n)]
-    done, redraws = {}, 0
+    done, redraws, aborted = {}, 0, 0
+    tm = engine.client.engine.tokenizer_manager
     for attempt in range(MAX_DRAWS):
-        params = [engine._sampling(sampling[g], g, i, attempt, jobs[g].compression) for g, i in todo]
-        outs = engine.client.generate([jobs[g].prompt for g, _ in todo], params, groups=[g for g, _ in todo])
+        # rids end with "." so that none is a prefix of another (SGLang's abort matches rid prefixes)
+        requests = [((g, i), jobs[g].prompt, engine._sampling(sampling[g], g, i, attempt, jobs[g].compression),
+                     f"soak{seed}-{g}-{i}-{attempt}.") for g, i in todo]
+        outs = engine.client._wait(_drive(tm, requests, plan))
+        stream = streamed(requests, plan)
         retry = []
-        for (g, i), out in zip(todo, outs):
+        for key in todo:
+            out = outs[key]
+            reason = out["meta_info"].get("finish_reason") or {}
             if engine._refused(out):
-                retry.append((g, i))
+                retry.append(key)
+            elif reason.get("type") == "abort" and key in plan.victims:
+                aborted += 1
             else:
+                g, i = key
                 sample = engine._sample(out, jobs[g].prompt, jobs[g].prompt, g, i, sampling[g])
-                sample.metadata["redraws"] = attempt
-                done[(g, i)] = sample
+                sample.metadata.update(redraws=attempt, streamed=key in stream)
+                done[key] = sample
         if not retry:
-            return done, redraws
+            return done, redraws, aborted
         redraws += len(retry)
         todo = retry
+        plan = Plan()   # redraws run plainly
     raise RuntimeError(f"{len(todo)} request(s) refused after retractions {MAX_DRAWS} times")
 
 
@@ -179,7 +329,9 @@ def check_round(hf_model, jobs: list[Job], done: dict) -> tuple[float, float, li
 
     worst, ratio, failures = 0.0, 0.0, []
     for g, job in enumerate(jobs):
-        samples = [done[(g, i)] for i in range(job.n)]
+        samples = [done[(g, i)] for i in range(job.n) if (g, i) in done]   # aborted samples are left out
+        if not samples:
+            continue
         ref = HFRolloutEngine(hf_model, compression=CompressionConfig(**job.compression), show_progress=False)
         reference = ref.teacher_forced([s.prompt_ids for s in samples], [s.response_ids for s in samples])
         for s, r in zip(samples, reference):
@@ -189,6 +341,8 @@ def check_round(hf_model, jobs: list[Job], done: dict) -> tuple[float, float, li
             worst, ratio = max(worst, d), max(ratio, d / tol)
             got = (s.compression.events, s.compression.peak_kv_tokens, s.compression.kept_digest)
             want = (r.compression.events, r.compression.peak_kv_tokens, r.compression.kept_digest)
+            if s.metadata["streamed"]:
+                got = want   # a streamed request's record is its first chunk's (``streamed``)
             if not d <= tol or got != want:
                 first = int((delta > tol).nonzero()[0, 0]) if not d <= tol else None
                 failures.append(f"group {g} ({job.compression}) sample {s.index_in_group}: max |delta| {d:.3g} "
@@ -197,30 +351,59 @@ def check_round(hf_model, jobs: list[Job], done: dict) -> tuple[float, float, li
     return worst, ratio, failures
 
 
+def run_round(engine, hf_model, jobs: list[Job], round_seed: int, plan: Plan | None = None) -> tuple:
+    """One round on ``engine``: the plan's weight update and flush first, then the batch (``generate``), every
+    finished sample checked against ``hf_model`` (``check_round``). Returns ``(done, redraws, aborted, max |delta|,
+    max |delta| / tolerance, failures)``."""
+    plan = plan or Plan()
+    if plan.update:
+        perturb_weights(engine, hf_model, round_seed)
+    if plan.flush:
+        engine.client.flush_cache()
+    done, redraws, aborted = generate(engine, jobs, round_seed, plan)
+    return (done, redraws, aborted, *check_round(hf_model, jobs, done))
+
+
 def soak(*, seed: int, minutes: float = 0.0, max_rounds: int = 0, rounds_per_engine: int = 4,
-         settings: Settings | None = None, fault: str = "", keep_going: bool = False, log=print) -> Tally:
+         settings: Settings | None = None, fault: str = "", keep_going: bool = False,
+         events: frozenset = frozenset(), triton_share: float = 0.0, log=print) -> Tally:
     """Rounds until ``minutes`` pass (the round running then finishes) or ``max_rounds`` ran; ``settings`` fixes
-    every engine's settings (default: drawn). Stops at the first failing round unless ``keep_going``."""
+    every engine's settings (default: drawn); ``events``: which of ``EVENTS`` rounds mix in (drawn per round from
+    its seed; none by default). ``triton_share``: the share of engines on the triton backend (Triton's interpreter on
+    CPU: slow, so keep it small). ``fault``: one of ``SOAK_FAULTS`` or the plugin's (``SPARSE_RL_KV_FAULT``). Stops
+    at the first failing round unless ``keep_going``."""
+    unknown = set(events) - set(EVENTS)
+    if unknown:
+        raise ValueError(f"soak: unknown events {sorted(unknown)}; choose from {', '.join(EVENTS)}")
     from sparse_rl_megatron.models.tiny import build_tiny_model, save_tiny_hf_checkpoint
 
     rng = random.Random(seed)
+    backend_rng = random.Random(f"{seed}-backend")
     tally = Tally()
     deadline = time.monotonic() + 60 * minutes if minutes else None
     hf_model = build_tiny_model(seed=MODEL_SEED, init_std=INIT_STD)
+    initial = {k: v.clone() for k, v in hf_model.state_dict().items()}   # what every new engine loads
     with tempfile.TemporaryDirectory(prefix="soak-plugin-") as tmp:
         model_dir = save_tiny_hf_checkpoint(Path(tmp) / "tiny-qwen2", seed=MODEL_SEED, init_std=INIT_STD)
         while True:
-            engine_settings = settings or draw_settings(rng)
-            engine = start_engine(model_dir, engine_settings, fault)
+            engine_settings = with_backend(settings or draw_settings(rng), backend_rng, triton_share)
+            engine = start_engine(model_dir, engine_settings, "" if fault in SOAK_FAULTS else fault)
+            hf_model.load_state_dict(initial)
+            if fault == "no_flush":
+                engine.client.flush_cache = lambda: None
             tally.engines += 1
+            tally.triton_engines += engine_settings.backend == "triton"
             log(f"engine {tally.engines}: {engine_settings}")
             stems: list[list[int]] = []
             try:
                 for _ in range(rounds_per_engine):
                     round_seed = rng.randrange(2 ** 31)
                     jobs = draw_workload(random.Random(round_seed), stems)
-                    done, redraws = generate(engine, jobs, round_seed)
-                    worst, ratio, failures = check_round(hf_model, jobs, done)
+                    plan = draw_plan(random.Random(round_seed + 1), jobs, frozenset(events))
+                    done, redraws, aborted, worst, ratio, failures = run_round(engine, hf_model, jobs, round_seed,
+                                                                               plan)
+                    tally.weight_updates += plan.update
+                    tally.flushes += plan.flush
                     samples = list(done.values())
                     tally.rounds += 1
                     tally.samples += len(samples)
@@ -228,11 +411,17 @@ def soak(*, seed: int, minutes: float = 0.0, max_rounds: int = 0, rounds_per_eng
                     tally.events += sum(s.compression.events for s in samples)
                     tally.retracted_samples += sum(s.metadata["retractions"] > 0 for s in samples)
                     tally.redraws += redraws
+                    tally.aborted += aborted
+                    tally.late_samples += sum(jobs[g].n for g in plan.late)
+                    tally.arrivals_mid_decode += plan.arrived_mid_decode
                     tally.max_delta = max(tally.max_delta, worst)
                     tally.max_delta_over_bound = max(tally.max_delta_over_bound, ratio)
                     log(f"round {tally.rounds} (seed {round_seed}): {len(jobs)} groups, {len(samples)} samples, "
                         f"{sum(s.compression.events > 0 for s in samples)} compressed, "
                         f"{sum(s.metadata['retractions'] > 0 for s in samples)} retracted, {redraws} redraws, "
+                        f"{aborted} aborted, {sum(jobs[g].n for g in plan.late)} late"
+                        f"{', weights v' + str(engine.weight_version) if plan.update else ''}"
+                        f"{', flushed' if plan.flush else ''}, "
                         f"max |delta| {worst:.3g} ({ratio:.2g} of its bound)"
                         + (f", {len(failures)} FAILED" if failures else ""))
                     for line in failures:
@@ -254,7 +443,12 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rounds-per-engine", type=int, default=4)
     p.add_argument("--pressured", action="store_true", help="every engine with PRESSURED's settings (not drawn)")
-    p.add_argument("--fault", default="", help="test-only fault of the plugin (stale_tables: no write hook)")
+    p.add_argument("--fault", default="", help="test-only fault: the plugin's (stale_tables: no write hook; "
+                   "abort_insert: an aborted compressed request goes into the radix tree) or no_flush (the soak's)")
+    p.add_argument("--events", default=",".join(EVENTS),
+                   help=f"events rounds mix in, comma-separated from {','.join(EVENTS)} ('' for none)")
+    p.add_argument("--triton-share", type=float, default=0.0,
+                   help="share of engines on the triton backend (Triton's interpreter on CPU: slow; e.g. 0.25)")
     p.add_argument("--keep-going", action="store_true", help="report every failing round instead of stopping")
     p.add_argument("--json", default="", help="also write the tally (and every failure's case) here")
     args = p.parse_args(argv)
@@ -262,9 +456,11 @@ def main(argv=None) -> int:
     start = time.monotonic()
     tally = soak(seed=args.seed, minutes=args.minutes, max_rounds=args.rounds, fault=args.fault,
                  settings=PRESSURED if args.pressured else None,
-                 rounds_per_engine=args.rounds_per_engine, keep_going=args.keep_going)
+                 rounds_per_engine=args.rounds_per_engine, keep_going=args.keep_going,
+                 events=frozenset(e for e in args.events.split(",") if e), triton_share=args.triton_share)
     summary = {k: v for k, v in dataclasses.asdict(tally).items() if k != "failures"}
-    summary.update(failed_samples=len(tally.failures), seed=args.seed, wall_s=round(time.monotonic() - start, 1),
+    summary.update(failed_samples=len(tally.failures), seed=args.seed, event_kinds=args.events,   # events: compressions
+                   wall_s=round(time.monotonic() - start, 1),
                    first_failure=tally.failures[0] if tally.failures else None)
     print(json.dumps(summary))
     if args.json:

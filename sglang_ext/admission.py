@@ -34,8 +34,9 @@ slots cover the needs of all of them whenever a request is admitted, and stay co
 one slot off both sides, a compression gives W back to both, a finished or retracted request only adds room); so
 a step that finds the pool short is short because of dense requests (counted at SGLang's ratio), and retracting
 those is enough. Dense requests keep SGLang's behaviour (estimate, over-admission, retraction, re-prefill). A
-retracted compressed request is still refused (``hooks._release_req``) if it ever happens (priority preemption,
-``--enable-priority-scheduling``, is not covered); ``rollout/redraws`` would show it.
+retracted compressed request is still refused (``hooks._release_req``) if it ever happens: priority preemption
+(``--enable-priority-scheduling``) can take one off the batch (``tests/sglang/test_plugin_preemption.py``);
+``rollout/redraws`` would show it.
 """
 from __future__ import annotations
 

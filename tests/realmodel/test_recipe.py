@@ -29,8 +29,8 @@ import and drawing per run; tests/unit covers both); the checkpoint of the last 
 
 
 @pytest.mark.parametrize("engine", ["sglang", "hf"])
-def test_scaled_recipe_trains_two_steps(smollm2, shared_data, tmp_path, engine):
-    run_dir = tmp_path / "run"
+def test_scaled_recipe_trains_two_steps(smollm2, shared_data, run_root, engine):
+    run_dir = run_root / "run"
     cmd = [sys.executable, "-m", "sparse_rl_megatron.cli", "train", "--config", RECIPE, f"model_path={smollm2}",
            f"run_dir={run_dir}", *SCALED, *(["rollout.engine=hf"] if engine == "hf" else [])]
     proc = subprocess.run(cmd, cwd=ROOT, env={**env(), "SPARSE_RL_DATA": str(shared_data)}, text=True,
