@@ -33,20 +33,19 @@ class Arm:
     with the adaptive budget: its start)."""
 
 
+_RKV_NAIVE = {"rollout": {"compression": {"method": "rkv"}}, "correction": {"mode": "none"}}
+_RKV_SPARSE_RL = {"rollout": {"compression": {"method": "rkv"}}, "correction": {"mode": "sparse_rl"}}
+"""The overrides shared by the R-KV arms (budgets come from the recipe, the dose budget or a level)."""
+
 ARMS: Registry[Arm] = Registry("experiment arm")
 ARMS.add("dense", Arm("GRPO, dense rollouts", {"rollout": {"compression": {"method": "none"}},
                                                "correction": {"mode": "none"}}))
-ARMS.add("naive", Arm("GRPO, R-KV rollouts, no correction", {"rollout": {"compression": {"method": "rkv"}},
-                                                             "correction": {"mode": "none"}}, sweeps=True))
-ARMS.add("sparse_rl", Arm("Sparse-RL, R-KV rollouts", {"rollout": {"compression": {"method": "rkv"}},
-                                                       "correction": {"mode": "sparse_rl"}}, sweeps=True))
+ARMS.add("naive", Arm("GRPO, R-KV rollouts, no correction", _RKV_NAIVE, sweeps=True))
+ARMS.add("sparse_rl", Arm("Sparse-RL, R-KV rollouts", _RKV_SPARSE_RL, sweeps=True))
 ARMS.add("sparse_rl_snapkv", Arm("Sparse-RL, SnapKV rollouts", {"rollout": {"compression": {"method": "snapkv"}},
                                                                 "correction": {"mode": "sparse_rl"}}))
-ARMS.add("naive_harsh", Arm("GRPO, R-KV rollouts at the harsher dose budget B_h, no correction",
-                            {"rollout": {"compression": {"method": "rkv"}}, "correction": {"mode": "none"}},
+ARMS.add("naive_harsh", Arm("GRPO, R-KV rollouts at the harsher dose budget B_h, no correction", _RKV_NAIVE,
                             harsh=True))
-_RKV_NAIVE = {"rollout": {"compression": {"method": "rkv"}}, "correction": {"mode": "none"}}
-_RKV_SPARSE_RL = {"rollout": {"compression": {"method": "rkv"}}, "correction": {"mode": "sparse_rl"}}
 ARMS.add("naive_low", Arm("GRPO, R-KV rollouts at the low budget level, no correction", _RKV_NAIVE, level="low"))
 for _level in ("low", "mid", "high"):
     ARMS.add(f"sparse_rl_{_level}", Arm(f"Sparse-RL, R-KV rollouts at the {_level} budget level", _RKV_SPARSE_RL,

@@ -74,16 +74,20 @@ def row_stats(document: dict) -> dict[str, dict[str, float]]:
             for row in document["rows"]}
 
 
+def _pooled(per_seed: dict[int, dict[str, dict[str, float]]], label: str, key: str) -> float:
+    """The mean over the seeds of one ``row_stats`` value (``key``) of the row ``label``."""
+    return sum(per_seed[s][label][key] for s in sorted(per_seed)) / len(per_seed)
+
+
 def choose_budgets(per_seed: dict[int, dict[str, dict[str, float]]], method: str, rule: BudgetRuleConfig) -> dict:
     """The rule of the module docstring over the seeds' ``row_stats``; returns the choice and the table."""
     seeds = sorted(per_seed)
-    dense_reward = sum(per_seed[s]["dense"]["reward"] for s in seeds) / len(seeds)
+    dense_reward = _pooled(per_seed, "dense", "reward")
     table = []
     chosen = None
     for budget in rule.candidates:
         label = f"{method} B={budget}"
-        veto = sum(per_seed[s][label]["veto"] for s in seeds) / len(seeds)
-        reward = sum(per_seed[s][label]["reward"] for s in seeds) / len(seeds)
+        veto, reward = _pooled(per_seed, label, "veto"), _pooled(per_seed, label, "reward")
         ratio = reward / dense_reward if dense_reward > 0 else 0.0
         passes = veto <= rule.max_would_veto and ratio >= rule.min_reward_ratio
         table.append({"budget": budget, "would_veto": veto, "reward": reward, "reward_ratio": ratio,
@@ -107,15 +111,14 @@ def choose_levels(per_seed: dict[int, dict[str, dict[str, float]]], method: str,
     previous level's budget, so they are distinct and ordered; when none is left, the level gets the previous
     level's budget and is listed in ``collapsed``."""
     seeds = sorted(per_seed)
-    dense_reward = sum(per_seed[s]["dense"]["reward"] for s in seeds) / len(seeds)
+    dense_reward = _pooled(per_seed, "dense", "reward")
     table = []
     for budget in rule.candidates:
         label = f"{method} B={budget}"
-        share = sum(per_seed[s][label]["contaminated"] for s in seeds) / len(seeds)
-        reward = sum(per_seed[s][label]["reward"] for s in seeds) / len(seeds)
-        table.append({"budget": budget, "contaminated": share, "reward": reward,
+        reward = _pooled(per_seed, label, "reward")
+        table.append({"budget": budget, "contaminated": _pooled(per_seed, label, "contaminated"), "reward": reward,
                       "reward_ratio": reward / dense_reward if dense_reward > 0 else 0.0,
-                      "would_veto": sum(per_seed[s][label]["veto"] for s in seeds) / len(seeds),
+                      "would_veto": _pooled(per_seed, label, "veto"),
                       "per_seed_contaminated": {s: per_seed[s][label]["contaminated"] for s in seeds}})
     worst = 0.0
     for row in reversed(table):  # the non-increasing envelope: the worst share at this budget or a larger one
