@@ -1,8 +1,8 @@
 """The pre-registered analyses (docs/experiments.md): endpoints, collapse, the primary tests with Holm, the
-manipulation check, and the secondary comparisons; written as ``analysis.json`` / ``analysis.md``. ``DESIGNS``
-holds each registration's tests by name (``experiment.analysis``): ``issue20`` and ``issue27`` (endpoint on the
-shortcut-free records, the tracking tests of the fixed budgets as a fixed sequence, and the adaptive arm's
-footprint rule, ``footprint_rule``).
+manipulation check, and the secondary comparisons (``analysis_report.write_analysis`` writes them as
+``analysis.json`` / ``analysis.md``). ``DESIGNS`` holds each registration's tests by name
+(``experiment.analysis``): ``issue20`` and ``issue27`` (endpoint on the shortcut-free records, the tracking tests
+of the fixed budgets as a fixed sequence, and the adaptive arm's footprint rule, ``footprint_rule``).
 
 Endpoint of a run in a mode: the mean of its last ``ENDPOINT_EVALS`` evaluations of greedy held-out accuracy
 (points). A paired difference takes, per seed, one arm's endpoint minus another's (the arms of a seed share
@@ -10,11 +10,9 @@ the warm start). Only seeds with every arm a test needs complete enter that test
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from sparse_rl_megatron.experiment.stats import holm, paired_summary
 from sparse_rl_megatron.utils.registry import Registry
@@ -278,24 +276,3 @@ def footprint_rule(table: dict, results: dict, rule: Footprint) -> None:
         r["verdict"] = "supported" if small else "not supported (tracks dense, but a larger KV footprint than " \
                                                  f"{reference})"
     r["tracking_verdict"] = tracks
-
-
-def write_analysis(out: Path, records: dict[str, dict[int, list[dict]]], extra: dict | None = None,
-                   design_name: str = "issue20") -> Path:
-    """``analysis.json`` and ``analysis.md`` of ``records`` (``{arm: {seed: metrics records}}``)."""
-    from sparse_rl_megatron.experiment.analysis_report import analysis_markdown
-
-    table = arm_table(records)
-    design = DESIGNS.get(design_name)
-    result = {"arms": table, "tests": decide(table, design=design), "design": design_name,
-              "holm_note": design.holm_note, **(extra or {})}
-    (out / ANALYSIS_JSON).write_text(json.dumps(result, indent=1, default=str) + "\n")
-    (out / ANALYSIS_MD).write_text(analysis_markdown(result))
-    return out / ANALYSIS_MD
-
-
-def write_full_analysis(cfg, records: dict) -> Path:
-    """``analysis.md`` / ``.json`` with the study's summaries, in the experiment directory."""
-    from sparse_rl_megatron.experiment.analysis_report import study_summary
-
-    return write_analysis(Path(cfg.experiment.out), records, study_summary(cfg, records), cfg.experiment.analysis)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
+
+from sparse_rl_megatron.experiment.analysis import ANALYSIS_JSON, ANALYSIS_MD, DESIGNS, arm_table, decide
 
 ARM_ORDER = ("dense", "naive", "sparse_rl", "naive_harsh", "sft", "naive_low", "sparse_rl_low", "sparse_rl_mid",
              "sparse_rl_high", "sparse_rl_adaptive")
@@ -200,3 +203,20 @@ def analysis_markdown(result: dict) -> str:
                  "\n## Final models under other caches (greedy accuracy, points)\n", caches_markdown(result["caches"]),
                  "\n## Study tests (secondary, unadjusted)\n", study_tests_markdown(result.get("study_tests", {}))]
     return "".join(text)
+
+
+def write_analysis(out: Path, records: dict[str, dict[int, list[dict]]], extra: dict | None = None,
+                   design_name: str = "issue20") -> Path:
+    """``analysis.json`` and ``analysis.md`` of ``records`` (``{arm: {seed: metrics records}}``)."""
+    table = arm_table(records)
+    design = DESIGNS.get(design_name)
+    result = {"arms": table, "tests": decide(table, design=design), "design": design_name,
+              "holm_note": design.holm_note, **(extra or {})}
+    (out / ANALYSIS_JSON).write_text(json.dumps(result, indent=1, default=str) + "\n")
+    (out / ANALYSIS_MD).write_text(analysis_markdown(result))
+    return out / ANALYSIS_MD
+
+
+def write_full_analysis(cfg, records: dict) -> Path:
+    """``analysis.md`` / ``.json`` with the study's summaries, in the experiment directory."""
+    return write_analysis(Path(cfg.experiment.out), records, study_summary(cfg, records), cfg.experiment.analysis)

@@ -178,7 +178,7 @@ def write_report(cfg: ExperimentConfig) -> tuple[Path, Path | None]:
     main = {r.name: records[r.name] for r in runs if r.budget is None}
     figure = draw_figure(main, out / FIGURE_FILE, "arms")
     if main:  # the pre-registered analysis (issue 20) of whatever is complete
-        from sparse_rl_megatron.experiment.analysis import write_full_analysis
+        from sparse_rl_megatron.experiment.analysis_report import write_full_analysis
         from sparse_rl_megatron.experiment.figure import CLAIM_PANELS, CLAIM_PANELS_27, CLAIMS_FIGURE_FILE
 
         write_full_analysis(cfg, main)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sparse_rl_megatron.experiment.analysis import arm_table, collapse, decide, endpoint, write_analysis
+from sparse_rl_megatron.experiment.analysis import arm_table, collapse, decide, endpoint
+from sparse_rl_megatron.experiment.analysis_report import write_analysis
 
 KEY = "eval/dense/accuracy"
 

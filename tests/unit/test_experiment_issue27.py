@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sparse_rl_megatron.experiment.analysis import DESIGNS, arm_table, decide, write_analysis
+from sparse_rl_megatron.experiment.analysis import DESIGNS, arm_table, decide
+from sparse_rl_megatron.experiment.analysis_report import write_analysis
 from sparse_rl_megatron.experiment.arms import arm_runs
 from sparse_rl_megatron.experiment.arm_dirs import arm_train_config
 from sparse_rl_megatron.experiment.budget_rule import RULE_FILE, apply_budget_rule, choose_levels
