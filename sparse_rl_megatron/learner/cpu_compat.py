@@ -25,6 +25,12 @@ process-wide, from whichever entry point reaches megatron first, and must answer
 - W9 activation recompute (``recompute_granularity="full"``, megatron's ``CheckpointFunction``) saves and
   restores "the CUDA RNG state" through ``tensor_parallel.random._get/_set_cuda_rng_state``: on CPU that
   state is the CPU generator's (as in W2), so the recomputed forward draws the same numbers.
+- W10 megatron-core's fusion functions are decorated at import with ``torch.compile`` (``megatron.core.jit``'s
+  ``jit_fuser``), which imports torch's inductor, ~1 CPU s in every process that imports megatron-core. On CPU the
+  learner turns every fusion off (``models.megatron_config.fusion_settings``), so they are never called: while
+  ``apply()`` imports megatron-core, ``torch.compile`` returns a wrapper that compiles on the first call instead
+  (the same compile, later; ``torch.compile`` itself is restored right after). No effect if megatron-core was
+  imported before ``apply()``.
 
 On a CUDA machine none of this is applied; the GPU code paths are megatron-core's own.
 The W5 mode lives on the mode stack of the thread that enters ``device_mode()`` (torch keeps one per thread).
@@ -166,6 +172,46 @@ def pretend_cuda_tensor_types() -> Iterator[None]:
         _PRETEND_CUDA_TYPES = previous
 
 
+# ---------------------------------------------------------------- W10: import-time torch.compile deferred
+class CompileOnFirstCall:
+    """``compile_fn(fn, **options)`` (``torch.compile``) done on the first call of the wrapper, not at decoration."""
+
+    def __init__(self, compile_fn, fn, options: dict[str, Any]):
+        functools.update_wrapper(self, fn)
+        self._compile_fn, self._fn, self._options = compile_fn, fn, options
+        self._compiled = None
+
+    @property
+    def compiled(self) -> bool:
+        """True once the first call compiled ``fn``."""
+        return self._compiled is not None
+
+    def __call__(self, *args, **kwargs):
+        if self._compiled is None:
+            self._compiled = self._compile_fn(self._fn, **self._options)
+        return self._compiled(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def compile_on_first_call() -> Iterator[None]:
+    """W10: inside this block ``torch.compile(fn, ...)`` and ``@torch.compile(...)`` on a function return a
+    ``CompileOnFirstCall``; modules are compiled as usual. ``torch.compile`` is restored on exit."""
+    real = torch.compile
+
+    def deferred(model=None, **options):
+        if model is None:
+            return lambda fn: deferred(fn, **options)
+        if isinstance(model, torch.nn.Module):
+            return real(model, **options)
+        return CompileOnFirstCall(real, model, options)
+
+    torch.compile = deferred
+    try:
+        yield
+    finally:
+        torch.compile = real
+
+
 # ---------------------------------------------------------------- W6: grad clipping without CUDA assert
 def _clip_grad_by_total_norm_fp32_cpu(parameters, max_norm, total_norm, use_decoupled_grad=False):
     """Same contract as megatron's ``clip_grad_by_total_norm_fp32`` (grads scaled in place when the
@@ -223,10 +269,11 @@ def apply(force: bool = False) -> bool:
         from sparse_rl_megatron.utils.quiet import silence_expected_cpu_warnings
 
         silence_expected_cpu_warnings()  # before megatron-core's first import, which raises most of them
-        from megatron.core.fusions import fused_softmax
-        from megatron.core.optimizer import clip_grads, optimizer as moptimizer
-        from megatron.core.tensor_parallel import random as mrandom
-        from megatron.core.transformer import utils as tutils
+        with compile_on_first_call():  # W10
+            from megatron.core.fusions import fused_softmax
+            from megatron.core.optimizer import clip_grads, optimizer as moptimizer
+            from megatron.core.tensor_parallel import random as mrandom
+            from megatron.core.transformer import utils as tutils
 
         torch.cuda.current_device = lambda: "cpu"  # W1
         _APPLIED.append("W1")
@@ -257,4 +304,5 @@ def apply(force: bool = False) -> bool:
         mrandom._get_cuda_rng_state = _cpu_get_rng_state  # W9
         mrandom._set_cuda_rng_state = _cpu_set_rng_state
         _APPLIED.append("W9")
+        _APPLIED.append("W10")  # took effect above if this import of megatron-core was its first
     return True

@@ -1,4 +1,4 @@
-"""The CPU compatibility module: applied without CUDA, idempotent, and each patch W1-W9 does what it says
+"""The CPU compatibility module: applied without CUDA, idempotent, and each patch W1-W10 does what it says
 (checked in a fresh process: ``workers/w_single.py::check_cpu_compat``)."""
 import subprocess
 
@@ -20,3 +20,32 @@ def test_not_applied_on_import():
     )
     proc = subprocess.run([PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "clean" in proc.stdout, proc.stderr
+
+
+def test_megatron_imported_by_apply_leaves_torch_inductor_out_and_compiles_on_first_call():
+    """W10: ``apply()``'s import of megatron-core defers its fusions' ``torch.compile`` (inductor never imported);
+    ``torch.compile`` is torch's again afterwards; a deferred function compiles when first called, and a module
+    given to the deferring ``torch.compile`` is compiled as usual."""
+    code = (
+        "import sys, torch\n"
+        "real = torch.compile\n"
+        "from sparse_rl_megatron.learner import cpu_compat\n"
+        "assert cpu_compat.apply() is True and 'W10' in cpu_compat.applied_patches()\n"
+        "assert 'torch._inductor.compile_fx' not in sys.modules, 'inductor imported'\n"
+        "assert torch.compile is real\n"
+        "from megatron.core import jit\n"
+        "from megatron.core.fusions import fused_bias_gelu\n"
+        "assert isinstance(fused_bias_gelu.bias_gelu, cpu_compat.CompileOnFirstCall)\n"
+        "assert not fused_bias_gelu.bias_gelu.compiled and fused_bias_gelu.bias_gelu.__name__ == 'bias_gelu'\n"
+        "with cpu_compat.compile_on_first_call():\n"
+        "    f = torch.compile(lambda x: x * 2 + 1, backend='eager')\n"
+        "    g = torch.compile(backend='eager')(lambda x: x - 1)\n"
+        "    m = torch.compile(torch.nn.Identity(), backend='eager')\n"
+        "assert isinstance(f, cpu_compat.CompileOnFirstCall) and not f.compiled\n"
+        "x = torch.arange(3.0)\n"
+        "assert torch.equal(f(x), x * 2 + 1) and f.compiled and torch.equal(g(x), x - 1)\n"
+        "assert not isinstance(m, cpu_compat.CompileOnFirstCall) and torch.equal(m(x), x)\n"
+        "print('deferred')\n"
+    )
+    proc = subprocess.run([PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "deferred" in proc.stdout, proc.stderr[-3000:]
