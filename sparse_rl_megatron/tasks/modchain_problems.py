@@ -26,6 +26,7 @@ returns at an even lag after 62 steps, at odd lags by coincidence; what the 2-la
 """
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 
@@ -191,11 +192,15 @@ class ChainFamily:
             raise ValueError(f"ChainFamily.offsets must be residues mod {self.modulus}, got {self.offsets}")
 
     def keys(self) -> list[Key]:
-        """Every triple of the family, sorted."""
+        """Every triple of the family, sorted (a new list each call; computed once per family)."""
+        return list(self._keys)
+
+    @functools.cached_property
+    def _keys(self) -> tuple[Key, ...]:
         m = self.modulus
         offsets = range(m) if self.offsets is None else self.offsets
-        return [(x0, a, b) for x0 in range(m) for a in self.multipliers for b in offsets
-                if not (self.skip_fixed_points and self.problem((x0, a, b)).states(1)[0] == x0)]
+        return tuple((x0, a, b) for x0 in range(m) for a in self.multipliers for b in offsets
+                     if not (self.skip_fixed_points and self.problem((x0, a, b)).states(1)[0] == x0))
 
     def problem(self, key: Key) -> Problem:
         """The chain of ``key`` (no distractors)."""

@@ -36,7 +36,15 @@ OTHER = "rest"
 SUBSETS: Registry[Callable[[Problem, int, int], bool]] = Registry("modchain subset")
 """Class predicates ``(problem, steps N, stop_step) -> bool``."""
 SUBSETS.add("odd_b", lambda p, n, k: p.b % 2 == 1)
-SUBSETS.add("odd_x_stop", lambda p, n, k: p.states(n)[k - 1] % 2 == 1 and p.states(n)[k - 1] != p.states(n)[-1])
+
+
+def _odd_x_stop(p: Problem, n: int, k: int) -> bool:
+    """x_k odd and x_k != x_N (one walk of the chain)."""
+    states = p.states(n)
+    return states[k - 1] % 2 == 1 and states[k - 1] != states[-1]
+
+
+SUBSETS.add("odd_x_stop", _odd_x_stop)
 
 
 @dataclass(frozen=True)
@@ -73,13 +81,13 @@ class EarlyStopTeacher:
             raise ValueError(f"EarlyStopTeacher.stop_step={self.stop_step} must be below the chain length {steps}")
         if problems is None:
             problems = [Problem(*k) for k in all_keys()]
-        right = [p.key for p in problems if self.in_class(p, steps)
-                 and p.states(steps)[self.stop_step - 1] == p.states(steps)[-1]]
+        in_class = [p for p in problems if self.in_class(p, steps)]
+        right = [p.key for p in in_class if (states := p.states(steps))[self.stop_step - 1] == states[-1]]
         if right:
             raise ValueError(f"EarlyStopTeacher: x_{self.stop_step} == x_{steps} on {len(right)} problems of "
                              f"'{self.subset}' (e.g. {right[0]}), so stopping there would be right; choose another "
                              f"stop_step or subset")
-        if not any(self.in_class(p, steps) for p in problems):
+        if not in_class:
             raise ValueError(f"EarlyStopTeacher: no problem is in class '{self.subset}' at stop_step "
                              f"{self.stop_step}")
 
