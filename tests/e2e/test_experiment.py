@@ -18,10 +18,11 @@ pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = str(ROOT / "configs" / "experiments" / "cpu_claims.yaml")
-# 2 rollout steps of 2 prompts x 2 samples, a 5-step warm start, 4 held-out problems, a 2-step control
+# 2 rollout steps of 2 prompts x 2 samples, a 5-step warm start, 4 held-out problems, a 2-step control; no
+# per-arm PNG (the experiment's own figure is checked; a run's plot is drawn in tests/e2e/test_train.py)
 TINY = ["train.steps=2", "train.warm_start={steps: 5, eval_problems: 0}", "train.eval.limit=4", "train.eval.every=0",
         "train.rollout.prompts_per_step=2", "train.rollout.samples_per_prompt=2", "train.global_batch_size=2",
-        "experiment.control.steps=2"]
+        "experiment.control.steps=2", "train.log.plot=false"]
 RL_ARMS = ("dense", "sparse_rl")
 """The RL arms run here: one dense, one compressed (the control's reference arm)."""
 FIGURE_KEYS = ("rollout/reward_mean", "eval/dense/accuracy", "eval/sparse/accuracy", "train/grad_norm",
@@ -97,7 +98,8 @@ WEAK_TINY = ["train.steps=2", "train.warm_start={steps: 5, eval_problems: 0}", "
              "train.eval.every=1", "train.rollout.prompts_per_step=2", "train.rollout.samples_per_prompt=2",
              "train.global_batch_size=2", "train.checkpoint.save_every=1", "train.learner.optim.lr_warmup_steps=0",
              "experiment.budget_rule={candidates: [4, 6], prompts: 2, samples: 2}",
-             "experiment.study={checkpoint_steps: [2], prompts: 2, samples: 2}", "experiment.seeds=[0]"]
+             "experiment.study={checkpoint_steps: [2], prompts: 2, samples: 2}", "experiment.seeds=[0]",
+             "train.log.plot=false"]
 
 
 def _weak(capsys, out: Path, stage: str, *extra: str) -> subprocess.CompletedProcess:
