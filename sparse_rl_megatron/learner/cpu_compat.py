@@ -1,4 +1,4 @@
-"""megatron-core on a CPU-only torch: the workarounds W1-W9, in one place.
+"""megatron-core on a CPU-only torch: the workarounds W1-W10, in one place.
 
 megatron-core 0.16.1 (and 0.17-0.19) hard-codes CUDA in many spots that a CPU run with the gloo backend
 walks through. Each patch below is named after the workaround of

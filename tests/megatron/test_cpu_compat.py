@@ -1,5 +1,5 @@
 """The CPU compatibility module: applied without CUDA, idempotent, and each patch W1-W10 does what it says
-(checked in a fresh process: ``workers/w_single.py::check_cpu_compat``)."""
+(W1-W9 checked in a fresh process, ``workers/w_single.py::check_cpu_compat``; W10 in another)."""
 import subprocess
 
 from mcore_harness import PYTHON, ROOT
