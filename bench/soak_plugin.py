@@ -375,6 +375,12 @@ def soak(*, seed: int, minutes: float = 0.0, max_rounds: int = 0, rounds_per_eng
     unknown = set(events) - set(EVENTS)
     if unknown:
         raise ValueError(f"soak: unknown events {sorted(unknown)}; choose from {', '.join(EVENTS)}")
+    from sglang_ext.config import PLUGIN_FAULTS
+
+    if fault not in ("", *SOAK_FAULTS, *PLUGIN_FAULTS):
+        raise ValueError(f"soak: unknown fault '{fault}'; choose from {', '.join((*SOAK_FAULTS, *PLUGIN_FAULTS))}")
+    if not 0.0 <= triton_share <= 1.0:
+        raise ValueError(f"soak: triton_share must be in [0, 1], got {triton_share}")
     from sparse_rl_megatron.models.tiny import build_tiny_model, save_tiny_hf_checkpoint
 
     rng = random.Random(seed)
@@ -453,6 +459,21 @@ def main(argv=None) -> int:
     p.add_argument("--json", default="", help="also write the tally (and every failure's case) here")
     args = p.parse_args(argv)
     sys.path.insert(0, str(ROOT))
+    from sglang_ext.config import PLUGIN_FAULTS
+
+    for name, value, low in (("--minutes", args.minutes, 0), ("--rounds", args.rounds, 0),
+                             ("--rounds-per-engine", args.rounds_per_engine, 1)):
+        if value < low:
+            p.error(f"{name} must be >= {low}, got {value}")
+    if not 0.0 <= args.triton_share <= 1.0:
+        p.error(f"--triton-share must be in [0, 1], got {args.triton_share}")
+    if args.fault not in ("", *SOAK_FAULTS, *PLUGIN_FAULTS):
+        p.error(f"--fault must be one of {', '.join((*SOAK_FAULTS, *PLUGIN_FAULTS))}, got '{args.fault}'")
+    unknown = sorted({e for e in args.events.split(",") if e} - set(EVENTS))
+    if unknown:
+        p.error(f"--events: unknown {', '.join(unknown)}; choose from {', '.join(EVENTS)}")
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        p.error(f"--json: the folder {Path(args.json).resolve().parent} does not exist")
     start = time.monotonic()
     tally = soak(seed=args.seed, minutes=args.minutes, max_rounds=args.rounds, fault=args.fault,
                  settings=PRESSURED if args.pressured else None,

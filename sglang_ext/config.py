@@ -32,10 +32,12 @@ CONFIG_ENV = "SPARSE_RL_KV_CONFIG"
 REQUEST_KEY = "sparse_kv"
 """Key of a request's overrides in ``custom_params`` and of the provenance in the response ``meta_info``."""
 FAULT_ENV = "SPARSE_RL_KV_FAULT"
-"""Test-only fault injection: ``skip_free`` (evicted slots are dropped from the request but never freed), so a
-test can show the strict idle memory checker catches a broken free; ``stale_tables`` (the tables ignore SGLang's
-rewrites of a bound row, the defect of issue 25), so a test can show the soak's oracle catches stale slots. Never
-set it otherwise."""
+"""Test-only fault injection, one of ``PLUGIN_FAULTS``: ``skip_free`` (evicted slots are dropped from the request but
+never freed), so a test can show the strict idle memory checker catches a broken free; ``stale_tables`` (the tables
+ignore SGLang's rewrites of a bound row, the defect of issue 25), so a test can show the soak's oracle catches
+stale slots; ``abort_insert`` (an aborted compressed request goes into the radix tree whole); ``no_refusal`` (a
+retracted or preempted compressed request resumes as if it were dense). Never set it otherwise."""
+PLUGIN_FAULTS = ("skip_free", "stale_tables", "abort_insert", "no_refusal")
 
 SUPPORTED_METHODS = ("none", "rkv", "snapkv", "streamingllm")
 InnerBackend = Literal["", "torch_native", "triton", "flashinfer", "fa3"]

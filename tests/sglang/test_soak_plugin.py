@@ -124,3 +124,20 @@ def test_a_triton_share_moves_engines_to_triton_and_leaves_the_seeds_draws_alone
     assert 0 < sum(s.backend == "triton" for s in some) < 40
     strip = lambda s: dataclasses.replace(s, backend="torch_native")  # noqa: E731
     assert [strip(s) for s in some] == [strip(s) for s in every] == plain
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--triton-share", "2"], "--triton-share must be in [0, 1], got 2.0"),
+    (["--fault", "bogus"], "--fault must be one of no_flush, skip_free, stale_tables, abort_insert, no_refusal, got "
+                           "'bogus'"),
+    (["--events", "abort,foo"], "--events: unknown foo; choose from abort, arrive, update, flush"),
+    (["--minutes", "-1"], "--minutes must be >= 0, got -1.0"),
+    (["--rounds-per-engine", "0"], "--rounds-per-engine must be >= 1, got 0"),
+    (["--json", "/nonexistent/soak/x.json"], "--json: the folder /nonexistent/soak does not exist"),
+])
+def test_bad_arguments_are_refused_in_one_line_before_any_engine_starts(capsys, args, message):
+    with pytest.raises(SystemExit) as stop:
+        soak_plugin.main(args)
+    assert stop.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1].endswith(message)
+    with pytest.raises(ValueError, match="unknown fault 'bogus'"):
+        soak_plugin.soak(seed=0, fault="bogus")
