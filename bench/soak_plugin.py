@@ -37,6 +37,7 @@ import argparse
 import dataclasses
 import json
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -366,12 +367,13 @@ def run_round(engine, hf_model, jobs: list[Job], round_seed: int, plan: Plan | N
 
 def soak(*, seed: int, minutes: float = 0.0, max_rounds: int = 0, rounds_per_engine: int = 4,
          settings: Settings | None = None, fault: str = "", keep_going: bool = False,
-         events: frozenset = frozenset(), triton_share: float = 0.0, log=print) -> Tally:
+         events: frozenset = frozenset(), triton_share: float = 0.0, log=print, tally: Tally | None = None) -> Tally:
     """Rounds until ``minutes`` pass (the round running then finishes) or ``max_rounds`` ran; ``settings`` fixes
     every engine's settings (default: drawn); ``events``: which of ``EVENTS`` rounds mix in (drawn per round from
     its seed; none by default). ``triton_share``: the share of engines on the triton backend (Triton's interpreter on
     CPU: slow, so keep it small). ``fault``: one of ``SOAK_FAULTS`` or the plugin's (``SPARSE_RL_KV_FAULT``). Stops
-    at the first failing round unless ``keep_going``."""
+    at the first failing round unless ``keep_going``. ``tally``: counted into as rounds finish (the caller keeps the
+    finished rounds' counts if the soak is interrupted)."""
     unknown = set(events) - set(EVENTS)
     if unknown:
         raise ValueError(f"soak: unknown events {sorted(unknown)}; choose from {', '.join(EVENTS)}")
@@ -385,7 +387,7 @@ def soak(*, seed: int, minutes: float = 0.0, max_rounds: int = 0, rounds_per_eng
 
     rng = random.Random(seed)
     backend_rng = random.Random(f"{seed}-backend")
-    tally = Tally()
+    tally = Tally() if tally is None else tally
     deadline = time.monotonic() + 60 * minutes if minutes else None
     hf_model = build_tiny_model(seed=MODEL_SEED, init_std=INIT_STD)
     initial = {k: v.clone() for k, v in hf_model.state_dict().items()}   # what every new engine loads
@@ -475,14 +477,21 @@ def main(argv=None) -> int:
     if args.json and not Path(args.json).resolve().parent.is_dir():
         p.error(f"--json: the folder {Path(args.json).resolve().parent} does not exist")
     start = time.monotonic()
-    tally = soak(seed=args.seed, minutes=args.minutes, max_rounds=args.rounds, fault=args.fault,
-                 settings=PRESSURED if args.pressured else None,
-                 rounds_per_engine=args.rounds_per_engine, keep_going=args.keep_going,
-                 events=frozenset(e for e in args.events.split(",") if e), triton_share=args.triton_share)
+    tally, stopped_by = Tally(), None
+    previous = signal.signal(signal.SIGTERM, _raise_stop)  # a stop ends like Ctrl-C: engine shut down, rounds kept
+    try:
+        soak(seed=args.seed, minutes=args.minutes, max_rounds=args.rounds, fault=args.fault,
+             settings=PRESSURED if args.pressured else None, rounds_per_engine=args.rounds_per_engine,
+             keep_going=args.keep_going, events=frozenset(e for e in args.events.split(",") if e),
+             triton_share=args.triton_share, tally=tally)
+    except (KeyboardInterrupt, Stopped) as stop:
+        stopped_by = "SIGTERM" if isinstance(stop, Stopped) else "Ctrl-C"
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     summary = {k: v for k, v in dataclasses.asdict(tally).items() if k != "failures"}
     summary.update(failed_samples=len(tally.failures), seed=args.seed, event_kinds=args.events,   # events: compressions
                    wall_s=round(time.monotonic() - start, 1),
-                   first_failure=tally.failures[0] if tally.failures else None)
+                   first_failure=tally.failures[0] if tally.failures else None, stopped_by=stopped_by)
     print(json.dumps(summary))
     if args.json:
         Path(args.json).write_text(json.dumps({**summary, "failures": tally.failures}, indent=1))
@@ -490,7 +499,19 @@ def main(argv=None) -> int:
         print(f"FAILED: {len(tally.failures)} sample(s) off the reference (tolerance: numerics.hf_logprob_tolerance)",
               file=sys.stderr)
         return 1
+    if stopped_by:
+        print(f"soak: stopped by {stopped_by} after {tally.rounds} finished round(s), 0 failures in them (the round "
+              f"running then is not counted; its engine was shut down)", file=sys.stderr)
+        return 130 if stopped_by == "Ctrl-C" else 143
     return 0
+
+
+class Stopped(Exception):
+    """SIGTERM during the soak."""
+
+
+def _raise_stop(signum, frame) -> None:
+    raise Stopped()
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from disk.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import sys
 import time
@@ -116,6 +117,39 @@ def engine_processes(engine) -> list[tuple[str, Any]]:
     return list(zip(watchdog._names, watchdog._processes))
 
 
+@contextlib.contextmanager
+def children_killed_if_it_raises():
+    """Kill the child processes started inside the block (and what they started) if the block raises.
+
+    ``sglang.Engine(...)`` spawns its scheduler and detokenizer, then waits for them: interrupted there (Ctrl-C, a
+    stop signal, a scheduler that failed) it leaves the children already running, and a child still importing
+    SGLang has not yet asked the kernel to end it with its parent, so it outlives this process as an orphan."""
+    import psutil
+
+    me = psutil.Process()
+    before = {p.pid for p in me.children()}
+    try:
+        yield
+    except BaseException:
+        started = [p for p in me.children() if p.pid not in before]
+        for proc in [d for p in started for d in _descendants(p)] + started:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(started, timeout=10)
+        raise
+
+
+def _descendants(proc) -> list:
+    import psutil
+
+    try:
+        return proc.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
 class InProcessClient:
     """An ``sglang.Engine`` in this process (its schedulers and detokenizer are child processes).
 
@@ -136,7 +170,8 @@ class InProcessClient:
         from sparse_rl_megatron.utils.process_watch import ProcessWatch
 
         handler = ChildFailedHandler() if "custom_sigquit_handler" not in engine_kwargs else None
-        self.engine = sglang.Engine(**engine_kwargs, **({"custom_sigquit_handler": handler} if handler else {}))
+        with children_killed_if_it_raises():
+            self.engine = sglang.Engine(**engine_kwargs, **({"custom_sigquit_handler": handler} if handler else {}))
         self.watch = ProcessWatch("the SGLang engine", engine_processes(self.engine))
         self.failure_reports = 0
         """SIGQUITs received from the engine's processes (their failure reports) once it served."""

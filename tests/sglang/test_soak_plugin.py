@@ -19,6 +19,7 @@ Each can fail (measured on this CPU, each with the same test run on an engine wi
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 import sys
 from pathlib import Path
@@ -141,3 +142,21 @@ def test_bad_arguments_are_refused_in_one_line_before_any_engine_starts(capsys, 
     assert stop.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1].endswith(message)
     with pytest.raises(ValueError, match="unknown fault 'bogus'"):
         soak_plugin.soak(seed=0, fault="bogus")
+
+
+def test_ctrl_c_keeps_the_finished_rounds_in_one_line_and_the_json(monkeypatch, capsys, tmp_path):
+    """Ctrl-C (or SIGTERM) mid-soak: exit status 130, one line naming the stop and the finished rounds, and the JSON
+    with those rounds' counts (the engine's shutdown is ``soak``'s ``finally``; its children's, on a start that is
+    interrupted, ``tests/unit/test_process_watch.py``)."""
+    def two_rounds_then_ctrl_c(*, tally, **_):
+        tally.rounds, tally.samples = 2, 31
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(soak_plugin, "soak", two_rounds_then_ctrl_c)
+    out = tmp_path / "soak.json"
+    assert soak_plugin.main(["--json", str(out)]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["soak: stopped by Ctrl-C after 2 finished round(s), 0 failures in them (the round running then is "
+                   "not counted; its engine was shut down)"]
+    summary = json.loads(out.read_text())
+    assert (summary["rounds"], summary["samples"], summary["stopped_by"]) == (2, 31, "Ctrl-C")

@@ -144,3 +144,38 @@ def test_a_process_in_its_own_session_ends_with_its_killed_parent(tmp_path):
     finally:
         if child.is_running():
             child.kill()
+
+
+def test_an_engine_start_that_raises_takes_the_children_it_started_along():
+    """``children_killed_if_it_raises`` (around ``sglang.Engine(...)``): interrupted while its children start, the
+    children started inside the block and theirs are killed; a child from before the block is left alone; a block
+    that does not raise kills nothing."""
+    import psutil
+
+    from sparse_rl_megatron.rollout.sglang_client import children_killed_if_it_raises
+
+    sleeper = [sys.executable, "-c", "import time; time.sleep(300)"]
+    parent_of_one = [sys.executable, "-c", "import subprocess, sys, time; "
+                     f"subprocess.Popen({sleeper!r}); print('started', flush=True); time.sleep(300)"]
+    old = subprocess.Popen(sleeper)
+    kept, started = None, []
+    try:
+        with children_killed_if_it_raises():
+            kept = subprocess.Popen(sleeper)
+        with pytest.raises(KeyboardInterrupt):
+            with children_killed_if_it_raises():
+                scheduler = subprocess.Popen(parent_of_one, stdout=subprocess.PIPE, text=True)
+                assert scheduler.stdout.readline().strip() == "started"
+                started = [psutil.Process(scheduler.pid), *psutil.Process(scheduler.pid).children()]
+                assert len(started) == 2
+                raise KeyboardInterrupt
+        _, alive = psutil.wait_procs(started, timeout=BOUND_S)  # both would sleep 300 s
+        assert not alive and old.poll() is None and kept.poll() is None
+    finally:
+        for proc in started:  # left alive only if the code under test failed
+            if proc.is_running():
+                proc.kill()
+        for proc in (old, kept):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
