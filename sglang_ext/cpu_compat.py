@@ -22,6 +22,10 @@ CPU_DEFAULT_POOL_TOKENS = 1 << 16
 """KV pool of a CPU engine or server when max_total_tokens is not given: SGLang would size it from a share of the
 machine's RAM (``mem_fraction_static``, which a GPU recipe sets to 0.7: tens of GiB of KV zeroed at start-up on a
 laptop); a ``mem_fraction_static`` that gives a smaller pool still wins (SGLang takes the smaller)."""
+CPU_DEFAULT_RUNNING_REQUESTS = 256
+"""Most requests a CPU engine or server decodes at once when max_running_requests is not given: SGLang would give
+its request pool up to 4096 rows, and the plugin reserves its per-row memory (physical table, query rings) for all
+of them at start-up (1.2 GiB, zeroed, for SmolLM2-135M's 30 layers); a CPU decodes far fewer at once."""
 
 
 def cuda_available() -> bool:

@@ -17,7 +17,7 @@ import os
 import sys
 
 from sglang_ext.config import BACKEND_NAME, CONFIG_ENV, parse_config
-from sglang_ext.cpu_compat import CPU_DEFAULT_POOL_TOKENS
+from sglang_ext.cpu_compat import CPU_DEFAULT_POOL_TOKENS, CPU_DEFAULT_RUNNING_REQUESTS
 from sparse_rl_megatron.utils.config_io import ConfigError
 
 
@@ -38,6 +38,7 @@ def server_argv(argv: list[str], *, on_cpu: bool) -> list[str]:
         add("--device", "cpu")
         add("--sampling-backend", "pytorch")
         add("--max-total-tokens", str(CPU_DEFAULT_POOL_TOKENS))  # SGLang would size the pool from a share of RAM
+        add("--max-running-requests", str(CPU_DEFAULT_RUNNING_REQUESTS))  # the plugin reserves per row at start
     return out
 
 

@@ -34,7 +34,8 @@ class SGLangOptions:
     mem_fraction_static: float | None = None
     """Fraction of device memory for weights + KV pool (None: SGLang's default)."""
     max_running_requests: int | None = None
-    """Most requests decoding at once (None: SGLang's default)."""
+    """Most requests decoding at once (None: SGLang's default on GPU, 2048-4096; on CPU
+    ``sglang_ext.cpu_compat.CPU_DEFAULT_RUNNING_REQUESTS``)."""
     memory_saver: bool = False
     """CUDA, in-process: start SGLang with ``enable_memory_saver`` (torch_memory_saver, an SGLang dependency on GPU)
     so ``release_memory`` really frees its KV cache and weights while a colocated learner trains; without it

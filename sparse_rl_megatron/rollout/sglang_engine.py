@@ -132,6 +132,8 @@ class SGLangRolloutEngine:
                 kwargs[name] = getattr(c, name)
         if on_cpu and c.max_total_tokens is None:  # a recipe's GPU mem_fraction_static would claim most of the RAM
             kwargs["max_total_tokens"] = cpu_compat.CPU_DEFAULT_POOL_TOKENS
+        if on_cpu and c.max_running_requests is None:  # the plugin reserves its per-row memory for every row
+            kwargs["max_running_requests"] = cpu_compat.CPU_DEFAULT_RUNNING_REQUESTS
         kwargs.update(c.extra_args)
         with _without_torchrun_env(), scheduler_env(**{CONFIG_ENV: c.plugin_config().to_json(),
                                                        "SGLANG_RETURN_ORIGINAL_LOGPROB": "1"}):

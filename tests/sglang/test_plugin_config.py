@@ -76,7 +76,7 @@ def test_launcher_adds_what_the_plugin_needs_unless_given():
     argv = server_argv(["--model-path", "m", "--page-size=1"], on_cpu=True)
     assert argv.count("--page-size=1") == 1 and "--page-size" not in argv
     for flag, value in [("--attention-backend", "sparse_kv"), ("--cuda-graph-backend-decode", "disabled"),
-                        ("--device", "cpu"), ("--max-total-tokens", "65536")]:
+                        ("--device", "cpu"), ("--max-total-tokens", "65536"), ("--max-running-requests", "256")]:
         assert argv[argv.index(flag) + 1] == value
     assert "--device" not in server_argv(["--model-path", "m"], on_cpu=False)
 
