@@ -396,14 +396,14 @@ def soak(*, seed: int, minutes: float = 0.0, max_rounds: int = 0, rounds_per_eng
         while True:
             engine_settings = with_backend(settings or draw_settings(rng), backend_rng, triton_share)
             engine = start_engine(model_dir, engine_settings, "" if fault in SOAK_FAULTS else fault)
-            hf_model.load_state_dict(initial)
-            if fault == "no_flush":
-                engine.client.flush_cache = lambda: None
-            tally.engines += 1
-            tally.triton_engines += engine_settings.backend == "triton"
-            log(f"engine {tally.engines}: {engine_settings}")
-            stems: list[list[int]] = []
             try:
+                hf_model.load_state_dict(initial)
+                if fault == "no_flush":
+                    engine.client.flush_cache = lambda: None
+                tally.engines += 1
+                tally.triton_engines += engine_settings.backend == "triton"
+                log(f"engine {tally.engines}: {engine_settings}")
+                stems: list[list[int]] = []
                 for _ in range(rounds_per_engine):
                     round_seed = rng.randrange(2 ** 31)
                     jobs = draw_workload(random.Random(round_seed), stems)
@@ -506,8 +506,10 @@ def main(argv=None) -> int:
     return 0
 
 
-class Stopped(Exception):
-    """SIGTERM during the soak."""
+class Stopped(KeyboardInterrupt):
+    """SIGTERM during the soak. A ``KeyboardInterrupt`` like Ctrl-C, so that asyncio re-raises it out of the engine's
+    event loop (a plain exception raised in a task's step stays in that task, and the call would wait forever) and
+    no ``except Exception`` on the way swallows it."""
 
 
 def _raise_stop(signum, frame) -> None:

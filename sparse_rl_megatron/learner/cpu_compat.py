@@ -26,11 +26,12 @@ process-wide, from whichever entry point reaches megatron first, and must answer
   restores "the CUDA RNG state" through ``tensor_parallel.random._get/_set_cuda_rng_state``: on CPU that
   state is the CPU generator's (as in W2), so the recomputed forward draws the same numbers.
 - W10 megatron-core's fusion functions are decorated at import with ``torch.compile`` (``megatron.core.jit``'s
-  ``jit_fuser``), which imports torch's inductor, ~1 CPU s in every process that imports megatron-core. On CPU the
-  learner turns every fusion off (``models.megatron_config.fusion_settings``), so they are never called: while
-  ``apply()`` imports megatron-core, ``torch.compile`` returns a wrapper that compiles on the first call instead
-  (the same compile, later; ``torch.compile`` itself is restored right after). No effect if megatron-core was
-  imported before ``apply()``.
+  ``jit_fuser``), which imports torch's inductor, ~1 CPU s in every process that imports megatron-core, though the
+  learner's models on CPU call none of them (every fusion off, ``models.megatron_config.fusion_settings``; SwiGLU,
+  no MoE). While ``apply()`` imports megatron-core, ``torch.compile`` returns a wrapper that compiles on the first
+  call instead (the same compile, later; plain functions and methods alike). ``torch.compile`` itself is restored
+  right after, but ``megatron.core.jit.jit_fuser`` keeps the deferring one for the life of the process, so
+  megatron modules imported later defer too. No effect if megatron-core was imported before ``apply()``.
 
 On a CUDA machine none of this is applied; the GPU code paths are megatron-core's own.
 The W5 mode lives on the mode stack of the thread that enters ``device_mode()`` (torch keeps one per thread).
@@ -40,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import types
 from typing import Any, Iterator
 
 import torch
@@ -191,6 +193,24 @@ class CompileOnFirstCall:
             self._compiled = self._compile_fn(self._fn, **self._options)
         return self._compiled(*args, **kwargs)
 
+    def __get__(self, obj, objtype=None):
+        """On an instance, bound like the function it wraps (megatron decorates methods too: ``L2Norm._norm``)."""
+        return self if obj is None else types.MethodType(self, obj)
+
+    def __reduce__(self):
+        """Pickled by reference, as the function it wraps (e.g. a ``TransformerConfig.activation_func``)."""
+        return _module_attribute, (self._fn.__module__, self._fn.__qualname__)
+
+
+def _module_attribute(module: str, qualname: str) -> Any:
+    """``module.qualname`` (dotted), imported."""
+    import importlib
+
+    value: Any = importlib.import_module(module)
+    for name in qualname.split("."):
+        value = getattr(value, name)
+    return value
+
 
 @contextlib.contextmanager
 def compile_on_first_call() -> Iterator[None]:
@@ -257,7 +277,7 @@ def _cpu_set_rng_state(new_state: torch.Tensor, device: Any = -1, graph_safe: bo
 
 
 def apply(force: bool = False) -> bool:
-    """Apply W1-W9 if this torch has no CUDA (or ``force``). Returns True if the patches are active.
+    """Apply W1-W10 if this torch has no CUDA (or ``force``). Returns True if the patches are active.
 
     Call before building megatron-core models. Safe to call many times.
     """

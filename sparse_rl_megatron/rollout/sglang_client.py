@@ -131,7 +131,7 @@ def children_killed_if_it_raises():
     try:
         yield
     except BaseException:
-        started = [p for p in me.children() if p.pid not in before]
+        started = [p for p in me.children() if p.pid not in before | _shared_helpers()]
         for proc in [d for p in started for d in _descendants(p)] + started:
             try:
                 proc.kill()
@@ -139,6 +139,15 @@ def children_killed_if_it_raises():
                 pass
         psutil.wait_procs(started, timeout=10)
         raise
+
+
+def _shared_helpers() -> set[int]:
+    """The pids of multiprocessing's own helpers (resource tracker, forkserver) this process may have started
+    meanwhile: shared by every later child, not the engine's."""
+    from multiprocessing import forkserver, resource_tracker
+
+    pids = {resource_tracker._resource_tracker._pid, forkserver._forkserver._forkserver_pid}
+    return {pid for pid in pids if pid is not None}
 
 
 def _descendants(proc) -> list:

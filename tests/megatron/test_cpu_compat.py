@@ -24,8 +24,9 @@ def test_not_applied_on_import():
 
 def test_megatron_imported_by_apply_leaves_torch_inductor_out_and_compiles_on_first_call():
     """W10: ``apply()``'s import of megatron-core defers its fusions' ``torch.compile`` (inductor never imported);
-    ``torch.compile`` is torch's again afterwards; a deferred function compiles when first called, and a module
-    given to the deferring ``torch.compile`` is compiled as usual."""
+    ``torch.compile`` is torch's again afterwards; a deferred function compiles when first called, a deferred method
+    binds its instance, a deferred megatron function pickles by reference, and a module given to the deferring
+    ``torch.compile`` is compiled as usual."""
     code = (
         "import sys, torch\n"
         "real = torch.compile\n"
@@ -45,6 +46,15 @@ def test_megatron_imported_by_apply_leaves_torch_inductor_out_and_compiles_on_fi
         "x = torch.arange(3.0)\n"
         "assert torch.equal(f(x), x * 2 + 1) and f.compiled and torch.equal(g(x), x - 1)\n"
         "assert not isinstance(m, cpu_compat.CompileOnFirstCall) and torch.equal(m(x), x)\n"
+        "with cpu_compat.compile_on_first_call():\n"
+        "    class Norm:\n"
+        "        scale = 3.0\n"
+        "        @torch.compile(backend='eager')\n"
+        "        def apply(self, x):\n"
+        "            return x * self.scale\n"
+        "assert torch.equal(Norm().apply(x), x * 3) and isinstance(Norm.apply, cpu_compat.CompileOnFirstCall)\n"
+        "import pickle\n"
+        "assert pickle.loads(pickle.dumps(fused_bias_gelu.bias_gelu)) is fused_bias_gelu.bias_gelu\n"
         "print('deferred')\n"
     )
     proc = subprocess.run([PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)

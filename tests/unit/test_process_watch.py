@@ -148,9 +148,11 @@ def test_a_process_in_its_own_session_ends_with_its_killed_parent(tmp_path):
 
 def test_an_engine_start_that_raises_takes_the_children_it_started_along():
     """``children_killed_if_it_raises`` (around ``sglang.Engine(...)``): interrupted while its children start, the
-    children started inside the block and theirs are killed; a child from before the block is left alone; a block
-    that does not raise kills nothing."""
+    children started inside the block and theirs are killed; a child from before the block and multiprocessing's
+    resource tracker are left alone; a block that does not raise kills nothing."""
     import psutil
+
+    from multiprocessing import resource_tracker
 
     from sparse_rl_megatron.rollout.sglang_client import children_killed_if_it_raises
 
@@ -168,9 +170,11 @@ def test_an_engine_start_that_raises_takes_the_children_it_started_along():
                 assert scheduler.stdout.readline().strip() == "started"
                 started = [psutil.Process(scheduler.pid), *psutil.Process(scheduler.pid).children()]
                 assert len(started) == 2
+                resource_tracker.ensure_running()  # multiprocessing's shared helper, maybe started here: kept
                 raise KeyboardInterrupt
         _, alive = psutil.wait_procs(started, timeout=BOUND_S)  # both would sleep 300 s
         assert not alive and old.poll() is None and kept.poll() is None
+        assert psutil.Process(resource_tracker._resource_tracker._pid).is_running()
     finally:
         for proc in started:  # left alive only if the code under test failed
             if proc.is_running():
