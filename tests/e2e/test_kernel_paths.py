@@ -18,7 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 SUBSET = ["tests/megatron/test_parity_and_logprobs.py", "tests/megatron/test_train_step.py",
           "tests/megatron/test_tolerances.py", "tests/unit/test_rollout_engine_shards.py",
           "tests/unit/test_rollout_hf_engine.py"]
-SELECT = "TP1 or shards or hf_engine or tolerances"  # the megatron files: the single-process launch only
+# the megatron files: the single-process launch only ("TP1" alone also matched the two-rank launch's "tp1pp2" and
+# "tp1pp1" items, which started a torchrun pair for them)
+SELECT = "(TP1 or shards or hf_engine or tolerances) and not pair_launch"
 # the path below each one: (ATEN_CPU_CAPABILITY, MKL_ENABLE_INSTRUCTIONS, what torch then reports)
 NEXT_PATH = {"AVX512": ("avx2", "AVX2", "AVX2"), "AVX2": ("default", "SSE4_2", "DEFAULT"),
              "DEFAULT": ("avx2", "AVX2", "AVX2")}
