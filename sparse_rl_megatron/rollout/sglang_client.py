@@ -131,7 +131,8 @@ def children_killed_if_it_raises():
     try:
         yield
     except BaseException:
-        started = [p for p in me.children() if p.pid not in before | _shared_helpers()]
+        kept = before | _shared_helpers()
+        started = [p for p in me.children() if p.pid not in kept]
         for proc in [d for p in started for d in _descendants(p)] + started:
             try:
                 proc.kill()
