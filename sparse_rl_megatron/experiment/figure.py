@@ -35,26 +35,48 @@ CLAIM_PANELS = {
 CLAIM_PANELS_27 = {
     "shortcut-free accuracy, dense inference": "eval/dense/shortcut_free_accuracy",
     "shortcut-free accuracy, sparse inference": "eval/sparse/shortcut_free_accuracy",
-    "KV budget sampled with (mean)": "rollout/budget_sampled_mean",
+    "KV budget sampled with": "rollout/budget_sampled_mean",
     "contaminated sequences (any rho < 0.5)": "sparse/contaminated_frac",
     "KV tokens held per sequence (peak)": "rollout/kv_tokens_peak_mean",
     "train reward": "rollout/reward_mean",
 }
 """Panels of the issue-27 figure (``figure_claims.png``): accuracy, budget and contamination over the steps."""
+SMOOTHED_27 = frozenset({"KV budget sampled with", "contaminated sequences (any rho < 0.5)", "train reward"})
+"""Per-step panels of the issue-27 figure drawn as trailing means (``SMOOTH_STEPS``)."""
 
 
-def _curve(by_seed: dict[int, list[dict]], key: str) -> tuple[list[int], list[float], list[float], list[float]]:
-    """Steps, mean, min, max over seeds of ``key`` (steps where every seed has it)."""
+SMOOTH_STEPS = 10
+"""Trailing window of the per-step panels drawn smoothed (``smooth``): a step's 64 sequences give a share a
+sampling sd of ~0.05, larger than the trends these panels are read for."""
+
+
+def _trailing_mean(series: dict[int, float], window: int) -> dict[int, float]:
+    """Each step's value -> the mean of that step's and up to ``window - 1`` earlier logged steps' values."""
+    steps = sorted(series)
+    return {s: sum(series[t] for t in steps[max(0, i - window + 1):i + 1]) / (i + 1 - max(0, i - window + 1))
+            for i, s in enumerate(steps)}
+
+
+def _curve(by_seed: dict[int, list[dict]], key: str, window: int = 1
+           ) -> tuple[list[int], list[float], list[float], list[float]]:
+    """Steps, mean, min, max over seeds of ``key`` (steps where every seed has it; each seed's series first
+    averaged over a trailing ``window`` of steps)."""
     per_seed = [{r["step"]: r[key] for r in recs if r.get(key) is not None} for recs in by_seed.values()]
+    if window > 1:
+        per_seed = [_trailing_mean(p, window) for p in per_seed]
     steps = sorted(set.intersection(*(set(p) for p in per_seed))) if per_seed else []
     mean = [sum(p[s] for p in per_seed) / len(per_seed) for s in steps]
     return steps, mean, [min(p[s] for p in per_seed) for s in steps], [max(p[s] for p in per_seed) for s in steps]
 
 
 def draw_figure(records: dict[str, dict[int, list[dict]]], out: str | Path, what: str = "arms",
-                panels: dict[str, str] | None = None) -> Path | None:
+                panels: dict[str, str] | None = None,
+                marks: dict[str, tuple[float, str]] | None = None,
+                smooth: frozenset[str] = frozenset()) -> Path | None:
     """Draw ``records`` (``{arm: {seed: metrics records}}``) to ``out`` (``panels``: title -> metric, default
-    ``PANELS``); None when there is nothing to draw."""
+    ``PANELS``; ``marks``: title -> (value, label), a dashed horizontal line in that panel, e.g. a controller's
+    target; ``smooth``: titles drawn as trailing ``SMOOTH_STEPS``-step means); None when there is nothing to
+    draw."""
     if not records:
         return None
     panels = panels or PANELS
@@ -70,7 +92,7 @@ def draw_figure(records: dict[str, dict[int, list[dict]]], out: str | Path, what
     colours = {name: f"C{i % 10}" for i, name in enumerate(records)}
     for ax, (title, key) in zip(axes.flat, panels.items()):
         for name, by_seed in records.items():
-            steps, mean, low, high = _curve(by_seed, key)
+            steps, mean, low, high = _curve(by_seed, key, SMOOTH_STEPS if title in smooth else 1)
             if not steps:
                 continue
             single = len(steps) == 1
@@ -78,7 +100,12 @@ def draw_figure(records: dict[str, dict[int, list[dict]]], out: str | Path, what
                     markersize=11 if single else 3, linestyle="none" if single else "-")
             if len(by_seed) > 1 and not single:
                 ax.fill_between(steps, low, high, color=colours[name], alpha=0.15)
-        ax.set_title(title, fontsize=10)
+        if title in (marks or {}):
+            value, label = marks[title]
+            ax.axhline(value, color="black", linestyle="--", linewidth=1)
+            ax.annotate(label, (0.01, value), xycoords=("axes fraction", "data"), xytext=(0, 3),
+                        textcoords="offset points", fontsize=8)
+        ax.set_title(f"{title} ({SMOOTH_STEPS}-step mean)" if title in smooth else title, fontsize=10)
         if title in LOG_PANELS and all(y > 0 for line in ax.get_lines() for y in line.get_ydata()):
             ax.set_yscale("log")
         ax.set_xlabel("rollout step")

@@ -179,9 +179,18 @@ def write_report(cfg: ExperimentConfig) -> tuple[Path, Path | None]:
     figure = draw_figure(main, out / FIGURE_FILE, "arms")
     if main:  # the pre-registered analysis (issue 20) of whatever is complete
         from sparse_rl_megatron.experiment.analysis_report import write_full_analysis
-        from sparse_rl_megatron.experiment.figure import CLAIM_PANELS, CLAIM_PANELS_27, CLAIMS_FIGURE_FILE
+        from sparse_rl_megatron.experiment.figure import (CLAIM_PANELS, CLAIM_PANELS_27, CLAIMS_FIGURE_FILE,
+                                                           SMOOTHED_27)
 
         write_full_analysis(cfg, main)
-        panels = CLAIM_PANELS_27 if cfg.experiment.analysis == "issue27" else CLAIM_PANELS
-        draw_figure(main, out / CLAIMS_FIGURE_FILE, "arms", panels)
+        if cfg.experiment.analysis == "issue27":  # the adaptive arm's target beside the contamination it held
+            from sparse_rl_megatron.compression.budget_controller import SIGNALS
+
+            controller = cfg.train.rollout.adaptive_budget
+            metric = SIGNALS.get(controller.signal).metric
+            marks = {title: (controller.target, f"adaptive target {controller.target:g} ({controller.signal})")
+                     for title, key in CLAIM_PANELS_27.items() if key == metric}
+            draw_figure(main, out / CLAIMS_FIGURE_FILE, "arms", CLAIM_PANELS_27, marks, SMOOTHED_27)
+        else:
+            draw_figure(main, out / CLAIMS_FIGURE_FILE, "arms", CLAIM_PANELS)
     return out / RESULTS_MD, figure
