@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 import psutil
-import pytest
 from test_train import RECIPE, ROOT, SMALL, _env, free_port
 
 BOUND_S = 240.0
