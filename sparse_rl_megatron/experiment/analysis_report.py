@@ -201,7 +201,9 @@ def analysis_markdown(result: dict) -> str:
         text += ["\n## Compounding test (mismatch at B* on the same prompts; veto in %)\n",
                  compounding_markdown(result["compounding"]),
                  "\n## Final models under other caches (greedy accuracy, points)\n", caches_markdown(result["caches"]),
-                 "\n## Study tests (secondary, unadjusted)\n", study_tests_markdown(result.get("study_tests", {}))]
+                 "\n## Study tests (secondary, unadjusted)\n",
+                 study_tests_markdown(result.get("study_tests", {})) if result.get("design", "issue20") == "issue20"
+                 else "(none registered for this design: its checkpoint study is descriptive)\n"]
     return "".join(text)
 
 

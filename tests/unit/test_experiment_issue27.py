@@ -143,6 +143,13 @@ def test_the_issue27_analysis_decides_by_its_registered_rules(tmp_path):
     md = write_analysis(tmp_path, _study(gaps, kv_adaptive=18.0), design_name="issue27").read_text()
     assert "Holm over C1, C2b, C3, G, A" in md and "A, footprint: 18.0 KV tokens per sequence against 19.0" in md
     assert "## Per seed, shortcut-free dense endpoint" in md and "| sparse_rl_adaptive | 8 |" in md
+    # the checkpoint study is descriptive in this design: issue 20's study tests (naive vs sparse_rl) do not apply
+    study = {"compounding": {}, "caches": {}, "study_tests": {}}
+    md = write_analysis(tmp_path, _study(gaps, kv_adaptive=18.0), study, design_name="issue27").read_text()
+    assert md.endswith("## Study tests (secondary, unadjusted)\n(none registered for this design: its checkpoint "
+                       "study is descriptive)\n")
+    md = write_analysis(tmp_path, _study(gaps, kv_adaptive=18.0), study, design_name="issue20").read_text()
+    assert md.endswith("## Study tests (secondary, unadjusted)\n(not run)\n")
 
 
 def test_the_results_table_shows_the_kv_tokens_budget_and_contamination_of_each_arm():
