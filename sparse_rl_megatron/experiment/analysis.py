@@ -111,10 +111,14 @@ class Design:
     gated: tuple[str, ...]
     footprint: Footprint | None = None
     holm_note: str = ""
+    study_tests: bool = False
+    """Whether the registration decides tests on the checkpoint study (issue 20's naive vs sparse_rl); otherwise
+    the study is descriptive."""
 
 
 DESIGNS: Registry[Design] = Registry("experiment analysis design")
-DESIGNS.add("issue20", Design(TESTS, ("C1", "C2a", "C2b"), holm_note="Holm over C1, C2a, C2b, C3"))
+DESIGNS.add("issue20", Design(TESTS, ("C1", "C2a", "C2b"), holm_note="Holm over C1, C2a, C2b, C3",
+                              study_tests=True))
 DESIGNS.add("issue27", Design(TESTS_27, ("C1", "C2b", "G", "A", "T_high", "T_mid", "T_low"),
                               Footprint("A", "sparse_rl_adaptive", ("sparse_rl_low", "sparse_rl_mid", "sparse_rl_high"),
                                         ("T_low", "T_mid", "T_high")),

@@ -109,7 +109,9 @@ def study_summary(cfg, records: dict) -> dict:
                 caches.setdefault(arm, {})[seed] = {c: 100 * m["eval/sparse/accuracy"]
                                                     for c, m in json.loads(path.read_text()).items()}
     comp = {arm: by_seed for arm, by_seed in comp.items() if any(k for v in by_seed.values() for k in v)}
-    return {"compounding": comp, "caches": caches, "study_tests": study_tests(comp, caches, steps[-1])}
+    decided = DESIGNS.get(cfg.experiment.analysis).study_tests
+    return {"compounding": comp, "caches": caches,
+            "study_tests": study_tests(comp, caches, steps[-1]) if decided else {}}
 
 
 def study_tests(comp: dict, caches: dict, last: int) -> dict:
@@ -202,7 +204,7 @@ def analysis_markdown(result: dict) -> str:
                  compounding_markdown(result["compounding"]),
                  "\n## Final models under other caches (greedy accuracy, points)\n", caches_markdown(result["caches"]),
                  "\n## Study tests (secondary, unadjusted)\n",
-                 study_tests_markdown(result.get("study_tests", {})) if result.get("design", "issue20") == "issue20"
+                 study_tests_markdown(result.get("study_tests", {})) if DESIGNS.get(result["design"]).study_tests
                  else "(none registered for this design: its checkpoint study is descriptive)\n"]
     return "".join(text)
 

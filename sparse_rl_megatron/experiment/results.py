@@ -183,14 +183,14 @@ def write_report(cfg: ExperimentConfig) -> tuple[Path, Path | None]:
                                                            SMOOTHED_27)
 
         write_full_analysis(cfg, main)
+        panels, marks, smooth = CLAIM_PANELS, {}, frozenset()
         if cfg.experiment.analysis == "issue27":  # the adaptive arm's target beside the contamination it held
             from sparse_rl_megatron.compression.budget_controller import SIGNALS
 
             controller = cfg.train.rollout.adaptive_budget
             metric = SIGNALS.get(controller.signal).metric
+            panels, smooth = CLAIM_PANELS_27, SMOOTHED_27
             marks = {title: (controller.target, f"adaptive target {controller.target:g} ({controller.signal})")
-                     for title, key in CLAIM_PANELS_27.items() if key == metric}
-            draw_figure(main, out / CLAIMS_FIGURE_FILE, "arms", CLAIM_PANELS_27, marks, SMOOTHED_27)
-        else:
-            draw_figure(main, out / CLAIMS_FIGURE_FILE, "arms", CLAIM_PANELS)
+                     for title, key in panels.items() if key == metric}
+        draw_figure(main, out / CLAIMS_FIGURE_FILE, "arms", panels, marks, smooth)
     return out / RESULTS_MD, figure
