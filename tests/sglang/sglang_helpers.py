@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -122,12 +123,15 @@ FAULT_BOUND_S = 120.0
 """Generous bound on every wait of the fault tests (what is waited for takes well under a second once it happens)."""
 
 
-def wait_for_decoding(stats: Path, since: int, call: threading.Thread) -> None:
+def wait_for_decoding(stats: Path, since: int, call: threading.Thread | subprocess.Popen,
+                      why: Callable[[], str] = lambda: "") -> None:
     """Until the plugin's pool log (``stats_path``: a line per forward) shows a decode forward past line ``since``:
-    the call's request is being served, so a fault injected now lands in the middle of the call."""
+    the call's request is being served, so a fault injected now lands in the middle of the call. ``call``: the
+    thread or the process making it; ``why``: more for the message if it ends first (e.g. the process's log)."""
     deadline = time.monotonic() + FAULT_BOUND_S
+    running = call.is_alive if isinstance(call, threading.Thread) else lambda: call.poll() is None
     while not any(x.get("decode") for x in read_stats(stats)[since:]):
-        assert call.is_alive() and time.monotonic() < deadline, "the call ended (or never decoded) before the fault"
+        assert running() and time.monotonic() < deadline, f"the call ended (or never decoded) before the fault{why()}"
         time.sleep(0.05)
 
 

@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
@@ -115,10 +114,7 @@ def test_a_process_killed_while_its_engine_decodes_takes_the_engine_along(tiny_m
         assert set(pids) == {"scheduler_0", "detokenizer"}, err.read_text()[-3000:]
         engine = [psutil.Process(pid) for pid in pids.values()]
         assert sorted(p.name() for p in engine) == ["sglang::detokenizer", "sglang::scheduler"]  # SGLang's titles
-        deadline = time.monotonic() + FAULT_BOUND_S
-        while not any(x.get("decode") for x in read_stats(stats)):
-            assert holder.poll() is None and time.monotonic() < deadline, err.read_text()[-3000:]
-            time.sleep(0.05)
+        wait_for_decoding(stats, 0, holder, lambda: "\n" + err.read_text()[-3000:])
         holder.kill()
         assert holder.wait() == -signal.SIGKILL
         _, alive = psutil.wait_procs(engine, timeout=FAULT_BOUND_S)
