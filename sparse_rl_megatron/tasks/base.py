@@ -16,6 +16,7 @@ from typing import Any
 
 from sparse_rl_megatron.data.loader import Dataset
 from sparse_rl_megatron.data.record import MathRecord
+from sparse_rl_megatron.tasks.warm_check import WarmStartExpectations
 
 SPLITS = ("train", "heldout")
 
@@ -31,6 +32,9 @@ class Task(ABC):
     """Prompt template name (``data.TEMPLATES``) applied to each record's ``prompt``."""
     reward: str = "exact"
     """Reward name (``rewards.REWARDS``) the responses are scored with."""
+    warm_expectations: WarmStartExpectations | None = None
+    """What a good warm start of this task does, checked after the supervised stage (``tasks/warm_check.py``; the
+    task's records then carry their worked chain and its ``response_tokens`` bounds a response); None: unchecked."""
 
     @abstractmethod
     def records(self, split: str, limit: int | None = None, seed: int = 0) -> Dataset:

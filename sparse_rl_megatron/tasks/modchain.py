@@ -16,7 +16,7 @@ import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
@@ -28,6 +28,7 @@ from sparse_rl_megatron.tasks.modchain_problems import (
 )
 from sparse_rl_megatron.tasks.modchain_teacher import EarlyStopTeacher
 from sparse_rl_megatron.tasks.sft import SFTConfig, check_output_free, save_model_dir, supervised_finetune
+from sparse_rl_megatron.tasks.warm_check import WarmStartExpectations
 from sparse_rl_megatron.tasks.word_tokenizer import build_word_tokenizer
 
 NAME = "modchain"
@@ -84,6 +85,10 @@ class ModChainSpec:
     warm_start_steps: int = 300
     """Optimizer steps of the recommended supervised stage (``WARM_START``'s other fields apply); a config's
     ``warm_start.steps`` overrides it."""
+    warm_start: Mapping[str, Any] = field(default_factory=dict)
+    """This variant's changes to ``WARM_START`` (``SFTConfig`` fields); a config's ``warm_start`` overrides them."""
+    warm_check: WarmStartExpectations | None = None
+    """What this variant's warm start must do (``tasks/warm_check.py``; checked by the trainer); None: unchecked."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "heldout_variants", "train_variants", "warm_start_steps"):
@@ -105,6 +110,7 @@ class ModChainTask(Task):
     def __init__(self, spec: ModChainSpec | None = None, name: str = NAME):
         self.spec = spec or ModChainSpec()
         self.name = name
+        self.warm_expectations = self.spec.warm_check
 
     # ----------------------------------------------------------------------------------------- problems
     @property
@@ -211,14 +217,15 @@ class ModChainTask(Task):
     def warm_start(self, model_dir: str | os.PathLike, out_dir: str | os.PathLike, *, seed: int = 0,
                    **options: Any) -> dict[str, float]:
         """Supervised stage on the training problems' worked solutions: ``SFTConfig`` fields as options (defaults
-        ``WARM_START`` with the spec's ``warm_start_steps``), plus ``eval_problems``: held-out problems scored greedily at the end (0 = skip). Works
+        ``WARM_START`` with the spec's ``warm_start_steps`` and ``warm_start``), plus ``eval_problems``: held-out problems scored greedily at the end (0 = skip). Works
         from any checkpoint of this task, so it also serves as the equal-time supervised control."""
         from transformers import AutoTokenizer
 
         from sparse_rl_megatron.utils.config_io import from_dict
 
         eval_problems = int(options.pop("eval_problems", 200))
-        config = from_dict(SFTConfig, {**WARM_START, "steps": self.spec.warm_start_steps, **options}, "warm_start")
+        config = from_dict(SFTConfig, {**WARM_START, "steps": self.spec.warm_start_steps, **self.spec.warm_start,
+                                       **options}, "warm_start")
         check_output_free(out_dir)
         tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
         metrics = supervised_finetune(model_dir, out_dir, self.sft_examples(tok, seed), config, seed=seed)

@@ -297,6 +297,52 @@ class LogConfig:
     """Draw ``metrics.png`` at the end of the run."""
 
 
+WARM_RETRY_SEED_STRIDE = 1000
+"""Attempt k of a task's warm start trains with seed ``seed + k * WARM_RETRY_SEED_STRIDE`` (its batches, key-dropout
+masks and torch seed; the model it starts from stays the one built with ``seed``)."""
+
+
+@dataclass
+class WarmCheckConfig:
+    """The check of a task's warm start against what its teacher taught (``tasks/warm_check.py``), and the rule on a
+    miss: warm-start again with the next seed, up to ``attempts`` in all, then stop in one line."""
+
+    enabled: bool = True
+    """Check the warm start of a task that states its expectations (``task:<name>`` models; others are unchecked)."""
+    attempts: int = 3
+    """Warm starts tried before the run stops (seeds ``seed``, ``seed`` + 1000, ...)."""
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError(f"WarmCheckConfig.attempts must be >= 1, got {self.attempts}")
+
+    def seed(self, run_seed: int, attempt: int) -> int:
+        """The warm-start seed of ``attempt`` (0-based)."""
+        return run_seed + attempt * WARM_RETRY_SEED_STRIDE
+
+
+@dataclass
+class ExpectConfig:
+    """The documented result of a recipe: the run's last line says whether it landed inside (``sparse-rl train``)."""
+
+    step: int | None = None
+    """The evaluation step the ranges are for (None: no documented result)."""
+    ranges: dict[str, list[float]] = field(default_factory=dict)
+    """``{metric: [low, high]}`` (metrics of ``metrics.jsonl``, e.g. ``eval/dense/shortcut_free_accuracy``)."""
+    source: str = ""
+    """Where the ranges come from (a doc and the draws measured), printed with the verdict."""
+    overridden: list[str] = field(default_factory=list)
+    """Recipe keys the command line changed (besides ``seed``, ``run_dir``, ``log``, ``checkpoint``): set by
+    ``sparse-rl train``; the verdict then says the range is the recipe's as written."""
+
+    def __post_init__(self) -> None:
+        for key, bounds in self.ranges.items():
+            if len(bounds) != 2 or not bounds[0] <= bounds[1]:
+                raise ValueError(f"ExpectConfig.ranges['{key}'] must be [low, high] with low <= high, got {bounds}")
+        if self.ranges and self.step is None:
+            raise ValueError("ExpectConfig.step must name the evaluation step its ranges are for")
+
+
 @dataclass
 class LaunchConfig:
     """What the recipe was written for (``sparse-rl preflight`` checks a launch against it)."""
@@ -336,6 +382,8 @@ class TrainConfig:
     that many-sample slices, one optimizer step each (None: one step on the whole rollout batch)."""
     warm_start: dict[str, Any] = field(default_factory=dict)
     """Options of the task's supervised warm start (``task:<name>`` models only)."""
+    warm_check: WarmCheckConfig = field(default_factory=WarmCheckConfig)
+    """The check of the warm start and the retry rule on a miss."""
     data: DataConfig = field(default_factory=DataConfig)
     """Training prompts."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -356,6 +404,8 @@ class TrainConfig:
     """Progress, TensorBoard, heartbeat, plot."""
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     """The GPUs and layout the recipe expects."""
+    expect: ExpectConfig = field(default_factory=ExpectConfig)
+    """The recipe's documented result (compared at the end of the run)."""
     phase_timeout_s: int = 4 * 3600
     """Longest a phase that waits on the rollout engines (rollout + reward, weight sync, probe, evaluation, a
     rank building a model) may take before the ranks call it a hang: an engine that has not answered by then

@@ -125,3 +125,10 @@ def _finish(cfg: TrainConfig, run: Run) -> None:
             if first.get(chain) is not None and last.get(chain) is not None:  # every intermediate state right
                 line += f"; full chains {first[chain]:.3f} -> {last[chain]:.3f}"
             run.say(line)
+    from sparse_rl_megatron.trainer.runtime.expected_result import expected_result_line
+
+    verdict = expected_result_line(cfg.expect, records)
+    if verdict is not None:
+        from rich.markup import escape
+
+        run.say(escape(verdict))

@@ -123,6 +123,7 @@ class CountingTask:
     name = "counting"
     template = "plain"
     reward = "math"
+    warm_expectations = None  # unchecked
 
     def __init__(self):
         self.calls: list[tuple] = []
@@ -148,7 +149,7 @@ class CountingTask:
         return {"sft/heldout_acc": 0.25}
 
 
-def test_task_model_is_built_and_warm_started_once_then_reused(tmp_path):
+def test_task_model_is_built_and_warm_started_once_then_reused(tmp_path, monkeypatch):
     from sparse_rl_megatron.tasks import TASKS, Task
     from sparse_rl_megatron.trainer.config import TrainConfig
     from sparse_rl_megatron.trainer.runtime.model_dirs import prepare_model
@@ -157,9 +158,7 @@ def test_task_model_is_built_and_warm_started_once_then_reused(tmp_path):
 
     task = CountingTask()
     Task.register(CountingTask)  # a virtual subclass: the registry holds Task objects
-    if "counting" not in TASKS:
-        TASKS.add("counting", task)
-    task = TASKS.get("counting")
+    monkeypatch.setitem(TASKS._items, "counting", task)  # registered for this test only (the audit walks TASKS)
     cfg = from_dict(TrainConfig, {"model_path": "task:counting", "seed": 7, "run_dir": str(tmp_path),
                                   "data": {"dataset": "task:counting"}, "warm_start": {"steps": 3}})
     plan = preflight(cfg, world_size=1)

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from sparse_rl_megatron.trainer.checkpointing.integrity import STATE_FILE, file_sizes
+from sparse_rl_megatron.utils.atomic_write import atomic_write, write_json_atomic
 from sparse_rl_megatron.utils.device import cuda_present
 from sparse_rl_megatron.utils.errors import RunFailed, UserError
 
@@ -80,15 +81,6 @@ def read_state(ckpt: str | os.PathLike) -> dict[str, Any]:
         raise UserError(f"{Path(ckpt) / STATE_FILE}: format_version {state.get('format_version')} is not "
                         f"{FORMAT_VERSION}, which this version writes and reads")
     return state
-
-
-def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def capture_rng(cuda: bool | None = None) -> dict[str, Any]:
@@ -150,7 +142,7 @@ def save(run_dir: str | os.PathLike, step: int, learner, trainer_state: dict[str
 def _write_rng(out: Path, rank: int, cuda: bool) -> None:
     rng_dir = out / RNG_DIR
     rng_dir.mkdir(exist_ok=True)
-    _atomic_write(rng_dir / f"rank{rank}.pt", lambda f: torch.save(capture_rng(cuda), f))
+    atomic_write(rng_dir / f"rank{rank}.pt", lambda f: torch.save(capture_rng(cuda), f))
 
 
 def _write_state(out: Path, step: int, trainer_state: dict[str, Any]) -> None:
@@ -159,7 +151,7 @@ def _write_state(out: Path, step: int, trainer_state: dict[str, Any]) -> None:
 
     state = {"format_version": FORMAT_VERSION, "step": step, "world_size": D.world_size(), **trainer_state,
              "files": file_sizes(out)}
-    _atomic_write(out / STATE_FILE, lambda f: f.write((json.dumps(state, indent=2) + "\n").encode()))
+    write_json_atomic(out / STATE_FILE, state)
 
 
 _ERRNO_TEXT = re.compile(r"\[Errno (\d+)\] ([^\n]*)")

@@ -17,6 +17,8 @@ from typing import Any, Callable
 
 MODEL_DIR = "model"
 WARM_METRICS = "warm_start.json"
+WARM_CHECK = "warm_check.json"
+"""Under ``model/``: each warm-start attempt's check (``checked_warm_start``)."""
 
 
 @dataclass
@@ -60,19 +62,66 @@ def prepare_model(cfg, task, run_dir: Path) -> ModelDirs:
         if build_once(init, lambda d: task.build_model(d, seed=cfg.seed)):
             notes.append(f"built the {task.name} model in {init}")
         warm = root / "warm"
-
-        def warm_start(d: Path) -> None:
-            metrics = task.warm_start(init, d, seed=cfg.seed, **dict(cfg.warm_start))
-            (d / WARM_METRICS).write_text(json.dumps(metrics, indent=2) + "\n")
-
-        if build_once(warm, warm_start):
-            notes.append(f"warm-started it into {warm}: {(warm / WARM_METRICS).read_text().strip()}")
-        else:
+        if warm.is_dir():
             notes.append(f"reusing the warm-started model in {warm}")
+        elif cfg.warm_check.enabled and task.warm_expectations is not None:
+            notes += checked_warm_start(cfg, task, init, warm)
+        else:
+            build_once(warm, lambda d: _warm_start(cfg, task, init, d))
+            notes.append(f"warm-started it into {warm}: {(warm / WARM_METRICS).read_text().strip()}")
         return ModelDirs(str(warm), str(warm), notes)
     if (Path(cfg.model_path) / MEGATRON_META_FILE).is_file():
         return ModelDirs(cfg.model_path, None)
     return ModelDirs(cfg.model_path, cfg.model_path)
+
+
+def _warm_start(cfg, task, init: Path, out: Path) -> None:
+    """The task's warm start of ``init`` into ``out`` (created) with the run's seed, unchecked; its metrics go to
+    ``out/warm_start.json``."""
+    metrics = task.warm_start(init, out, seed=cfg.seed, **dict(cfg.warm_start))
+    (out / WARM_METRICS).write_text(json.dumps(metrics, indent=2) + "\n")
+
+
+def checked_warm_start(cfg, task, init: Path, warm: Path) -> list[str]:
+    """Warm-start ``init`` into ``warm`` and check it against the task's expectations (``tasks/warm_check.py``); on a
+    miss, again with the next seed (``WarmCheckConfig.seed``), up to ``cfg.warm_check.attempts`` in all. Every attempt's
+    verdict goes to ``model/warm_check.json``; a missed model is kept as ``warm.missed-<attempt>`` (and said at once).
+    Raises ``UserError`` when every attempt missed. Returns the notes to print."""
+    from sparse_rl_megatron.tasks.warm_check import check_warm_start
+    from sparse_rl_megatron.utils.atomic_write import write_json_atomic
+    from sparse_rl_megatron.utils.errors import UserError
+
+    expected, attempts = task.warm_expectations, cfg.warm_check.attempts
+    options = dict(cfg.warm_start)
+    options.setdefault("eval_problems", 0)  # the check scores the held-out records itself
+    record: dict[str, Any] = {"task": task.name, "attempts": [], "rule": (
+        f"warm start again with seed + {cfg.warm_check.seed(0, 1)} x attempt on a miss, {attempts} attempts in all, "
+        "then stop")}
+    for attempt in range(attempts):
+        seed = cfg.warm_check.seed(cfg.seed, attempt)
+        partial = warm.with_name(warm.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        metrics = {**task.warm_start(init, partial, seed=seed, **options)}
+        check = check_warm_start(task, partial, expected, metrics["sft/loss_last"], seed=cfg.seed)
+        metrics.update({"sft/heldout_acc": check.measured["heldout_accuracy"], "sft/seed": float(seed),
+                        **{f"check/{k}": v for k, v in check.measured.items()}, "check/passed": float(check.passed)})
+        (partial / WARM_METRICS).write_text(json.dumps(metrics, indent=2) + "\n")
+        record["attempts"].append({"attempt": attempt + 1, "seed": seed, **check.to_json()})
+        record["verdict"] = "passed" if check.passed else ("missed" if attempt + 1 == attempts else "retrying")
+        write_json_atomic(warm.parent / WARM_CHECK, record)
+        where = f"attempt {attempt + 1} of {attempts}, warm-start seed {seed}"
+        if check.passed:
+            partial.rename(warm)
+            return [f"warm-started it into {warm} ({where}); check {check.summary()}"]
+        missed = warm.with_name(f"{warm.name}.missed-{attempt + 1}")
+        shutil.rmtree(missed, ignore_errors=True)
+        partial.rename(missed)
+        # said now, not with the notes: the next attempt takes minutes
+        print(f"warm start {where} {check.summary()}; kept as {missed}", flush=True)
+    raise UserError(f"the warm start of {task.name} missed its check on all {attempts} attempts (last: "
+                    f"{'; '.join(check.missed)}); verdicts in {warm.parent / WARM_CHECK}. Try more supervised steps "
+                    f"(warm_start.steps=...), more attempts (warm_check.attempts=...), or no check "
+                    f"(warm_check.enabled=false)")
 
 
 def export_for_engine(learner, run_dir: Path) -> str:

@@ -1,0 +1,145 @@
+"""Does a warm start do what its teacher taught? The check after the supervised stage.
+
+A tiny model's supervised stage can miss one single-token skill while the loss looks almost done: on some seeds
+and kernel paths the `modchain31_weak` warm start wrote every chain right but boxed a wrong second digit on up to
+57% of them, or got the first state of the chain wrong on 88%, and RL does not repair either
+(docs/embedded-default.md, "The lottery"). A task that knows what a good warm start does states it as
+``WarmStartExpectations``; ``check_warm_start`` scores the model greedily (dense) on held-out records and names
+every expectation it missed. The trainer acts on a miss (``trainer/runtime/model_dirs.py``: retry with the next
+warm-start seed, then stop in one line).
+
+What is measured, on the first ``problems`` held-out records:
+- ``loss_last``: the supervised stage's mean loss over its last 10 steps;
+- ``heldout_accuracy``: greedy accuracy on all of them (a weaker teacher's class is expected to fail);
+- ``taught_accuracy`` / ``taught_full_chains``: on the records the teacher demonstrated in full (its perfectly taught
+  class; every record of a task without a weaker teacher), the accuracy and the share whose every intermediate
+  state is right;
+- ``boxes_right``: among the responses that write the whole chain right, the share whose final answer is right.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from sparse_rl_megatron.data.record import MathRecord
+    from sparse_rl_megatron.tasks.base import Task
+
+TAUGHT_CLASS = "rest"
+"""The class a weaker teacher demonstrates in full (``modchain_teacher.OTHER``); records without a class are taught
+in full too."""
+
+
+@dataclass(frozen=True)
+class WarmStartExpectations:
+    """What a good warm start of a task does; a model below any bound misses the check."""
+
+    max_loss: float
+    """Largest ``loss_last`` (mean supervised loss of the last 10 steps)."""
+    min_taught_accuracy: float
+    """Least greedy accuracy on the held-out records the teacher demonstrated in full."""
+    min_taught_full_chains: float
+    """Least share of those records whose greedy response writes every intermediate state right."""
+    min_boxes_right: float
+    """Least share of right final answers among the greedy responses that write the whole chain right."""
+    problems: int = 200
+    """Held-out records scored (greedy, dense cache)."""
+
+    def __post_init__(self) -> None:
+        if not self.max_loss > 0:
+            raise ValueError(f"WarmStartExpectations.max_loss must be > 0, got {self.max_loss}")
+        for name in ("min_taught_accuracy", "min_taught_full_chains", "min_boxes_right"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"WarmStartExpectations.{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.problems < 1:
+            raise ValueError(f"WarmStartExpectations.problems must be >= 1, got {self.problems}")
+
+    def judge(self, measured: Mapping[str, float]) -> list[str]:
+        """What ``measured`` (``check_warm_start``'s values) missed, one phrase each; empty when all hold. A share
+        over no records (nan: e.g. no response wrote the whole chain) misses a positive bound."""
+        missed = []
+        if not measured["loss_last"] <= self.max_loss:
+            missed.append(f"supervised loss {measured['loss_last']:.4f} > {self.max_loss}")
+        for key, bound, what in (("taught_accuracy", self.min_taught_accuracy, "accuracy on the taught records"),
+                                 ("taught_full_chains", self.min_taught_full_chains, "full chains on the taught records"),
+                                 ("boxes_right", self.min_boxes_right, "right answers on the full chains")):
+            if bound > 0 and not measured[key] >= bound:
+                missed.append(f"{what} {measured[key]:.3f} < {bound}")
+        return missed
+
+
+@dataclass(frozen=True)
+class WarmStartCheck:
+    """One warm start's check: what was measured, against what, and what missed."""
+
+    measured: dict[str, float]
+    expected: WarmStartExpectations
+    missed: tuple[str, ...]
+
+    @property
+    def passed(self) -> bool:
+        return not self.missed
+
+    def summary(self) -> str:
+        """One line: ``passed (...)`` or ``missed: <what>; <what>``."""
+        m = self.measured
+        values = (f"taught accuracy {m['taught_accuracy']:.3f}, full chains {m['taught_full_chains']:.3f}, "
+                  f"right answers on full chains {m['boxes_right']:.3f}, loss {m['loss_last']:.4f}")
+        return f"passed ({values})" if self.passed else f"missed: {'; '.join(self.missed)} ({values})"
+
+    def to_json(self) -> dict:
+        return {"passed": self.passed, "missed": list(self.missed), "measured": self.measured,
+                "expected": asdict(self.expected)}
+
+
+def check_warm_start(task: "Task", model_dir: str | os.PathLike, expected: WarmStartExpectations, loss_last: float,
+                     seed: int = 0) -> WarmStartCheck:
+    """Score the model of ``model_dir`` greedily (dense) on the first ``expected.problems`` held-out records of
+    ``task`` (which must carry their worked chain, ``extra["chain"]``) and judge it against ``expected``."""
+    from sparse_rl_megatron.data.templates import render_prompt
+    from sparse_rl_megatron.eval.subsets import CHAIN_KEY
+    from sparse_rl_megatron.rewards.registry import REWARDS
+    from sparse_rl_megatron.rollout.engine import SamplingParams
+    from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
+
+    records = task.records("heldout", limit=expected.problems, seed=seed)
+    if any(CHAIN_KEY not in r.extra for r in records):
+        raise ValueError(f"check_warm_start: the held-out records of {task.name} carry no worked chain")
+    engine = HFRolloutEngine(model_dir, show_progress=False)
+    prompts = [render_prompt(task.template, r.prompt, engine.tokenizer) for r in records]
+    samples = engine.generate(prompts, 1, SamplingParams(temperature=0.0, max_new_tokens=task.response_tokens + 8))
+    for s in samples:
+        s.metadata.update(records[s.group_id].metadata())
+    with REWARDS.get(task.reward)() as reward:
+        verdicts = reward.score_samples(samples)
+    ordered = sorted(zip(samples, verdicts), key=lambda sv: sv[0].group_id)
+    measured = chain_measures(records, [s.response_text for s, _ in ordered], [v.reward > 0 for _, v in ordered],
+                              loss_last)
+    return WarmStartCheck(measured, expected, tuple(expected.judge(measured)))
+
+
+def chain_measures(records: Sequence["MathRecord"], responses: Sequence[str], right: Sequence[bool],
+                   loss_last: float) -> dict[str, float]:
+    """The check's values (module docstring) of one greedy response per record (``responses[i]`` to
+    ``records[i]``, ``right[i]``: its reward was positive)."""
+    from sparse_rl_megatron.eval.subsets import CHAIN_KEY, SUBSET_KEY, full_chain
+
+    if not len(records) == len(responses) == len(right) > 0:
+        raise ValueError(f"chain_measures: {len(records)} records, {len(responses)} responses, {len(right)} verdicts")
+    full = [full_chain(text, r.extra[CHAIN_KEY]) for r, text in zip(records, responses)]
+    taught = [i for i, r in enumerate(records) if r.extra.get(SUBSET_KEY, TAUGHT_CLASS) == TAUGHT_CLASS]
+    return {
+        "loss_last": float(loss_last),
+        "problems": float(len(records)),
+        "heldout_accuracy": _share(list(right)),
+        "taught_problems": float(len(taught)),
+        "taught_accuracy": _share([right[i] for i in taught]),
+        "taught_full_chains": _share([full[i] for i in taught]),
+        "full_chains": float(sum(full)),
+        "boxes_right": _share([ok for ok, f in zip(right, full) if f]),
+    }
+
+
+def _share(flags: list[bool]) -> float:
+    return sum(flags) / len(flags) if flags else float("nan")
