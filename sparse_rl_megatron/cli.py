@@ -24,7 +24,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
                                                     "before training"),
     "plot": ("sparse_rl_megatron.observability.plot_cli", "draw a run's metric curves (PNG) from its metrics.jsonl"),
     "plan": ("sparse_rl_megatron.planning.cli", "per-GPU memory of a learner layout and the rollout KV budget"),
-    "preflight": ("sparse_rl_megatron.trainer.runtime.launch_preflight",
+    "preflight": ("sparse_rl_megatron.trainer.launch_preflight",
                   "check a training launch on this node before torchrun"),
     "train": ("sparse_rl_megatron.trainer.cli", "train (or resume) Sparse-RL GRPO; no arguments: the CPU default"),
 }

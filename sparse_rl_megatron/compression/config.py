@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from sparse_rl_megatron.compression.scorers import SCORERS
+
 DENSE_METHOD = "none"
 """Method name meaning: no compression, the full KV cache is kept."""
 
@@ -49,9 +51,6 @@ class CompressionConfig:
     """Compress an over-budget prompt (more than B tokens) right after prefill (R-KV does; Sparse-RL does not)."""
 
     def __post_init__(self) -> None:
-        # Imported here: the registry of scorers imports this module.
-        from sparse_rl_megatron.compression.scorers import SCORERS
-
         SCORERS.check(self.method, field="CompressionConfig.method")
         if self.scope not in SCOPES:
             raise ValueError(f"CompressionConfig.scope must be one of {', '.join(SCOPES)}; got '{self.scope}'")

@@ -165,8 +165,7 @@ def check_lengths(config: EvalConfig, datasets: dict[str, Dataset], tokenizer, c
 def load_benchmark(name: str, config: EvalConfig) -> Dataset:
     """A named set or data file, or ``task:<name>``: the held-out split of a task built in code, drawn with the
     seed the trainer evaluates with (so its records, and which of them are shortcut-free, are the training run's)."""
-    from sparse_rl_megatron.tasks import get_task, is_task_ref
-    from sparse_rl_megatron.trainer.runtime.run_plan import HELDOUT_SEED
+    from sparse_rl_megatron.tasks import HELDOUT_SEED, get_task, is_task_ref
 
     if is_task_ref(name):
         return get_task(name).records("heldout", limit=config.limit, seed=HELDOUT_SEED)

@@ -16,20 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from sparse_rl_megatron.data.loader import Dataset
-
-SUBSET_KEY = "subset"
-"""The ``MathRecord.extra`` field naming a record's class."""
-SHORTCUT_FREE_KEY = "shortcut_free"
-"""The ``MathRecord.extra`` flag of a record whose answer is none of the values named in its prompt."""
-CHAIN_KEY = "chain"
-"""The ``MathRecord.extra`` field of a chain task's record: its worked chain (every intermediate state, words
-separated by spaces, without the final answer)."""
-
-
-def full_chain(response: str, chain: str) -> bool:
-    """Whether ``response`` opens with every word of ``chain`` (whitespace aside): all intermediate states right."""
-    words = chain.split()
-    return response.split()[:len(words)] == words
+from sparse_rl_megatron.data.record_extras import CHAIN_KEY, SHORTCUT_FREE_KEY, SUBSET_KEY, full_chain
 
 
 def full_chain_fraction(dataset: Dataset, problems: list[dict[str, Any]]) -> tuple[float, int] | None:

@@ -28,7 +28,7 @@ def evaluate_saved(cfg: "TrainConfig", model: str | Path, step: int,
     order (module docstring)."""
     from sparse_rl_megatron.rollout.engines import ENGINES
     from sparse_rl_megatron.trainer.evaluation import evaluate
-    from sparse_rl_megatron.trainer.runtime.run_plan import preflight
+    from sparse_rl_megatron.trainer.run_plan import preflight
     from sparse_rl_megatron.trainer.run import make_reward
 
     plan = preflight(cfg, 1, lengths=("eval",))  # evaluations only: the rollout's length is not used

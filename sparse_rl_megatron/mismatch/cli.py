@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     from sparse_rl_megatron.mismatch.study import rejecting_correction, study_rows
     from sparse_rl_megatron.trainer.runtime import distributed as D
     from sparse_rl_megatron.trainer.cli import load
-    from sparse_rl_megatron.trainer.runtime.run_plan import preflight
+    from sparse_rl_megatron.trainer.run_plan import preflight
     from sparse_rl_megatron.utils.errors import UserError
 
     overrides = [*args.overrides, *flag_overrides(args), *STUDY_OVERRIDES]

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from sparse_rl_megatron.compression import CompressionConfig
     from sparse_rl_megatron.mismatch.study import RowResult
     from sparse_rl_megatron.trainer.config import TrainConfig
-    from sparse_rl_megatron.trainer.runtime.run_plan import RunPlan
+    from sparse_rl_megatron.trainer.run_plan import RunPlan
 
 STUDY_STEP = 1
 """The rollout step whose prompts and sampler seed every row uses (the run's first step)."""

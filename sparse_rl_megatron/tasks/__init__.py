@@ -18,7 +18,7 @@ A config refers to a task as ``task:<name>``; ``get_task`` resolves it (unknown 
 """
 from __future__ import annotations
 
-from sparse_rl_megatron.tasks.base import SPLITS, Task
+from sparse_rl_megatron.tasks.base import HELDOUT_SEED, SPLITS, Task
 from sparse_rl_megatron.tasks.modchain import ModChainSpec, ModChainTask
 from sparse_rl_megatron.tasks.modchain_problems import ChainFamily
 from sparse_rl_megatron.tasks.modchain_teacher import EarlyStopTeacher
@@ -57,4 +57,4 @@ def get_task(name: str) -> Task:
     return TASKS.get(name[len(TASK_PREFIX):] if is_task_ref(name) else name)
 
 
-__all__ = ["SPLITS", "TASKS", "TASK_PREFIX", "Task", "get_task", "is_task_ref"]
+__all__ = ["HELDOUT_SEED", "SPLITS", "TASKS", "TASK_PREFIX", "Task", "get_task", "is_task_ref"]

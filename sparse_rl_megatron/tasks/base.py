@@ -19,6 +19,9 @@ from sparse_rl_megatron.data.record import MathRecord
 from sparse_rl_megatron.tasks.warm_check import WarmStartExpectations
 
 SPLITS = ("train", "heldout")
+HELDOUT_SEED = 0
+"""Seed of a task's held-out problems in every evaluation (training runs, ``sparse-rl eval``): the same evaluation set
+whatever the training seed."""
 
 
 class Task(ABC):

@@ -98,7 +98,7 @@ def check_warm_start(task: "Task", model_dir: str | os.PathLike, expected: WarmS
     """Score the model of ``model_dir`` greedily (dense) on the first ``expected.problems`` held-out records of
     ``task`` (which must carry their worked chain, ``extra["chain"]``) and judge it against ``expected``."""
     from sparse_rl_megatron.data.templates import render_prompt
-    from sparse_rl_megatron.eval.subsets import CHAIN_KEY
+    from sparse_rl_megatron.data.record_extras import CHAIN_KEY
     from sparse_rl_megatron.rewards.registry import REWARDS
     from sparse_rl_megatron.rollout.engine import SamplingParams
     from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
@@ -123,7 +123,7 @@ def chain_measures(records: Sequence["MathRecord"], responses: Sequence[str], ri
                    loss_last: float) -> dict[str, float]:
     """The check's values (module docstring) of one greedy response per record (``responses[i]`` to
     ``records[i]``, ``right[i]``: its reward was positive)."""
-    from sparse_rl_megatron.eval.subsets import CHAIN_KEY, SUBSET_KEY, full_chain
+    from sparse_rl_megatron.data.record_extras import CHAIN_KEY, SUBSET_KEY, full_chain
 
     if not len(records) == len(responses) == len(right) > 0:
         raise ValueError(f"chain_measures: {len(records)} records, {len(responses)} responses, {len(right)} verdicts")

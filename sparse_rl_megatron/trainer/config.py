@@ -4,7 +4,7 @@
 ``utils.config_io``; an unknown key, a wrong type or a bad value is a ``ConfigError`` naming the dotted field
 and, where there is a choice, the valid values. Checks that need no file and no model run here (in the
 dataclasses' ``__post_init__``); checks against files, the world size and the registries run in
-``trainer/runtime/run_plan.py``, still before any model loads.
+``trainer/run_plan.py``, still before any model loads.
 
 The ``learner`` section is a ``LearnerSettings`` (every ``LearnerConfig`` field except ``model_path``, the run's);
 the ``rollout.sglang`` section an ``SGLangOptions`` (``SGLangEngineConfig`` less what the run fills in);

@@ -23,7 +23,7 @@ from sparse_rl_megatron.trainer.config import TrainConfig
 from sparse_rl_megatron.trainer.evaluation import EVAL_DIR
 from sparse_rl_megatron.trainer.runtime import distributed as D
 from sparse_rl_megatron.trainer.runtime.progress import HEARTBEAT_DIR
-from sparse_rl_megatron.trainer.runtime.run_plan import RunPlan, preflight
+from sparse_rl_megatron.trainer.run_plan import RunPlan, preflight
 from sparse_rl_megatron.utils.config_io import to_dict
 
 if TYPE_CHECKING:

@@ -6,20 +6,13 @@ machine: 183 s (2026-12-03; the sglang recipe run 95 s, the hf one 42 s, evaluat
 from __future__ import annotations
 
 import hashlib
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-HERE = Path(__file__).resolve().parent
-
-
-def env() -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONWARNINGS": "ignore",
-            "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false", "TORCH_CPP_LOG_LEVEL": "ERROR"}
+from realmodel_helpers import ROOT, env
 
 
 def _fingerprint(gguf: Path) -> str:

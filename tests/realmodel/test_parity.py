@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from conftest import HERE, ROOT, env
+from realmodel_helpers import HERE, ROOT, env
 
 PARITY_ATOL = 1e-3
 """fp32 both sides, different kernels: per-layer relative rounding ~2^-24 x sqrt(1536) ~ 2e-6, compounded over 30

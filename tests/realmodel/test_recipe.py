@@ -14,7 +14,7 @@ import sys
 
 import pytest
 import yaml
-from conftest import ROOT, env
+from realmodel_helpers import ROOT, env
 
 from sparse_rl_megatron.trainer.engines.weight_probe import PROBE_TOLERANCE_16BIT
 

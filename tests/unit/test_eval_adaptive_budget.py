@@ -81,7 +81,7 @@ def _evaluate(cfg: TrainConfig, model_dir: Path, work: Path, controller_budget: 
     from sparse_rl_megatron.trainer.engines.pool import EnginePool
     from sparse_rl_megatron.trainer.evaluation import evaluate_pool
     from sparse_rl_megatron.trainer.run import make_reward
-    from sparse_rl_megatron.trainer.runtime.run_plan import preflight
+    from sparse_rl_megatron.trainer.run_plan import preflight
 
     plan = preflight(cfg, 1, lengths=("eval",))
     engine = ENGINES.get(cfg.rollout.engine).build(cfg.rollout.engine_build(str(model_dir)))

@@ -1,7 +1,8 @@
-"""No import circles inside ``sparse_rl_megatron``: every module's imports of the package's modules (at module level
-and inside functions, but not the type-only ones under ``if TYPE_CHECKING:``), read with ``ast``, form a graph
-without cycles. A circle means two modules each need the other: one idea split over two files (or a helper living
-in the wrong one)."""
+"""No import circles inside ``sparse_rl_megatron``, and no import from a lower layer to a higher one: every module's
+imports of the package's modules (at module level and inside functions, but not the type-only ones under ``if
+TYPE_CHECKING:``), read with ``ast``, form a graph without cycles, and every edge goes to a module of the same layer
+or a lower one (``LAYERS``). A circle means two modules each need the other: one idea split over two files (or a
+helper living in the wrong one); an arrow up means a part reaches into what is built on it."""
 from __future__ import annotations
 
 import ast
@@ -11,15 +12,35 @@ import sparse_rl_megatron
 
 ROOT = Path(sparse_rl_megatron.__file__).parent
 PACKAGE = "sparse_rl_megatron"
+PLUGIN = "sglang_ext"
+"""The SGLang plugin, a package of its own beside the library: it is layered with it."""
+LAYERS = (
+    ("utils",),
+    ("algo", "compression", "models", "rewards", "observability"),
+    ("data", "learner", PLUGIN),
+    ("rollout", "planning"),
+    ("tasks",),
+    ("eval",),
+    ("trainer.config",),
+    ("trainer.runtime",),
+    ("trainer.checkpointing",),
+    ("trainer.engines",),
+    ("trainer",),
+    ("mismatch", "experiment"),
+    ("cli", "convert_cli"),
+)
+"""Lowest first: a module may import modules of its own layer and of lower ones. Names are module paths below the
+package (``trainer`` is the trainer's top-level modules; its sub-packages and its config are layers of their own)."""
 
 
-def _modules() -> dict[str, Path]:
+def _modules(roots: tuple[Path, ...] = (ROOT,)) -> dict[str, Path]:
     out = {}
-    for path in sorted(ROOT.rglob("*.py")):
-        parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts.pop()
-        out[".".join(parts)] = path
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            parts = list(path.relative_to(root.parent).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
     return out
 
 
@@ -57,7 +78,7 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
         for target in targets:
             while target and target not in modules:  # ``import a.b.c`` of a name inside a module
                 target = target.rpartition(".")[0]
-            if target.startswith(PACKAGE) and target != name:
+            if target.split(".")[0] in (PACKAGE, PLUGIN) and target != name:
                 found.add(target)
     return found
 
@@ -65,7 +86,11 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
 def import_cycles() -> list[list[str]]:
     """Every strongly connected component of more than one module (Tarjan), each sorted."""
     modules = _modules()
-    graph = {m: _imports(m, p, modules) for m, p in modules.items()}
+    return _cycles({m: _imports(m, p, modules) for m, p in modules.items()})
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected component of more than one node of ``graph`` (Tarjan), each sorted."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -103,3 +128,73 @@ def test_the_package_has_no_import_cycles():
     cycles = import_cycles()
     assert not cycles, "import cycles (each line: modules that import each other, directly or around a circle):\n" + \
         "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def part_of(module: str) -> str:
+    """The ``LAYERS`` name a module belongs to (its longest listed prefix), or the module itself."""
+    parts = module.split(".")
+    if parts[0] == PLUGIN:
+        return PLUGIN
+    listed = {name for names in LAYERS for name in names}
+    return next((".".join(parts[1:n]) for n in range(len(parts), 1, -1) if ".".join(parts[1:n]) in listed), module)
+
+
+def layer_of(module: str) -> int:
+    """The index in ``LAYERS`` of a module (``sparse_rl_megatron.x.y`` or ``sglang_ext.z``): its longest listed
+    prefix; the package's own ``__init__`` is the top."""
+    parts = module.split(".")
+    if parts[0] == PLUGIN:
+        return next(i for i, names in enumerate(LAYERS) if PLUGIN in names)
+    below = parts[1:]
+    for length in range(len(below), 0, -1):
+        name = ".".join(below[:length])
+        for i, names in enumerate(LAYERS):
+            if name in names:
+                return i
+    return len(LAYERS)
+
+
+def upward_imports() -> list[str]:
+    """Every import of a module of a higher layer than the importer's (``importer -> imported``)."""
+    modules = _modules((ROOT, ROOT.parent / PLUGIN))
+    return sorted(f"{m} -> {t}" for m, p in modules.items() for t in _imports(m, p, modules)
+                  if layer_of(t) > layer_of(m))
+
+
+def test_no_module_imports_a_higher_layer():
+    up = upward_imports()
+    assert not up, "imports from a lower layer to a higher one (LAYERS):\n" + "\n".join(up)
+
+
+def test_no_circle_between_the_parts_of_a_layer():
+    modules = _modules((ROOT, ROOT.parent / PLUGIN))
+    graph: dict[str, set[str]] = {}
+    for m, p in modules.items():
+        graph.setdefault(part_of(m), set()).update(part_of(t) for t in _imports(m, p, modules) if part_of(t) != part_of(m))
+    for targets in list(graph.values()):
+        for t in targets:
+            graph.setdefault(t, set())
+    cycles = _cycles(graph)
+    assert not cycles, "parts that import each other: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def test_every_part_of_the_package_has_a_layer():
+    modules = _modules((ROOT, ROOT.parent / PLUGIN))
+    unplaced = sorted(m for m in modules if layer_of(m) == len(LAYERS) and m != PACKAGE)
+    assert not unplaced, f"modules outside LAYERS: {unplaced}"
+
+
+def test_the_layer_check_sees_an_arrow_up(tmp_path):
+    """A seeded defect: a torch-only module that imports the trainer is reported."""
+    assert layer_of("sparse_rl_megatron.algo.ratio") < layer_of("sparse_rl_megatron.trainer.loop")
+    assert layer_of("sparse_rl_megatron.trainer.config") < layer_of("sparse_rl_megatron.trainer.runtime.model_dirs")
+    pkg = tmp_path / PACKAGE
+    (pkg / "algo").mkdir(parents=True)
+    (pkg / "trainer").mkdir()
+    for f in ("__init__.py", "algo/__init__.py", "trainer/__init__.py", "trainer/loop.py"):
+        (pkg / f).write_text("")
+    (pkg / "algo" / "ratio.py").write_text("def f():\n    from sparse_rl_megatron.trainer.loop import train\n")
+    modules = _modules((pkg,))
+    found = _imports("sparse_rl_megatron.algo.ratio", pkg / "algo" / "ratio.py", modules)
+    assert found == {"sparse_rl_megatron.trainer.loop"}
+    assert layer_of("sparse_rl_megatron.trainer.loop") > layer_of("sparse_rl_megatron.algo.ratio")

@@ -5,7 +5,7 @@ import socket
 
 import pytest
 
-from sparse_rl_megatron.trainer.runtime.launch_preflight import LaunchShape, check_gpus, check_rendezvous, parse_endpoint
+from sparse_rl_megatron.trainer.launch_preflight import LaunchShape, check_gpus, check_rendezvous, parse_endpoint
 from sparse_rl_megatron.utils.errors import UserError
 
 
@@ -31,7 +31,7 @@ def test_rendezvous_endpoint_checks():
 
 
 def test_remote_endpoint_must_accept_connections(monkeypatch):
-    import sparse_rl_megatron.trainer.runtime.launch_preflight as lc
+    import sparse_rl_megatron.trainer.launch_preflight as lc
 
     monkeypatch.setattr(lc, "_is_local", lambda address: False)  # pretend 127.0.0.1 is another node
     with socket.socket() as server:

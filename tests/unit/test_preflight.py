@@ -116,7 +116,7 @@ def _longest_prompt(model_dir) -> int:
 
 
 def test_rollout_length_must_fit_the_models_context(tmp_path):
-    from sparse_rl_megatron.trainer.runtime.run_plan import preflight
+    from sparse_rl_megatron.trainer.run_plan import preflight
 
     prompt = _longest_prompt(_model_dir(tmp_path / "m", 256))
     fits = 256 - prompt  # prompt + max_new_tokens == context: SGLang accepts it (it refuses a total past it)
@@ -134,7 +134,7 @@ def test_rollout_length_must_fit_the_models_context(tmp_path):
 
 
 def test_every_evaluation_length_must_fit(tmp_path):
-    from sparse_rl_megatron.trainer.runtime.run_plan import preflight
+    from sparse_rl_megatron.trainer.run_plan import preflight
 
     evals = tmp_path / "heldout.jsonl"
     evals.write_text('{"prompt": "3+3?", "answer": "6"}\n')
@@ -150,7 +150,7 @@ def test_every_evaluation_length_must_fit(tmp_path):
 
 
 def test_the_sglang_engines_context_length_is_a_limit_too(tmp_path):
-    from sparse_rl_megatron.trainer.runtime.run_plan import preflight
+    from sparse_rl_megatron.trainer.run_plan import preflight
 
     cfg = _train_cfg(tmp_path, overrides=("rollout.engine=sglang", "rollout.sglang.extra_args={context_length: 64}",
                                           "rollout.sampling.max_new_tokens=60"))
@@ -160,7 +160,7 @@ def test_the_sglang_engines_context_length_is_a_limit_too(tmp_path):
 
 
 def test_a_16_bit_learner_needs_a_gpu(tmp_path):
-    from sparse_rl_megatron.trainer.runtime.run_plan import preflight
+    from sparse_rl_megatron.trainer.run_plan import preflight
 
     cfg = _train_cfg(tmp_path, overrides=("learner.params_dtype=bfloat16",))
     with pytest.raises(UserError, match=r"^learner.params_dtype=bfloat16 needs a GPU: this machine has no CUDA "

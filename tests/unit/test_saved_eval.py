@@ -38,7 +38,7 @@ def _fresh_engine_per_cache(cfg, model_dir: Path, works: list[Path]) -> list[dic
 
     from sparse_rl_megatron.rollout.engines import ENGINES
     from sparse_rl_megatron.trainer.evaluation import evaluate
-    from sparse_rl_megatron.trainer.runtime.run_plan import preflight
+    from sparse_rl_megatron.trainer.run_plan import preflight
     from sparse_rl_megatron.trainer.run import make_reward
 
     results = []

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sparse_rl_megatron.trainer.config import TrainConfig
-from sparse_rl_megatron.trainer.runtime.run_plan import preflight
+from sparse_rl_megatron.trainer.run_plan import preflight
 from sparse_rl_megatron.utils.config_io import ConfigError, from_dict, load_config
 from sparse_rl_megatron.utils.errors import UserError
 
@@ -175,8 +175,8 @@ def test_preflight_names_bad_files(tmp_path):
 
 
 def test_paper_recipes_carry_the_reference_settings_and_a_consistent_layout():
-    from sparse_rl_megatron.trainer.runtime.launch_preflight import LaunchShape, check_gpus
-    from sparse_rl_megatron.trainer.runtime.run_plan import check_launch_layout, rollout_layout
+    from sparse_rl_megatron.trainer.launch_preflight import LaunchShape, check_gpus
+    from sparse_rl_megatron.trainer.run_plan import check_launch_layout, rollout_layout
 
     recipes = {p.parent.name + "/" + p.stem: load_config(TrainConfig, p) for p in RECIPES if "recipes" in p.parts}
     assert len(recipes) == 12  # Qwen2.5 1.5B / 3B / 7B x dense, rkv, snapkv, naive
@@ -205,7 +205,7 @@ def test_paper_recipes_carry_the_reference_settings_and_a_consistent_layout():
 
 
 def test_a_recipe_layout_that_does_not_say_what_starts_is_refused():
-    from sparse_rl_megatron.trainer.runtime.run_plan import check_launch_layout
+    from sparse_rl_megatron.trainer.run_plan import check_launch_layout
 
     cfg = load_config(TrainConfig, ROOT / "configs" / "recipes" / "qwen2.5-7b" / "rkv.yaml", ["rollout.gpus_per_engine=2"])
     with pytest.raises(UserError, match=r"^launch.layout says 'rollout: 8 sglang engines x TP1 on ranks 0-7 \(GPUs "
@@ -217,7 +217,7 @@ def test_a_recipe_layout_that_does_not_say_what_starts_is_refused():
 
 
 def test_a_recipe_scales_down_with_launch_gpus():
-    from sparse_rl_megatron.trainer.runtime.run_plan import check_launch_layout
+    from sparse_rl_megatron.trainer.run_plan import check_launch_layout
 
     recipe = ROOT / "configs" / "recipes" / "qwen2.5-1.5b" / "rkv.yaml"
     cfg = load_config(TrainConfig, recipe, ["launch.gpus=1"])  # the recipe's 4-GPU layout line no longer applies

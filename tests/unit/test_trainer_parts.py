@@ -153,7 +153,7 @@ def test_task_model_is_built_and_warm_started_once_then_reused(tmp_path, monkeyp
     from sparse_rl_megatron.tasks import TASKS, Task
     from sparse_rl_megatron.trainer.config import TrainConfig
     from sparse_rl_megatron.trainer.runtime.model_dirs import prepare_model
-    from sparse_rl_megatron.trainer.runtime.run_plan import preflight
+    from sparse_rl_megatron.trainer.run_plan import preflight
     from sparse_rl_megatron.utils.config_io import from_dict
 
     task = CountingTask()

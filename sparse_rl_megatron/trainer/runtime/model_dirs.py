@@ -87,6 +87,7 @@ def checked_warm_start(cfg, task, init: Path, warm: Path) -> list[str]:
     miss, again with the next seed (``WarmCheckConfig.seed``), up to ``cfg.warm_check.attempts`` in all. Every attempt's
     verdict goes to ``model/warm_check.json``; a missed model is kept as ``warm.missed-<attempt>`` (and said at once).
     Raises ``UserError`` when every attempt missed. Returns the notes to print."""
+    from sparse_rl_megatron.tasks import HELDOUT_SEED
     from sparse_rl_megatron.tasks.warm_check import check_warm_start
     from sparse_rl_megatron.utils.atomic_write import write_json_atomic
     from sparse_rl_megatron.utils.errors import UserError
@@ -102,7 +103,7 @@ def checked_warm_start(cfg, task, init: Path, warm: Path) -> list[str]:
         partial = warm.with_name(warm.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
         metrics = {**task.warm_start(init, partial, seed=seed, **options)}
-        check = check_warm_start(task, partial, expected, metrics["sft/loss_last"], seed=cfg.seed)
+        check = check_warm_start(task, partial, expected, metrics["sft/loss_last"], seed=HELDOUT_SEED)
         metrics.update({"sft/heldout_acc": check.measured["heldout_accuracy"], "sft/seed": float(seed),
                         **{f"check/{k}": v for k, v in check.measured.items()}, "check/passed": float(check.passed)})
         (partial / WARM_METRICS).write_text(json.dumps(metrics, indent=2) + "\n")

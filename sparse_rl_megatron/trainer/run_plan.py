@@ -26,8 +26,6 @@ if TYPE_CHECKING:
 
 DEFAULT_TEMPLATE = "qwen25_chat"
 DEFAULT_REWARD = "math"
-HELDOUT_SEED = 0
-"""Seed of a task's held-out problems: the same evaluation set whatever the training seed."""
 
 
 @dataclass
@@ -87,7 +85,7 @@ def _task(name: str, option: str):
 
 def _load(name: str, cfg: "TrainConfig", option: str, split: str, limit: int | None) -> "Dataset":
     from sparse_rl_megatron.data.sets import load_dataset
-    from sparse_rl_megatron.tasks import is_task_ref
+    from sparse_rl_megatron.tasks import HELDOUT_SEED, is_task_ref
 
     if is_task_ref(name):
         task = _task(name, option)

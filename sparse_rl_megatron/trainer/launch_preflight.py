@@ -106,7 +106,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from sparse_rl_megatron.trainer.cli import load
-    from sparse_rl_megatron.trainer.runtime.run_plan import preflight
+    from sparse_rl_megatron.trainer.run_plan import preflight
     from sparse_rl_megatron.utils.device import DeviceFacts
 
     cfg = load(args)
