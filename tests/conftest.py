@@ -12,6 +12,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from reaper import pytest_configure  # noqa: E402,F401  (the run's reaper: no process outlives a killed run)
 
 torch.set_num_threads(1)
 

@@ -89,7 +89,7 @@ def run_rl_arm(train_cfg: TrainConfig) -> dict[str, float]:
             interrupted = True
     usage = _add_usage(run_dir, _children_cpu() - cpu0, time.perf_counter() - wall0)
     latest = latest_checkpoint(run_dir)
-    step = read_state(latest)["step"] if latest else 0
+    step = read_state(latest).step if latest else 0
     if rc != 0 or step < train_cfg.steps:
         raise ArmStopped(f"arm {run_dir} ended at step {step} of {train_cfg.steps} (exit {rc}"
                          f"{', interrupted' if interrupted else ''}); rerun the same command to resume it")

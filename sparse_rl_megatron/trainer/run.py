@@ -92,9 +92,9 @@ class Run:
 
     # ----------------------------------------------------------------------------------------------- save
     def save(self, step: int) -> Path:
-        state = D.on_main(lambda: {"data": self.prompts.state_dict(), "weight_version": step,
-                                   "learner_steps": self.learner.steps, "seed": self.cfg.seed,
-                                   **({} if self.budget is None else {"budget_controller": self.budget.state_dict()})})
+        from sparse_rl_megatron.trainer.checkpointing.state import TrainerState
+
+        state = D.on_main(lambda: TrainerState.capture(self, step, self.cfg.seed))
         return checkpoints.save(self.run_dir, step, self.learner, state, self.cfg.checkpoint.keep_last)
 
     # ------------------------------------------------------------------------------------------- evaluate
@@ -130,7 +130,7 @@ def _claim_run_dir(cfg: TrainConfig, run: Run) -> tuple[Any, list[str]]:
     else:
         old = run.run_dir / CONFIG_FILE
         if old.is_file():
-            old.replace(run.run_dir / f"{CONFIG_FILE}.before-step{choice.state['step']}")
+            old.replace(run.run_dir / f"{CONFIG_FILE}.before-step{choice.state.step}")
     (run.run_dir / CONFIG_FILE).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     return choice, notes
 
@@ -199,20 +199,11 @@ def start_run(cfg: TrainConfig):
             from sparse_rl_megatron.trainer.checkpointing.resume import load as load_checkpoint
 
             choice = load_checkpoint(run, choice)
-            state, restored = choice.state, choice.rng_restored
-            run.step, run.resumed_from = int(state["step"]), choice.path
-            if run.budget is not None:  # every rank reads the same state file
-                if "budget_controller" in state:
-                    run.budget.load_state_dict(state["budget_controller"])
-                else:
-                    run.say(f"[yellow]warning[/]: the checkpoint has no adaptive budget state: the budget restarts "
-                            f"at {run.budget.budget}")
-            if D.is_main():
-                for warning in run.prompts.load_state_dict(state["data"]):
-                    run.say(f"[yellow]warning[/]: {warning}")
-                if not restored or state.get("world_size") != D.world_size():
-                    run.say(f"[yellow]warning[/]: the checkpoint was written by {state.get('world_size')} ranks, "
-                            f"this run has {D.world_size()}: RNG states are not all restored")
+            run.resumed_from = choice.path
+            for warning in choice.state.restore(run, D.world_size()):
+                run.say(f"[yellow]warning[/]: {warning}")
+            if D.is_main() and not choice.rng_restored and choice.state.world_size == D.world_size():
+                run.say("[yellow]warning[/]: the checkpoint has no RNG states for this rank: they are not restored")
         if D.is_main():
             run.writer = MetricsWriter(run.run_dir, tensorboard=cfg.log.tensorboard,
                                        resume_step=run.step if resume is not None else None)

@@ -27,7 +27,8 @@ def _checkpoint(run_dir: Path, step: int, *, state: bool = True) -> Path:
     (out / "sparse_rl_checkpoint.json").write_text("{}")
     (out / "rng" / "rank0.pt").write_bytes(b"r" * 50)
     if state:
-        record = {"format_version": C.FORMAT_VERSION, "step": step, "world_size": 1, "files": file_sizes(out)}
+        record = {"format_version": C.FORMAT_VERSION, "step": step, "weight_version": step, "learner_steps": step,
+                  "seed": 0, "data": {}, "world_size": 1, "files": file_sizes(out)}
         (out / C.STATE_FILE).write_text(json.dumps(record))
     return out
 
@@ -37,7 +38,7 @@ def test_an_intact_checkpoint_passes_and_is_resumed(tmp_path):
         _checkpoint(tmp_path, step)
     assert problem(C.step_dir(tmp_path, 2), C.FORMAT_VERSION) is None
     choice = choose("auto", tmp_path)
-    assert choice.path == C.step_dir(tmp_path, 2) and choice.state["step"] == 2
+    assert choice.path == C.step_dir(tmp_path, 2) and choice.state.step == 2
     assert choice.notes == [f"resuming from {C.step_dir(tmp_path, 2)}"]
     assert choose("never", tmp_path).path is None
 

@@ -4,9 +4,9 @@ A checkpoint directory is, in the order it is written:
 1. the learner's own atomic ``Learner.save`` (model, optimizer, LR schedule, learner counters; torch_dist,
    loadable at any TP x PP, and itself a model directory ``sparse-rl eval`` / ``convert`` accept);
 2. ``rng/rank<r>.pt``: the python, numpy and torch RNG states of every rank (written atomically per rank);
-3. ``trainer_state.json``, LAST, by rank 0 after a barrier, atomically (tmp + rename): the rollout step, the
-   data position, the weight version, the world size, and the size of every other file (``files``, checked
-   before a resume: ``integrity.py``). Only a directory that has it is *complete*; a kill at any earlier
+3. ``trainer_state.json``, LAST, by rank 0 after a barrier, atomically (tmp + rename): ``state.TrainerState``, the
+   rollout step, the data position, the weight version, the world size, and the size of every other file
+   (``files``, checked before a resume: ``integrity.py``). Only a directory that has it is *complete*; a kill at any earlier
    moment leaves an incomplete directory that resume skips, saying so (and the next save replaces).
 A save that cannot write (disk full, I/O error, permission) fails on every rank with one line (``SaveFailed``),
 removes what it wrote and leaves the earlier checkpoints as they were. ``resume: auto`` picks the newest intact
@@ -25,13 +25,13 @@ from typing import Any
 import torch
 
 from sparse_rl_megatron.trainer.checkpointing.integrity import STATE_FILE, file_sizes
+from sparse_rl_megatron.trainer.checkpointing.state import FORMAT_VERSION, TrainerState
 from sparse_rl_megatron.utils.atomic_write import atomic_write, write_json_atomic
 from sparse_rl_megatron.utils.device import cuda_present
 from sparse_rl_megatron.utils.errors import RunFailed, UserError
 
 CHECKPOINTS_DIR = "checkpoints"
 RNG_DIR = "rng"
-FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
@@ -75,12 +75,16 @@ def resolve_resume(resume: str, run_dir: str | os.PathLike) -> Path | None:
     return path
 
 
-def read_state(ckpt: str | os.PathLike) -> dict[str, Any]:
+def read_state(ckpt: str | os.PathLike) -> TrainerState:
+    """The trainer state of a complete checkpoint; ``UserError`` when it is of another version or not one."""
     state = json.loads((Path(ckpt) / STATE_FILE).read_text())
     if state.get("format_version") != FORMAT_VERSION:
         raise UserError(f"{Path(ckpt) / STATE_FILE}: format_version {state.get('format_version')} is not "
                         f"{FORMAT_VERSION}, which this version writes and reads")
-    return state
+    try:
+        return TrainerState.from_json(state)
+    except ValueError as err:
+        raise UserError(f"{Path(ckpt) / STATE_FILE}: {err}") from None
 
 
 def capture_rng(cuda: bool | None = None) -> dict[str, Any]:
@@ -109,7 +113,7 @@ class SaveFailed(RunFailed):
     kept."""
 
 
-def save(run_dir: str | os.PathLike, step: int, learner, trainer_state: dict[str, Any], keep_last: int) -> Path:
+def save(run_dir: str | os.PathLike, step: int, learner, trainer_state: TrainerState, keep_last: int) -> Path:
     """Write ``step_<step>`` (collective: every rank calls it), then prune to the last ``keep_last``.
 
     A write that fails on any rank (``OSError``: ENOSPC, EIO, EACCES, ...) fails the save on every rank with
@@ -124,7 +128,7 @@ def save(run_dir: str | os.PathLike, step: int, learner, trainer_state: dict[str
     try:
         _agreed(out, lambda: learner.save(out))
         _agreed(out, lambda: _write_rng(out, D.rank(), learner.device_facts.cuda))
-        _agreed(out, lambda: _write_state(out, step, trainer_state) if D.is_main() else None)
+        _agreed(out, lambda: _write_state(out, trainer_state) if D.is_main() else None)
     except SaveFailed:
         if D.is_main():
             from sparse_rl_megatron.learner.checkpoint import _staging_dir
@@ -145,13 +149,14 @@ def _write_rng(out: Path, rank: int, cuda: bool) -> None:
     atomic_write(rng_dir / f"rank{rank}.pt", lambda f: torch.save(capture_rng(cuda), f))
 
 
-def _write_state(out: Path, step: int, trainer_state: dict[str, Any]) -> None:
-    """Rank 0, after every rank wrote its files: the trainer state with the size of every file (written last)."""
+def _write_state(out: Path, state: TrainerState) -> None:
+    """Rank 0, after every rank wrote its files: the trainer state with the world size and the size of every file
+    (written last)."""
+    from dataclasses import replace
+
     from sparse_rl_megatron.trainer.runtime import distributed as D
 
-    state = {"format_version": FORMAT_VERSION, "step": step, "world_size": D.world_size(), **trainer_state,
-             "files": file_sizes(out)}
-    write_json_atomic(out / STATE_FILE, state)
+    write_json_atomic(out / STATE_FILE, replace(state, world_size=D.world_size(), files=file_sizes(out)).to_json())
 
 
 _ERRNO_TEXT = re.compile(r"\[Errno (\d+)\] ([^\n]*)")

@@ -15,18 +15,19 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from sparse_rl_megatron.trainer.checkpointing import checkpoints as C
 from sparse_rl_megatron.trainer.checkpointing.integrity import problem, read_state_file
+from sparse_rl_megatron.trainer.checkpointing.state import FORMAT_VERSION, TrainerState
 from sparse_rl_megatron.utils.errors import RunFailed
+
 
 @dataclass
 class Choice:
     """Where a run starts: ``path`` None = step 0."""
 
     path: Path | None = None
-    state: dict[str, Any] | None = None
+    state: TrainerState | None = None
     notes: list[str] = field(default_factory=list)
     """What to tell the user (damaged or incomplete checkpoints passed over, which one is resumed)."""
     newest: int | None = None
@@ -35,10 +36,10 @@ class Choice:
     """Set by ``load``: this rank's RNG states came from the checkpoint (False: it has none for this rank)."""
 
 
-def _resumed(path: Path, state: dict, newest: int | None, passed_over: bool) -> str:
+def _resumed(path: Path, state: TrainerState, newest: int | None, passed_over: bool) -> str:
     if not passed_over:
         return f"resuming from {path}"
-    redone = f"step {state['step'] + 1}" + (f" to {newest}" if newest and newest > state["step"] + 1 else "")
+    redone = f"step {state.step + 1}" + (f" to {newest}" if newest and newest > state.step + 1 else "")
     return f"resuming from {path}, the newest intact checkpoint: {redone} will be redone"
 
 
@@ -48,17 +49,17 @@ def choose(resume: str, run_dir: str | os.PathLike, below: int | None = None) ->
         return Choice()
     if resume != "auto":
         path = C.resolve_resume(resume, run_dir)  # exists and has a state file, else a UserError
-        wrong = problem(path, C.FORMAT_VERSION)
+        state, wrong = _intact(path)
         if wrong:
             raise RunFailed(f"checkpoint.resume: {path} cannot be used: {wrong}")
-        return Choice(path, read_state_file(path)[0], [f"resuming from {path}"])
+        return Choice(path, state, [f"resuming from {path}"])
     dirs = [(step, path) for step, path in reversed(C.step_dirs(run_dir)) if below is None or step < below]
     choice = Choice(newest=dirs[0][0] if dirs else None)
     damaged = []
     for step, path in dirs:
-        wrong = problem(path, C.FORMAT_VERSION)
+        state, wrong = _intact(path)
         if wrong is None:
-            choice.path, choice.state = path, read_state_file(path)[0]
+            choice.path, choice.state = path, state
             choice.notes.append(_resumed(path, choice.state, choice.newest, passed_over=bool(choice.notes)))
             return choice
         choice.notes.append(f"checkpoint {path} cannot be used: {wrong}")
@@ -70,6 +71,17 @@ def choose(resume: str, run_dir: str | os.PathLike, below: int | None = None) ->
     if choice.notes:
         choice.notes.append("no checkpoint was ever complete: starting from step 0")
     return choice
+
+
+def _intact(path: Path) -> tuple[TrainerState | None, str | None]:
+    """``(its trainer state, None)`` for an intact checkpoint, else ``(None, what is wrong)``."""
+    wrong = problem(path, FORMAT_VERSION)
+    if wrong:
+        return None, wrong
+    try:
+        return TrainerState.from_json(read_state_file(path)[0]), None
+    except (TypeError, ValueError) as err:
+        return None, f"its trainer state does not load ({err})"
 
 
 def _why(err: BaseException) -> str:
@@ -99,7 +111,7 @@ def load(run, choice: Choice) -> Choice:
         if not failed:
             choice.rng_restored = C.load_rng(choice.path, D.rank(), run.learner.device_facts.cuda)
             return choice
-        bad, step = choice.path, int(choice.state["step"])
+        bad, step = choice.path, choice.state.step
 
         def older() -> Choice:
             if run.cfg.checkpoint.resume != "auto":

@@ -1,0 +1,99 @@
+"""The trainer's state in a checkpoint (``trainer_state.json``): one typed home, captured from a run and restored
+into one here.
+
+Everything of a run's progress a checkpoint keeps besides the learner's own files and the RNG streams: the
+rollout step, the weight version the engines serve, the learner's optimizer-step count, the seed, the position in
+the prompt order, the adaptive budget controller's state, and what the save recorded about itself (the world size,
+every file's size for the integrity check, the format version). Adding a field is an edit of this file: the field,
+a line in ``capture`` and one in ``restore``.
+"""
+from __future__ import annotations
+
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from sparse_rl_megatron.compression.budget_controller import BudgetController
+    from sparse_rl_megatron.trainer.runtime.prompts import PromptOrder
+
+FORMAT_VERSION = 1
+"""Of ``trainer_state.json``: a checkpoint of another version is refused (``integrity.problem``)."""
+
+
+class LearnerSteps(Protocol):
+    steps: int
+    """Optimizer steps taken."""
+
+
+class CheckpointedRun(Protocol):
+    """What of a run its trainer state is captured from and restored into (``trainer/run.py``'s ``Run``)."""
+
+    step: int
+    learner: LearnerSteps
+    prompts: "PromptOrder | None"
+    """The prompt order (rank 0 only)."""
+    budget: "BudgetController | None"
+    """The adaptive budget's controller (None when off)."""
+
+
+@dataclass
+class TrainerState:
+    """``trainer_state.json``, written last by rank 0 (its presence marks a complete checkpoint)."""
+
+    step: int
+    """Rollout steps completed."""
+    weight_version: int
+    """The weight version the engines serve after this step (= step)."""
+    learner_steps: int
+    """Optimizer steps the learner has taken."""
+    seed: int
+    """The run's seed."""
+    data: dict[str, Any]
+    """The prompt order's position (``PromptOrder.state_dict``)."""
+    budget_controller: dict[str, Any] | None = None
+    """The adaptive budget controller's state (``BudgetController.state_dict``); None when it is off."""
+    world_size: int = 1
+    """Ranks that wrote the checkpoint (RNG states exist for each)."""
+    files: dict[str, int] = field(default_factory=dict)
+    """Every other file of the checkpoint and its size (``integrity.py``)."""
+    format_version: int = FORMAT_VERSION
+
+    @classmethod
+    def capture(cls, run: CheckpointedRun, step: int, seed: int) -> "TrainerState":
+        """Rank 0: the state of ``run`` after ``step`` (``world_size`` and ``files`` are the save's)."""
+        return cls(step=step, weight_version=step, learner_steps=run.learner.steps, seed=seed,
+                   data=run.prompts.state_dict(),
+                   budget_controller=None if run.budget is None else run.budget.state_dict())
+
+    def restore(self, run: CheckpointedRun, world_size: int) -> list[str]:
+        """Into ``run`` (every rank reads the same file; the prompt order lives on rank 0 only): its step, the
+        budget controller and the prompt position. Returns warnings for the user."""
+        warnings = []
+        run.step = self.step
+        if run.budget is not None:
+            if self.budget_controller is not None:
+                run.budget.load_state_dict(self.budget_controller)
+            else:
+                warnings.append(f"the checkpoint has no adaptive budget state: the budget restarts at "
+                                f"{run.budget.budget}")
+        if run.prompts is not None:
+            warnings += run.prompts.load_state_dict(self.data)
+            if self.world_size != world_size:
+                warnings.append(f"the checkpoint was written by {self.world_size} ranks, this run has {world_size}: "
+                                f"RNG states are not all restored")
+        return warnings
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, state: dict[str, Any]) -> "TrainerState":
+        """From a ``trainer_state.json``; ``ValueError`` naming what is missing or unknown."""
+        names = {f.name for f in fields(cls)}
+        required = {f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING}
+        missing, unknown = sorted(required - state.keys()), sorted(state.keys() - names)
+        if missing or unknown:
+            raise ValueError(f"not a trainer state of this version: "
+                             + "; ".join(filter(None, [missing and f"missing {', '.join(missing)}",
+                                                       unknown and f"unknown {', '.join(unknown)}"])))
+        return cls(**state)
