@@ -11,7 +11,7 @@ import shutil
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparse_rl_megatron.compression.schedule import CompressionSchedule
 from sparse_rl_megatron.data.loader import Dataset
@@ -26,6 +26,9 @@ from sparse_rl_megatron.rewards.reward import MathReward, reason_counts
 from sparse_rl_megatron.rewards.verify import REASONS, Verdict
 from sparse_rl_megatron.utils.errors import UsageError, UserError
 from sparse_rl_megatron.utils.file_checks import read_json_file
+
+if TYPE_CHECKING:
+    from sparse_rl_megatron.rollout.engine import RolloutEngine
 
 log = logging.getLogger(__name__)
 
@@ -66,14 +69,14 @@ def _sample_record(sample, verdict: Verdict) -> dict[str, Any]:
     }
 
 
-def evaluate_benchmark(name: str, dataset: Dataset, engine, reward: MathReward, config: EvalConfig
+def evaluate_benchmark(name: str, dataset: Dataset, engine: "RolloutEngine", reward: MathReward, config: EvalConfig
                        ) -> dict[str, Any]:
     """Sample ``n`` responses per problem, verify them, and return the benchmark's JSON section."""
     problems, seconds = sample_problems(name, dataset, engine, reward, config)
     return benchmark_section(name, dataset, problems, config, seconds)
 
 
-def sample_problems(name: str, dataset: Dataset, engine, reward: MathReward, config: EvalConfig,
+def sample_problems(name: str, dataset: Dataset, engine: "RolloutEngine", reward: MathReward, config: EvalConfig,
                     indices: list[int] | None = None) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Sample and verify the problems ``indices`` of ``dataset`` (default: all); returns their JSON records, in
     that order, and the seconds spent generating and verifying. With ``indices`` the engine samples problem i as
@@ -84,8 +87,7 @@ def sample_problems(name: str, dataset: Dataset, engine, reward: MathReward, con
     rows = list(range(len(dataset))) if indices is None else list(indices)
     if not rows:
         return [], {"generate": 0.0, "verify": 0.0}
-    tokenizer = getattr(engine, "tokenizer", None)
-    prompts = [render_prompt(config.template, dataset[i].prompt, tokenizer) for i in rows]
+    prompts = [render_prompt(config.template, dataset[i].prompt, engine.tokenizer) for i in rows]
     sampling = SamplingParams(temperature=config.temperature, top_p=config.top_p,
                               max_new_tokens=settings.max_new_tokens, seed=config.seed)
     start = time.perf_counter()

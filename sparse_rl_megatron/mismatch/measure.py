@@ -53,6 +53,7 @@ def measure(cfg: "TrainConfig", plan: "RunPlan", rows: list[tuple[str, "Compress
     from sparse_rl_megatron.trainer.runtime.prompts import PromptOrder
     from sparse_rl_megatron.trainer.run import make_reward
     from sparse_rl_megatron.trainer.step import rollout_step
+    from sparse_rl_megatron.trainer.engines.pool import EnginePool
 
     D.init(cfg.phase_timeout_s)
     with contextlib.ExitStack() as stack:
@@ -78,10 +79,10 @@ def measure(cfg: "TrainConfig", plan: "RunPlan", rows: list[tuple[str, "Compress
             say(f"measuring {label}: {cfg.rollout.prompts_per_step} prompts x {cfg.rollout.samples_per_prompt} "
                 f"samples, up to {cfg.rollout.sampling.max_new_tokens} tokens")
             view = engine.with_compression(compression) if engine is not None else None
-            batch = rollout_step(learner=learner, engine=view, reward=reward, records=records,
-                                 template=plan.template, n=cfg.rollout.samples_per_prompt,
-                                 sampling=cfg.rollout.sampling, correction=correction, seed=cfg.seed,
-                                 step=STUDY_STEP, engine_name=cfg.rollout.engine)
+            with EnginePool.single(view, reward, cfg.rollout.engine) as pool:
+                batch = rollout_step(learner=learner, pool=pool, records=records, template=plan.template,
+                                     n=cfg.rollout.samples_per_prompt, sampling=cfg.rollout.sampling,
+                                     correction=correction, seed=cfg.seed, step=STUDY_STEP)
             if D.is_main():
                 out.rows.append(row_result(label, compression, batch))
         return out

@@ -44,5 +44,5 @@ def heldout_accuracy(task: Task, model_dir: str | os.PathLike, *, compression: C
 
     engine = HFRolloutEngine(model_dir, compression=compression, show_progress=False)
     if max_new_tokens is None:
-        max_new_tokens = getattr(task, "response_tokens") + 8
+        max_new_tokens = task.response_tokens + 8
     return score_records(task, engine, task.records("heldout", limit=limit, seed=seed), max_new_tokens)["acc"]

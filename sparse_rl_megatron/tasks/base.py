@@ -39,6 +39,11 @@ class Task(ABC):
     """What a good warm start of this task does, checked after the supervised stage (``tasks/warm_check.py``; the
     task's records then carry their worked chain and its ``response_tokens`` bounds a response); None: unchecked."""
 
+    @property
+    @abstractmethod
+    def response_tokens(self) -> int:
+        """Tokens of a correct response, EOS included (the least ``max_new_tokens`` that lets one finish)."""
+
     @abstractmethod
     def records(self, split: str, limit: int | None = None, seed: int = 0) -> Dataset:
         """Problems of ``split`` (one of ``SPLITS``): deterministic for a seed, train and held-out disjoint."""

@@ -74,14 +74,11 @@ def evaluate(engine, reward, datasets: dict[str, "Dataset"], cfg: "TrainConfig",
     """Evaluate one engine's current weights (rank 0's; None elsewhere) on ``datasets`` in every mode."""
     from sparse_rl_megatron.trainer.engines.pool import EnginePool
 
-    pool = EnginePool.single(engine, reward, cfg.rollout.engine)
-    try:
+    with EnginePool.single(engine, reward, cfg.rollout.engine) as pool:
         return evaluate_pool(pool, datasets, cfg, template, step, run_dir)
-    finally:
-        pool.close()
 
 
-def evaluate_pool(pool, datasets: dict[str, "Dataset"], cfg: "TrainConfig", template: str, step: int,
+def evaluate_pool(pool: "EnginePool", datasets: dict[str, "Dataset"], cfg: "TrainConfig", template: str, step: int,
                   run_dir: str | Path, controller_budget: int | None = None) -> dict[str, float]:
     """Evaluate the live weights of every engine of ``pool`` on its share of ``datasets``, in every mode; returns
     ``eval/*`` metrics on every rank. ``controller_budget``: the adaptive budget controller's current budget (the

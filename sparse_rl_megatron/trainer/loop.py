@@ -52,10 +52,9 @@ def _loop(cfg: TrainConfig, run: Run) -> dict[str, float]:
         hb.phase(step, "rollout")
         records = run.prompts.take(cfg.rollout.prompts_per_step) if main else None
         budget = run.budget.budget if run.budget is not None else None  # the adaptive budget of this step
-        batch = rollout_step(learner=run.learner, engine=run.pool, reward=None, records=records,
-                             template=run.plan.template, n=cfg.rollout.samples_per_prompt,
-                             sampling=cfg.rollout.sampling, correction=cfg.correction, seed=cfg.seed, step=step,
-                             engine_name=cfg.rollout.engine, ref_learner=run.ref_learner,
+        batch = rollout_step(learner=run.learner, pool=run.pool, records=records, template=run.plan.template,
+                             n=cfg.rollout.samples_per_prompt, sampling=cfg.rollout.sampling,
+                             correction=cfg.correction, seed=cfg.seed, step=step, ref_learner=run.ref_learner,
                              compression=None if budget is None else cfg.rollout.budget_compression(budget))
         if run.budget is not None:  # the next step's budget, from this step's mismatch (same on every rank)
             batch.metrics.update(run.budget.metrics())

@@ -19,6 +19,8 @@ from sparse_rl_megatron.trainer.engines.pool import EngineError, EnginePool, rol
 if TYPE_CHECKING:
     from sparse_rl_megatron.algo import CorrectionConfig, PreparedBatch
     from sparse_rl_megatron.compression import CompressionConfig
+    from sparse_rl_megatron.data.record import MathRecord
+    from sparse_rl_megatron.learner import Learner
     from sparse_rl_megatron.learner.batch import SequenceBatch
     from sparse_rl_megatron.rollout.engine import SamplingParams
     from sparse_rl_megatron.rollout.sample import Sample
@@ -76,21 +78,15 @@ def prepare_batch(learner, samples: list["Sample"], correction: "CorrectionConfi
     return RolloutBatch(samples, seqs, prepared, ref, metrics)
 
 
-def rollout_step(*, learner, engine, reward, records, template: str, n: int, sampling: "SamplingParams",
-                 correction: "CorrectionConfig", seed: int, step: int, engine_name: str, ref_learner=None,
-                 compression: "CompressionConfig | None" = None) -> RolloutBatch:
-    """Rollout and reward on every engine -> recompute and correction (every rank) for rollout step ``step``.
-
-    ``engine`` is the run's ``EnginePool`` (``reward`` unused), or one engine on rank 0 (None elsewhere) scored
-    by ``reward``; ``records`` are rank 0's (None elsewhere); ``compression``: this step's KV compression instead
-    of the engines' own (the adaptive budget's)."""
+def rollout_step(*, learner: "Learner", pool: "EnginePool", records: "list[MathRecord] | None", template: str,
+                 n: int, sampling: "SamplingParams", correction: "CorrectionConfig", seed: int, step: int,
+                 ref_learner: "Learner | None" = None, compression: "CompressionConfig | None" = None) -> RolloutBatch:
+    """Rollout and reward on every engine of ``pool`` (each scores its own samples) -> recompute and correction
+    (every rank) for rollout step ``step``. ``records`` are rank 0's (None elsewhere); ``compression``: this step's
+    KV compression instead of the engines' own (the adaptive budget's). One engine a caller built itself:
+    ``with EnginePool.single(engine, reward, name) as pool``."""
     sampling = dataclasses.replace(sampling, seed=step_seed(seed, step))
-    pool = engine if isinstance(engine, EnginePool) else EnginePool.single(engine, reward, engine_name)
-    try:
-        samples, metrics = pool.generate(records, template, n, sampling, step, compression)
-    finally:
-        if pool is not engine:
-            pool.close()
+    samples, metrics = pool.generate(records, template, n, sampling, step, compression)
     batch = prepare_batch(learner, samples, correction, ref_learner)
     batch.metrics = {**metrics, **batch.metrics}
     return batch

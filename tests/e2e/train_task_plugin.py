@@ -21,6 +21,7 @@ class TinySums(Task):
     description = "a + b for small a, b (trainer wiring tests)"
     template = "plain"
     reward = "math"
+    response_tokens = 8
 
     def records(self, split, limit=None, seed=0):
         rng = random.Random(f"{split}/{seed}")

@@ -57,6 +57,7 @@ class _Planted(Task):
     """Answers that a trivial policy gets: ``copy`` the first prompt value, or a ``skew``ed answer distribution."""
 
     name = "planted"
+    response_tokens = 8
 
     def __init__(self, mode: str):
         self.mode = mode

@@ -120,7 +120,8 @@ class EnginePool:
     def single(cls, engine: "RolloutEngine | None", reward: "SampleReward | None", name: str,
                deadline_s: float = 4 * 3600.0) -> "EnginePool":
         """One engine on rank 0 (``engine`` there, None elsewhere) serving every rank: the form of callers that
-        build their engine themselves (``sparse-rl mismatch``, the experiment's control)."""
+        build their engine themselves (``sparse-rl mismatch``, the experiment's control). A context manager: ``with
+        EnginePool.single(...) as pool:`` closes its engine thread (not the engine) at the end."""
         from sparse_rl_megatron.rollout.layout import RolloutLayout
 
         world = D.world_size()
@@ -138,6 +139,12 @@ class EnginePool:
     def close(self) -> None:
         for local in self.local:
             local.worker.close()
+
+    def __enter__(self) -> "EnginePool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     @property
     def engines(self) -> list["RolloutEngine"]:
@@ -323,22 +330,16 @@ class EnginePool:
 def sync_weights(learner, engine, version: int, bucket_mb: int) -> dict[str, float]:
     """Push the learner's weights to one engine on rank 0 (``engine``; None elsewhere) as ``version``. Collective.
     (A run's engines: ``EnginePool.sync``.)"""
-    pool = EnginePool.single(engine, None, "engine")
-    try:
+    with EnginePool.single(engine, None, "engine") as pool:
         return pool.sync(learner, version, bucket_mb)
-    finally:
-        pool.close()
 
 
 def probe_weights(learner, engine, probe: "SequenceBatch", tolerance: float, engine_name: str,
                   version: int) -> dict[str, float]:
     """Compare the dense log-probs of one engine on rank 0 (``engine``; None elsewhere) with the learner's.
     Collective; raises ``WeightSyncError`` on every rank past ``tolerance``. (A run's engines: ``EnginePool.probe``.)"""
-    pool = EnginePool.single(engine, None, engine_name)
-    try:
+    with EnginePool.single(engine, None, engine_name) as pool:
         return pool.probe(learner, probe, tolerance, version)
-    finally:
-        pool.close()
 
 
 def rollout_metrics(samples: Sequence["Sample"]) -> dict[str, float]:

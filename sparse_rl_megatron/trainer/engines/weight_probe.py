@@ -23,6 +23,8 @@ from sparse_rl_megatron.utils.errors import RunFailed
 
 if TYPE_CHECKING:
     from sparse_rl_megatron.learner.batch import SequenceBatch
+    from sparse_rl_megatron.learner.learner import Learner
+    from sparse_rl_megatron.trainer.config import TrainConfig
     from sparse_rl_megatron.rollout.engine import RolloutEngine
 
 PROBE_TOLERANCE_FP32 = 1e-3
@@ -63,15 +65,15 @@ def default_tolerance(engine_dtype: str, learner_dtype: "str | torch.dtype" = "f
     return PROBE_TOLERANCE_16BIT if names & set(SIXTEEN_BIT) else PROBE_TOLERANCE_FP32
 
 
-def probe_tolerance(cfg, learner=None, device_facts: DeviceFacts | None = None) -> float:
+def probe_tolerance(cfg: "TrainConfig", learner: "Learner | None" = None,
+                    device_facts: DeviceFacts | None = None) -> float:
     """``sync.probe_tolerance``, else the default for the engine's dtype and the learner's (``learner`` built:
     its parameter dtype; else ``learner.params_dtype``, ``auto`` resolved for ``device_facts``, default: this
     machine)."""
     if cfg.sync.probe_tolerance:
         return cfg.sync.probe_tolerance
-    config = getattr(learner, "config", None)
-    if config is not None and hasattr(config, "torch_params_dtype"):
-        learner_dtype = config.torch_params_dtype(getattr(learner, "device_facts", None))
+    if learner is not None:
+        learner_dtype = learner.config.torch_params_dtype(learner.device_facts)
     else:
         learner_dtype = cfg.learner.params_dtype
         if learner_dtype == "auto":
