@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from sparse_rl_megatron.utils.registry import Registry
 
@@ -178,12 +178,3 @@ class BudgetController:
         self.budget = int(state["budget"])
         self.updates = int(state["updates"])
         self.last_signal = None if state.get("last_signal") is None else float(state["last_signal"])
-
-
-def simulate(controller: BudgetController, signal_of: Callable[[int, int], float], steps: int) -> list[int]:
-    """Budgets sampled at steps 1..``steps`` when step t's signal is ``signal_of(t, budget)`` (for tests/studies)."""
-    budgets = []
-    for t in range(1, steps + 1):
-        budgets.append(controller.budget)
-        controller.update(signal_of(t, controller.budget))
-    return budgets

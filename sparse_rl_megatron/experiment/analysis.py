@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Mapping
 
+from sparse_rl_megatron.experiment.figure import CLAIM_PANELS, CLAIM_PANELS_27, SMOOTHED_27
 from sparse_rl_megatron.experiment.stats import holm, paired_summary
 from sparse_rl_megatron.utils.registry import Registry
 
@@ -114,6 +116,12 @@ class Design:
     study_tests: bool = False
     """Whether the registration decides tests on the checkpoint study (issue 20's naive vs sparse_rl); otherwise
     the study is descriptive."""
+    panels: Mapping[str, str] = field(default_factory=lambda: CLAIM_PANELS)
+    """The claims figure's panels (title -> metric; ``figure.py``)."""
+    smoothed: frozenset[str] = frozenset()
+    """Panels drawn as trailing means (per-step metrics of 64 sequences)."""
+    mark_adaptive_target: bool = False
+    """Mark the adaptive budget controller's target in the panel of the metric it holds."""
 
 
 DESIGNS: Registry[Design] = Registry("experiment analysis design")
@@ -122,7 +130,8 @@ DESIGNS.add("issue20", Design(TESTS, ("C1", "C2a", "C2b"), holm_note="Holm over 
 DESIGNS.add("issue27", Design(TESTS_27, ("C1", "C2b", "G", "A", "T_high", "T_mid", "T_low"),
                               Footprint("A", "sparse_rl_adaptive", ("sparse_rl_low", "sparse_rl_mid", "sparse_rl_high"),
                                         ("T_low", "T_mid", "T_high")),
-                              holm_note="Holm over C1, C2b, C3, G, A; T_high -> T_mid -> T_low a fixed sequence"))
+                              holm_note="Holm over C1, C2b, C3, G, A; T_high -> T_mid -> T_low a fixed sequence",
+                              panels=CLAIM_PANELS_27, smoothed=SMOOTHED_27, mark_adaptive_target=True))
 
 
 def evals(records: list[dict], key: str) -> list[tuple[int, float]]:

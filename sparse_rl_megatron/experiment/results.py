@@ -178,18 +178,18 @@ def write_report(cfg: ExperimentConfig) -> tuple[Path, Path | None]:
     main = {r.name: records[r.name] for r in runs if r.budget is None}
     figure = draw_figure(main, out / FIGURE_FILE, "arms")
     if main:  # the pre-registered analysis (issue 20) of whatever is complete
+        from sparse_rl_megatron.experiment.analysis import DESIGNS
         from sparse_rl_megatron.experiment.analysis_report import write_full_analysis
-        from sparse_rl_megatron.experiment.figure import (CLAIM_PANELS, CLAIM_PANELS_27, CLAIMS_FIGURE_FILE,
-                                                           SMOOTHED_27)
+        from sparse_rl_megatron.experiment.figure import CLAIMS_FIGURE_FILE
 
         write_full_analysis(cfg, main)
-        panels, marks, smooth = CLAIM_PANELS, {}, frozenset()
-        if cfg.experiment.analysis == "issue27":  # the adaptive arm's target beside the contamination it held
+        design = DESIGNS.get(cfg.experiment.analysis)
+        panels, smooth, marks = design.panels, design.smoothed, {}
+        if design.mark_adaptive_target:  # the adaptive arm's target beside the signal it held
             from sparse_rl_megatron.compression.budget_controller import SIGNALS
 
             controller = cfg.train.rollout.adaptive_budget
             metric = SIGNALS.get(controller.signal).metric
-            panels, smooth = CLAIM_PANELS_27, SMOOTHED_27
             marks = {title: (controller.target, f"adaptive target {controller.target:g} ({controller.signal})")
                      for title, key in panels.items() if key == metric}
         draw_figure(main, out / CLAIMS_FIGURE_FILE, "arms", panels, marks, smooth)

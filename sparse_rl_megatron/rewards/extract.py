@@ -59,16 +59,6 @@ def _box_argument(text: str, start: int) -> str | None:
     return None
 
 
-def all_boxed(text: str) -> list[str]:
-    """Contents of every complete ``\\boxed{}`` / ``\\fbox{}`` in ``text``, in order."""
-    found = []
-    for m in _BOX_RE.finditer(text):
-        arg = _box_argument(text, m.end())
-        if arg is not None:
-            found.append(arg)
-    return found
-
-
 def last_boxed(text: str) -> str | None:
     """Content of the last complete ``\\boxed{...}`` or ``\\fbox{...}`` (nested braces kept), or None.
 

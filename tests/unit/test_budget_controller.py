@@ -2,6 +2,7 @@
 import json
 import math
 import random
+from typing import Callable
 
 import pytest
 
@@ -10,8 +11,16 @@ from sparse_rl_megatron.compression.budget_controller import (
     AdaptiveBudgetConfig,
     BudgetController,
     read_signal,
-    simulate,
 )
+
+
+def simulate(controller: BudgetController, signal_of: Callable[[int, int], float], steps: int) -> list[int]:
+    """Budgets sampled at steps 1..``steps`` when step t's signal is ``signal_of(t, budget)``."""
+    budgets = []
+    for t in range(1, steps + 1):
+        budgets.append(controller.budget)
+        controller.update(signal_of(t, controller.budget))
+    return budgets
 
 AUDIT = [(12, 0.66), (16, 0.54), (24, 0.38), (32, 0.18)]
 """Issue 27's audit: contaminated share per budget at the warm start."""

@@ -20,10 +20,13 @@ RECIPE = ROOT / "configs" / "experiments" / "cpu_claims.yaml"
 
 
 @pytest.mark.parametrize("recipe", sorted((ROOT / "configs" / "experiments").glob("*.yaml")), ids=lambda p: p.name)
-def test_every_experiment_recipe_loads(recipe):
+def test_every_experiment_recipe_loads_and_each_arm_trains_the_seeds_warm_start_in_a_directory_of_its_own(recipe):
     cfg = load_config(ExperimentConfig, recipe)
-    for run in arm_runs(cfg.experiment.arms, cfg.experiment.budgets):
-        arm_train_config(cfg, run, 0, "/models/warm")
+    runs = arm_runs(cfg.experiment.arms, cfg.experiment.budgets)
+    arms = [arm_train_config(cfg, run, 5, "/models/warm") for run in runs]
+    assert runs and len({a.run_dir for a in arms}) == len(runs)
+    assert all(a.model_path == "/models/warm" and a.seed == 5 and a.warm_start == {} for a in arms)
+    assert {a.data.dataset for a in arms} == {cfg.train.data.dataset}
 
 
 def test_arms_override_one_base_recipe_and_share_the_warm_start_and_the_sparse_evaluation(tmp_path):

@@ -2,7 +2,7 @@
 import pytest
 
 from sparse_rl_megatron.rewards.extract import (
-    all_boxed, extract_answer, gsm8k_gold, last_boxed, trailing_number,
+    extract_answer, gsm8k_gold, last_boxed, trailing_number,
 )
 
 
@@ -23,10 +23,6 @@ from sparse_rl_megatron.rewards.extract import (
 ])
 def test_last_boxed(text, expected):
     assert last_boxed(text) == expected
-
-
-def test_all_boxed_in_order():
-    assert all_boxed(r"\boxed{1}, \fbox{2} and \boxed{x^{2}}") == ["1", "2", "x^{2}"]
 
 
 @pytest.mark.parametrize("text, expected", [
