@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Callable
 
 import yaml
 
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from sparse_rl_megatron.learner.batch import SequenceBatch
     from sparse_rl_megatron.learner.learner import Learner
     from sparse_rl_megatron.observability.metrics_writer import MetricsWriter
+    from sparse_rl_megatron.trainer.checkpointing.resume import Choice
     from sparse_rl_megatron.trainer.engines.pool import EnginePool
     from sparse_rl_megatron.trainer.runtime.progress import Heartbeat
     from sparse_rl_megatron.trainer.runtime.prompts import PromptOrder
@@ -45,25 +46,30 @@ OUTPUTS = (CONFIG_FILE, METRICS_FILE, PLOT_FILE, "tensorboard", checkpoints.CHEC
 
 @dataclass
 class Run:
-    """A started run: everything the loop touches. Rank-0-only members (prompts, writer) are None elsewhere."""
+    """A started run: everything the loop touches, built before the run is (``start_run``). None only where a part
+    does not exist: the reference policy without KL, the budget controller without the adaptive budget, the
+    rank-0-only prompt order and metrics writer on the other ranks, ``resumed_from`` on a fresh start."""
 
     cfg: TrainConfig
     plan: RunPlan
     run_dir: Path
     stack: contextlib.ExitStack
-    learner: "Learner | None" = None
-    ref_learner: "Learner | None" = None
-    pool: "EnginePool | None" = None
+    console: "Console"
+    learner: "Learner"
+    ref_learner: "Learner | None"
+    """The reference policy (the initial model) when ``learner.loss.kl_coef`` > 0."""
+    pool: "EnginePool"
     """The run's rollout engines as this rank sees them (its own engines and reward)."""
-    prompts: "PromptOrder | None" = None
-    writer: "MetricsWriter | None" = None
-    console: "Console | None" = None
-    heartbeat: "Heartbeat | None" = None
-    stop: "StopRequest | None" = None
-    probe: "SequenceBatch | None" = None
+    probe: "SequenceBatch"
     """The weight-sync probe sequence (``engines/weight_probe.py``)."""
-    budget: "BudgetController | None" = None
+    heartbeat: "Heartbeat"
+    stop: "StopRequest"
+    prompts: "PromptOrder | None"
+    """The training prompts' order (rank 0)."""
+    budget: "BudgetController | None"
     """The adaptive KV budget's ``BudgetController`` (``rollout.adaptive_budget.enabled``), else None."""
+    writer: "MetricsWriter | None" = None
+    """``metrics.jsonl`` and TensorBoard (rank 0; opened once the resume step is known)."""
     step: int = 0
     """Rollout steps completed (the checkpoint's step when resumed)."""
     resumed_from: Path | None = None
@@ -110,49 +116,62 @@ class Run:
                              controller_budget=None if self.budget is None else self.budget.budget)
 
 
-def _claim_run_dir(cfg: TrainConfig, run: Run) -> tuple[Any, list[str]]:
+def _claim_run_dir(cfg: TrainConfig, run_dir: Path, stack: contextlib.ExitStack) -> tuple["Choice", list[str]]:
     """Rank 0: lock the run directory, choose fresh start or resume (the newest intact checkpoint: ``resume.py``),
-    write the resolved config."""
+    write the resolved config. Returns the choice and what to tell the user."""
     from sparse_rl_megatron.trainer.checkpointing.resume import choose
     from sparse_rl_megatron.trainer.runtime.run_dir import RunDirLock, archive_previous_outputs
 
-    lock = run.stack.enter_context(RunDirLock(run.run_dir))
+    lock = stack.enter_context(RunDirLock(run_dir))
     notes = []
     if lock.taken_over:
         notes.append(f"took over the lock of a run that is no longer alive (pid {lock.taken_over.get('pid')} on "
                      f"{lock.taken_over.get('host')})")
-    choice = choose(cfg.checkpoint.resume, run.run_dir)
+    choice = choose(cfg.checkpoint.resume, run_dir)
     notes += choice.notes
     if choice.path is None:
-        archived = archive_previous_outputs(run.run_dir, OUTPUTS)
+        archived = archive_previous_outputs(run_dir, OUTPUTS)
         if archived:
-            notes.append(f"previous outputs of {run.run_dir} moved to {archived}")
+            notes.append(f"previous outputs of {run_dir} moved to {archived}")
     else:
-        old = run.run_dir / CONFIG_FILE
+        old = run_dir / CONFIG_FILE
         if old.is_file():
-            old.replace(run.run_dir / f"{CONFIG_FILE}.before-step{choice.state.step}")
-    (run.run_dir / CONFIG_FILE).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+            old.replace(run_dir / f"{CONFIG_FILE}.before-step{choice.state.step}")
+    (run_dir / CONFIG_FILE).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     return choice, notes
 
 
-def _build_models(cfg: TrainConfig, run: Run) -> None:
+@dataclass
+class _Models:
+    """What ``_build_models`` built."""
+
+    learner: "Learner"
+    ref_learner: "Learner | None"
+    pool: "EnginePool"
+    probe: "SequenceBatch"
+
+
+def _build_models(cfg: TrainConfig, plan: RunPlan, run_dir: Path, stack: contextlib.ExitStack,
+                  say: Callable[[str], None]) -> _Models:
     """Learner (+ reference), every engine and its rank's reward; rank 0 builds the model directories first."""
     from sparse_rl_megatron.learner import Learner
     from sparse_rl_megatron.trainer.engines.pool import EnginePool
-    from sparse_rl_megatron.trainer.runtime.model_dirs import export_for_engine, prepare_model
     from sparse_rl_megatron.trainer.engines.weight_probe import probe_sequence
+    from sparse_rl_megatron.trainer.runtime.model_dirs import export_for_engine, prepare_model
 
-    dirs = D.on_main(lambda: prepare_model(cfg, run.plan.task, run.run_dir))
+    dirs = D.on_main(lambda: prepare_model(cfg, plan.task, run_dir))
     for note in dirs.notes:
-        run.say(note)
-    facts = run.plan.device_facts
-    run.learner = Learner(cfg.learner_config(dirs.learner), device_facts=facts)
+        say(note)
+    facts = plan.device_facts
+    learner = Learner(cfg.learner_config(dirs.learner), device_facts=facts)
+    ref_learner = None
     if cfg.learner.loss.kl_coef > 0:  # the reference policy is the initial model, also after a resume
-        run.ref_learner = Learner(cfg.learner_config(dirs.learner), trainable=False, device_facts=facts)
-    hf_dir = dirs.engine_hf or export_for_engine(run.learner, run.run_dir)
-    run.probe = probe_sequence(run.learner.arch.vocab_size, cfg.sync.probe_tokens, cfg.seed)
-    run.say(run.plan.layout.describe())
-    run.pool = EnginePool.start(cfg, run.plan, hf_dir, run.stack, lambda: make_reward(cfg, run.plan))
+        ref_learner = Learner(cfg.learner_config(dirs.learner), trainable=False, device_facts=facts)
+    hf_dir = dirs.engine_hf or export_for_engine(learner, run_dir)
+    probe = probe_sequence(learner.arch.vocab_size, cfg.sync.probe_tokens, cfg.seed)
+    say(plan.layout.describe())
+    pool = EnginePool.start(cfg, plan, hf_dir, stack, lambda: make_reward(cfg, plan))
+    return _Models(learner, ref_learner, pool, probe)
 
 
 def make_reward(cfg: TrainConfig, plan: RunPlan):
@@ -177,24 +196,32 @@ def start_run(cfg: TrainConfig):
     plan = preflight(cfg, D.env_world_size())
     D.init(cfg.phase_timeout_s)
     with contextlib.ExitStack() as stack:
-        run = Run(cfg=cfg, plan=plan, run_dir=Path(cfg.run_dir), stack=stack, console=Console(soft_wrap=True))
+        console, run_dir = Console(soft_wrap=True), Path(cfg.run_dir)
+
+        def say(text: str) -> None:
+            if D.is_main():
+                console.print(text)
+
         stack.callback(D.shutdown)
-        choice, notes = D.on_main(lambda: _claim_run_dir(cfg, run))
+        choice, notes = D.on_main(lambda: _claim_run_dir(cfg, run_dir, stack))
         resume = None if choice.path is None else str(choice.path)
         for note in notes:
-            run.say(note)
-        run.stop = stack.enter_context(StopRequest(run.run_dir, announce=D.env_local_rank() == 0))
+            say(note)
+        stop = stack.enter_context(StopRequest(run_dir, announce=D.env_local_rank() == 0))
         if D.is_main():
-            run.stop.clear_stop_file()  # it asked the previous process to stop; this one has just started
+            stop.clear_stop_file()  # it asked the previous process to stop; this one has just started
         D.wait_for_main()
-        run.heartbeat = Heartbeat(run.run_dir, D.rank(), cfg.log.heartbeat)
-        _build_models(cfg, run)
-        if D.is_main():
-            run.prompts = PromptOrder(plan.train_data.records, cfg.seed, cfg.data.shuffle)
+        heartbeat = Heartbeat(run_dir, D.rank(), cfg.log.heartbeat)
+        models = _build_models(cfg, plan, run_dir, stack, say)
+        budget = None
         if cfg.rollout.adaptive_budget.enabled:
             from sparse_rl_megatron.compression.budget_controller import BudgetController
 
-            run.budget = BudgetController(cfg.rollout.adaptive_budget, cfg.rollout.compression.budget)
+            budget = BudgetController(cfg.rollout.adaptive_budget, cfg.rollout.compression.budget)
+        run = Run(cfg=cfg, plan=plan, run_dir=run_dir, stack=stack, console=console, learner=models.learner,
+                  ref_learner=models.ref_learner, pool=models.pool, probe=models.probe, heartbeat=heartbeat, stop=stop,
+                  prompts=PromptOrder(plan.train_data.records, cfg.seed, cfg.data.shuffle) if D.is_main() else None,
+                  budget=budget)
         if resume is not None:  # an older intact checkpoint if this one does not load (resume.py)
             from sparse_rl_megatron.trainer.checkpointing.resume import load as load_checkpoint
 

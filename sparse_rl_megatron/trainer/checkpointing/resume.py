@@ -15,12 +15,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sparse_rl_megatron.trainer.checkpointing import checkpoints as C
 from sparse_rl_megatron.trainer.checkpointing.integrity import problem, read_state_file
 from sparse_rl_megatron.trainer.checkpointing.state import FORMAT_VERSION, TrainerState
 from sparse_rl_megatron.utils.errors import RunFailed
 
+if TYPE_CHECKING:
+    from sparse_rl_megatron.trainer.run import Run
 
 @dataclass
 class Choice:
@@ -94,7 +97,7 @@ def _why(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
 
 
-def load(run, choice: Choice) -> Choice:
+def load(run: "Run", choice: Choice) -> Choice:
     """Load ``choice`` into ``run.learner`` and this rank's RNG (every rank); fall back to older intact
     checkpoints while one does not load. Returns what was loaded (``path`` None: nothing to load)."""
     from sparse_rl_megatron.trainer.runtime import distributed as D

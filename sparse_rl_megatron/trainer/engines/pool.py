@@ -18,9 +18,10 @@ Engine calls run on the engine's own thread (``worker.py``) and are waited for u
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Sequence
 
 import torch
 
@@ -37,7 +38,9 @@ if TYPE_CHECKING:
     from sparse_rl_megatron.learner.learner import Learner
     from sparse_rl_megatron.rewards.reward import SampleReward
     from sparse_rl_megatron.rollout.sample import Sample
+    from sparse_rl_megatron.trainer.config import TrainConfig
     from sparse_rl_megatron.trainer.engines.colocated_weights import ColocatedPayloads
+    from sparse_rl_megatron.trainer.run_plan import RunPlan
 
 MIB = 1024 * 1024
 PHASE_REPORT_MARGIN_S = 60.0
@@ -85,7 +88,8 @@ class EnginePool:
 
     # ---------------------------------------------------------------------------------------------- start
     @classmethod
-    def start(cls, cfg, plan, hf_dir: str, stack, make_reward: Callable[[], Any]) -> "EnginePool":
+    def start(cls, cfg: "TrainConfig", plan: "RunPlan", hf_dir: str, stack: contextlib.ExitStack,
+              make_reward: "Callable[[], ContextManager[SampleReward]]") -> "EnginePool":
         """Build this rank's engines (and its reward, a context manager entered on ``stack``). Collective; a
         rank that fails to start its engine fails every rank."""
         from sparse_rl_megatron.rollout.engines import ENGINES
