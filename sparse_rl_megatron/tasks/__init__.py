@@ -38,7 +38,7 @@ TASKS.add("modchain31_weak", ModChainTask(ModChainSpec(
     # the 4 most recent keys kept, 2 of 8 seeds missed the first step and 5 of 10 draws boxed wrong digits (docs)
     warm_start={"batch_size": 32, "key_dropout_keep_recent": 6},
     warm_check=WarmStartExpectations(max_loss=0.02, min_taught_accuracy=0.9, min_taught_full_chains=0.9,
-                                     min_boxes_right=0.95)), name="modchain31_weak"))
+                                     min_boxes_right=0.95, min_sparse_taught_accuracy=0.9)), name="modchain31_weak"))
 TASKS.add("modchain100_weak", ModChainTask(ModChainSpec(
     family=ChainFamily(modulus=100, multipliers=(21, 41, 61, 81), offsets=tuple(b for b in range(100) if b % 2 and b % 5),
                        skip_fixed_points=True), steps=29,

@@ -82,6 +82,22 @@ def test_an_untrained_model_misses_the_embedded_defaults_expectations(tmp_path):
     assert json.loads(json.dumps(check.to_json(), allow_nan=True))["passed"] is False
 
 
+def test_the_check_scores_the_compressed_cache_the_run_samples_with(tmp_path):
+    from sparse_rl_megatron.compression import CompressionConfig
+
+    task, _ = _records()
+    init = task.build_model(tmp_path / "init", seed=0)
+    sparse_only = WarmStartExpectations(max_loss=10.0, min_taught_accuracy=0.0, min_taught_full_chains=0.0,
+                                        min_boxes_right=0.0, min_sparse_taught_accuracy=0.5, problems=12)
+    rkv = CompressionConfig(method="rkv", budget=4, window=2, buffer=2, scope="response")
+    check = check_warm_start(task, init, sparse_only, loss_last=6.1, compression=rkv)
+    assert check.missed == (f"accuracy on the taught records with the compressed cache "
+                            f"{check.measured['sparse_taught_accuracy']:.3f} < 0.5",)
+    assert "with the compressed cache" in check.summary()
+    dense_run = check_warm_start(task, init, sparse_only, loss_last=6.1, compression=CompressionConfig())
+    assert dense_run.passed and "sparse_taught_accuracy" not in dense_run.measured  # a dense run has no such cache
+
+
 class LotteryTask(ModChainTask):
     """The tiny task with a warm start that misses on the run's own seed (one supervised step) and converges on any
     other (40 steps): the lottery of a warm start, made deterministic, with the real check."""

@@ -83,7 +83,8 @@ def _warm_start(cfg, task, init: Path, out: Path) -> None:
 
 
 def checked_warm_start(cfg, task, init: Path, warm: Path) -> list[str]:
-    """Warm-start ``init`` into ``warm`` and check it against the task's expectations (``tasks/warm_check.py``); on a
+    """Warm-start ``init`` into ``warm`` and check it against the task's expectations (``tasks/warm_check.py``: dense,
+    and with the compressed cache the run samples with, ``rollout.compression``); on a
     miss, again with the next seed (``WarmCheckConfig.seed``), up to ``cfg.warm_check.attempts`` in all. Every attempt's
     verdict goes to ``model/warm_check.json``; a missed model is kept as ``warm.missed-<attempt>`` (and said at once).
     Raises ``UserError`` when every attempt missed. Returns the notes to print."""
@@ -103,7 +104,8 @@ def checked_warm_start(cfg, task, init: Path, warm: Path) -> list[str]:
         partial = warm.with_name(warm.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
         metrics = {**task.warm_start(init, partial, seed=seed, **options)}
-        check = check_warm_start(task, partial, expected, metrics["sft/loss_last"], seed=HELDOUT_SEED)
+        check = check_warm_start(task, partial, expected, metrics["sft/loss_last"], seed=HELDOUT_SEED,
+                                 compression=cfg.rollout.compression)
         metrics.update({"sft/heldout_acc": check.measured["heldout_accuracy"], "sft/seed": float(seed),
                         **{f"check/{k}": v for k, v in check.measured.items()}, "check/passed": float(check.passed)})
         (partial / WARM_METRICS).write_text(json.dumps(metrics, indent=2) + "\n")
