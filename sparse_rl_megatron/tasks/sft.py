@@ -56,10 +56,12 @@ class SFTConfig:
     key_dropout_keep_offsets: tuple[int, ...] = ()
     """Keys at these distances before the query are never dropped either: the positions every step of a task reads
     (a lagged chain's state L steps back), so the model learns to find them among whatever else a cache kept."""
-    key_dropout_spare_tail: int = 0
-    """Queries at the last this-many positions of each response (its final answer and EOS) see every key: the
-    answer copies the chain's last state, which the dropout would hide from its later tokens (a two-digit answer's
-    second digit is 4 positions after the state), leaving a wrong digit to chance (docs/embedded-default.md)."""
+    key_dropout_answer_tail: int = 0
+    """Queries at the last this-many positions of each response (its final answer and EOS) never lose the key just
+    before them: the answer copies the chain's last state, which the dropout would hide from its later tokens (a
+    two-digit answer's second digit is 4 positions after the state), leaving a digit to chance
+    (docs/embedded-default.md). Their other keys drop as any query's, so the answer does not come to lean on
+    keys a compressed cache may not keep."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size"):
@@ -82,8 +84,8 @@ class SFTConfig:
                              f"got {self.key_dropout_keep_recent}")
         if any(o < 1 for o in self.key_dropout_keep_offsets):
             raise ValueError(f"SFTConfig.key_dropout_keep_offsets must be distances >= 1, got {self.key_dropout_keep_offsets}")
-        if self.key_dropout_spare_tail < 0:
-            raise ValueError(f"SFTConfig.key_dropout_spare_tail must be >= 0, got {self.key_dropout_spare_tail}")
+        if self.key_dropout_answer_tail < 0:
+            raise ValueError(f"SFTConfig.key_dropout_answer_tail must be >= 0, got {self.key_dropout_answer_tail}")
 
     def lr_at(self, step: int) -> float:
         """Learning rate of optimizer step ``step`` (0-based)."""
@@ -108,15 +110,15 @@ def collate(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tup
 
 def key_dropout_mask(prompt_lens: torch.Tensor, length: int, rate: float, prompt_rate: float = 0.0,
                      keep_recent: int = 1, generator: torch.Generator | None = None,
-                     spare_from: torch.Tensor | None = None, keep_offsets: tuple[int, ...] = ()) -> torch.Tensor:
+                     answer_from: torch.Tensor | None = None, keep_offsets: tuple[int, ...] = ()) -> torch.Tensor:
     """``[b, 1, L, L]`` bool attention mask (True = visible): causal, minus a random subset of older keys.
 
     Row ``b`` (prompt length ``prompt_lens[b]``) draws ``u_b ~ U[0, 1]``; each query ``i`` then loses each
     key ``j <= i - keep_recent`` independently, with probability ``u_b * rate`` for a response key and
     ``u_b * prompt_rate`` for a prompt key (DropKey-style: masked before the softmax, so the kept keys are
     renormalised, as after a KV-cache eviction). Keys within ``keep_recent`` of the query are always visible, and
-    those ``keep_offsets`` before it, and every key of a query at or after ``spare_from[b]`` (``[b]``; None: no query
-    is spared).
+    those ``keep_offsets`` before it; a query at or after ``answer_from[b]`` (``[b]``: where row b's answer starts;
+    None: no answer anchor) also keeps the key at ``answer_from[b] - 1``, the one the answer copies.
     """
     batch = len(prompt_lens)
     i = torch.arange(length).view(1, 1, length, 1)
@@ -125,8 +127,9 @@ def key_dropout_mask(prompt_lens: torch.Tensor, length: int, rate: float, prompt
     in_prompt = j < prompt_lens.view(batch, 1, 1, 1)
     p_drop = u * torch.where(in_prompt, torch.tensor(prompt_rate), torch.tensor(rate))
     dropped = torch.rand(batch, 1, length, length, generator=generator) < p_drop
-    if spare_from is not None:
-        dropped &= i < spare_from.view(batch, 1, 1, 1)
+    if answer_from is not None:
+        start = answer_from.view(batch, 1, 1, 1)
+        dropped &= ~((i >= start) & (j == start - 1))
     for offset in keep_offsets:
         dropped &= i - j != offset
     return (j <= i) & ((i - j < keep_recent) | ~dropped)
@@ -204,10 +207,10 @@ def supervised_finetune(
             ids, labels = collate(batch, pad_id)
             mask = None
             if config.key_dropout > 0 or config.key_dropout_prompt > 0:
-                spare = torch.tensor([len(p) + len(r) - config.key_dropout_spare_tail for p, r in batch])
+                answer = torch.tensor([len(p) + len(r) - config.key_dropout_answer_tail for p, r in batch])
                 mask = key_dropout_mask(torch.tensor([len(p) for p, _ in batch]), ids.shape[1], config.key_dropout,
                                         config.key_dropout_prompt, config.key_dropout_keep_recent,
-                                        spare_from=spare if config.key_dropout_spare_tail else None,
+                                        answer_from=answer if config.key_dropout_answer_tail else None,
                                         keep_offsets=tuple(config.key_dropout_keep_offsets))
             loss = response_loss(model, ids, labels, mask)
             optimizer.zero_grad(set_to_none=True)

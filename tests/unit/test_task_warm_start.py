@@ -85,26 +85,26 @@ def test_key_dropout_mask_keeps_causality_prompt_and_recent_keys():
     assert 0.4 < float(dropped_prompt) < 0.6
 
 
-def test_key_dropout_spares_the_answers_queries_and_the_offsets_a_step_reads():
+def test_key_dropout_keeps_the_state_the_answer_copies_and_the_offsets_a_step_reads():
     from sparse_rl_megatron.tasks.sft import key_dropout_mask
 
-    length, prompt_lens, spare_from = 30, torch.tensor([4, 4, 4]), torch.tensor([24, 20, 26])
+    length, prompt_lens, answer_from = 30, torch.tensor([4, 4, 4]), torch.tensor([24, 20, 26])
     i, j = torch.arange(length).view(-1, 1), torch.arange(length).view(1, -1)
     causal = j <= i
     plain = key_dropout_mask(prompt_lens, length, 1.0, 0.0, 2, generator=torch.Generator().manual_seed(3))
     mask = key_dropout_mask(prompt_lens, length, 1.0, 0.0, 2, generator=torch.Generator().manual_seed(3),
-                            spare_from=spare_from, keep_offsets=(7,))
+                            answer_from=answer_from, keep_offsets=(7,))
     dropped = 0
-    for b, start in enumerate(spare_from.tolist()):
+    for b, start in enumerate(answer_from.tolist()):
         m = mask[b, 0]
-        assert m[start:][causal[start:]].all()               # the answer's queries see every key
+        assert m[start:, start - 1].all()                    # the answer's queries keep the state it copies
         assert m[causal & (i - j == 7)].all()                # the offset a step reads is never dropped
         assert not (m & ~causal).any()
         # elsewhere the same draws decide as without the options (a run's other masks do not move)
-        other = causal & (i < start) & (i - j != 7)
+        other = causal & ~((i >= start) & (j == start - 1)) & (i - j != 7)
         assert torch.equal(m[other], plain[b, 0][other])
-        dropped += int((~m[other]).sum())
-    assert dropped > 0
+        dropped += int((~m[other & (i >= start)]).sum())
+    assert dropped > 0  # the answer's other keys still drop
 
 
 def test_warm_start_with_key_dropout_learns(init_dir, tmp_path):
