@@ -43,6 +43,7 @@ def full_logits(lrn, ids: torch.Tensor) -> torch.Tensor | None:
     mb = MicroBatch(rows=list(range(b)), input_ids=ids, position_ids=torch.arange(s).expand(b, s).contiguous(),
                     seq_lengths=[s] * b, gather_index=empty, labels=empty, out_row=empty, out_col=empty)
     model = lrn.model
+    model.eval()  # megatron-core's MoE layer refuses TP without sequence parallel in training mode
 
     def head(_, hidden):
         logits, _ = model.output_layer(hidden, weight=model.output_weight())
