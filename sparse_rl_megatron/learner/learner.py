@@ -25,7 +25,7 @@ from sparse_rl_megatron.learner import checkpoint as ckpt
 from sparse_rl_megatron.learner.batch import (
     MicroBatch, SequenceBatch, build_micro_batch, padding_micro_batch, plan_micro_batches, split_rows,
 )
-from sparse_rl_megatron.learner.config import LearnerConfig
+from sparse_rl_megatron.learner.config import LearnerConfig, LearnerSettings
 from sparse_rl_megatron.learner.forward import run_schedule
 from sparse_rl_megatron.learner.hf_io import HFCheckpointWriter, load_hf_into_model, read_arch, torch_dtype
 from sparse_rl_megatron.learner.logprobs import to_response_aligned, token_logprobs
@@ -52,7 +52,7 @@ def moe_aux_loss_coeff(config: LearnerConfig, hf_config: dict) -> float:
     return float(hf_config.get(HF_AUX_LOSS_FIELD) or 0.0)
 
 
-def check_moe_training(arch: ModelArch, config: LearnerConfig, trainable: bool) -> None:
+def check_moe_training(arch: ModelArch, config: LearnerSettings, trainable: bool) -> None:
     """megatron-core's MoE layer refuses to train at TP > 1 without sequence parallel (a ValueError from inside the
     first forward); say so before anything is built, naming the settings. Log-probs (no training) run at any TP."""
     if not (arch.is_moe and trainable and config.tensor_parallel_size > 1):
@@ -259,6 +259,8 @@ class Learner:
         if self.ddp is not None and self.ddp.ddp_config.overlap_grad_reduce:
             fused.append("overlap_grad_reduce")
         extras = [f"{k}={getattr(cfg, k)}" for k in ("sequence_parallel", "recompute_granularity") if getattr(cfg, k)]
+        experts = (f" experts={self.arch.moe.num_experts} top-{self.arch.moe.top_k} EP={lay.ep} ETP={lay.etp}"
+                   if self.arch.is_moe else "")
         return (f"{self.arch.family} L={self.arch.num_layers} H={self.arch.hidden_size} TP={lay.tp} PP={lay.pp} "
-                f"DP={lay.dp} dtype={self.params_dtype} spec={self.spec} "
+                f"DP={lay.dp}{experts} dtype={self.params_dtype} spec={self.spec} "
                 f"fusions={','.join(fused) or 'none'}" + "".join(f" {e}" for e in extras))
