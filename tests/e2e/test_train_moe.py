@@ -57,7 +57,7 @@ def test_ep2_trains_resumes_at_pp2_x_ep2_and_evaluates(tmp_path, shared_data):
     proc = subprocess.run([sys.executable, "-m", "sparse_rl_megatron.cli", "eval", "--model",
                            str(run_dir / "checkpoints" / "step_3"), "--data-root", str(shared_data), "--benchmarks",
                            "gsm8k", "--limit", "2", "--n", "1", "--max-new-tokens", "12", "--compression", "rkv",
-                           "--budget", "8", "--no-progress", "--verifier-workers", "1", "--output", str(out)],
+                           "--budget", "16", "--no-progress", "--verifier-workers", "1", "--output", str(out)],
                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     result = json.loads(out.read_text())
