@@ -103,7 +103,7 @@ def tiny_config(
     num_heads: int = 4,
     num_kv_heads: int = 2,
     intermediate_size: int | None = None,
-    tie_word_embeddings: bool = True,
+    tie_word_embeddings: bool | None = None,
     max_position_embeddings: int = 8192,
     rope_theta: float = 10000.0,
     rope_scaling: dict | None = None,
@@ -119,7 +119,9 @@ def tiny_config(
     ``moe_intermediate_size``, default ``hidden_size``, top-``experts_per_token``, weights renormalised) or
     ``qwen2_moe`` (Qwen2 attention, the same plus a shared expert of ``shared_expert_intermediate_size``, default
     ``2 x hidden_size``, not renormalised). ``rope_scaling``: e.g. ``{"rope_type": "llama3", "factor": 8.0, ...}``;
-    ``head_dim``: qwen3 / qwen3_moe only (default ``hidden_size // num_heads``)."""
+    ``head_dim``: qwen3 / qwen3_moe only (default ``hidden_size // num_heads``). ``tie_word_embeddings``: default
+    tied for the dense families, untied for the mixtures of experts (as every published Qwen MoE; SGLang 0.5.23's
+    MoE models do not tie the LM head)."""
     from transformers import LlamaConfig, Qwen2Config, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig
 
     common = dict(
@@ -129,7 +131,8 @@ def tiny_config(
         num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads,
         intermediate_size=intermediate_size or 4 * hidden_size,
-        tie_word_embeddings=tie_word_embeddings,
+        tie_word_embeddings=(family not in ("qwen3_moe", "qwen2_moe")) if tie_word_embeddings is None
+        else tie_word_embeddings,
         max_position_embeddings=max_position_embeddings,
         rope_theta=rope_theta,
         rope_scaling=rope_scaling,

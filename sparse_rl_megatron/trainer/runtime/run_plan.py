@@ -137,6 +137,13 @@ def check_model(cfg: "TrainConfig", world_size: int) -> dict[str, Any] | None:
         raise UserError(f"model_path: the config of {cfg.model_path} has no {err} field") from None
     except ValueError as err:
         raise UserError(f"learner: {err} (model {cfg.model_path})") from None
+    if cfg.rollout.engine == "sglang":
+        from sglang_ext.refusals import refuse_model
+
+        try:
+            refuse_model(hf_config)
+        except ValueError as err:
+            raise UserError(f"rollout.engine=sglang: {err} (model {cfg.model_path})") from None
     return None if cfg.model_path in TINY_MODELS else hf_config
 
 
