@@ -82,6 +82,11 @@ def moe_config(arch: ModelArch, *, expert_parallel_size: int = 1, expert_tensor_
     if router_dtype not in _ROUTER_DTYPES:
         raise ValueError(f"router_dtype={router_dtype!r}; valid: {', '.join(_ROUTER_DTYPES)}")
     moe = arch.moe
+    if moe.top_k == 1 and moe.norm_topk_prob:
+        raise ValueError("num_experts_per_tok=1 with norm_topk_prob=true (every token's one expert weighted 1) has no "
+                         "megatron-core router: it takes top-1 only after a softmax over all experts "
+                         "(moe_router_pre_softmax), which weights the expert by its probability; valid: "
+                         "num_experts_per_tok >= 2, or norm_topk_prob=false")
     fields = dict(
         num_moe_experts=moe.num_experts,
         moe_router_topk=moe.top_k,

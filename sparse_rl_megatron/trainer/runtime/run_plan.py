@@ -115,8 +115,9 @@ def check_model(cfg: "TrainConfig", world_size: int) -> dict[str, Any] | None:
             f"the world size {world_size} (torchrun --nnodes x --nproc-per-node); valid: a divisor of {world_size}")
     if world_size % (tp * pp) == 0 and (world_size // pp) % (ep * etp):
         raise UserError(
-            f"learner.expert_parallel_size x expert tensor parallel = {ep} x {etp} does not divide the ranks of one "
-            f"pipeline stage, world size / learner.pipeline_parallel_size = {world_size} / {pp} = {world_size // pp}")
+            f"learner.expert_parallel_size x learner.expert_tensor_parallel_size = {ep} x {etp} (null: the TP size) does "
+            f"not divide the ranks of one pipeline stage, world size / learner.pipeline_parallel_size = {world_size} / "
+            f"{pp} = {world_size // pp}")
     hf_config = None
     if cfg.model_path in TINY_MODELS:
         from sparse_rl_megatron.models.tiny import tiny_config
