@@ -98,7 +98,7 @@ def moe_pair_launch(moe_refs, mcore_root) -> LaunchResult:
     work = mcore_root / "moe_pair_work"
     work.mkdir()
     return launch("w_moe.py", 2, [str(moe_refs), str(work), MOE_PAIR_LAYOUTS, "aux_step", "uneven",
-                                 "cpu_compat"],
+                                 "plan", "cpu_compat"],
                   mcore_root / "moe_pair_results")
 
 

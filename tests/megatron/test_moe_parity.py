@@ -77,6 +77,15 @@ def test_ranks_with_fewer_micro_batches_pad_to_the_most(moe_pair_launch, model):
     moe_pair_launch.check(f"uneven_micro_batches_{model}")
 
 
+@pytest.mark.parametrize("model", MOE_MODELS)
+@pytest.mark.parametrize("check", ["ep1", "ep2_distopt"])
+def test_plan_matches_the_learner(moe_pair_launch, model, check):
+    """``sparse-rl plan``'s MoE figures against the learner: parameters, fp32 gradients and Adam state per GPU exactly,
+    at EP 1 the bytes each micro-batch keeps for backward within 0.5% (+ 512 B); at EP 2 with the distributed
+    optimizer, each rank's routed experts (half of them) and their Adam state."""
+    moe_pair_launch.check(f"plan_matches_learner_{check}_{model}")
+
+
 def test_cpu_compat_moe_patches(moe_pair_launch):
     """W11 (te_general_gemm bound to None), W12 (the alltoall dispatcher's stream, events and numpy split sizes on
     CPU), W13 (the router's expert-bias function eager: no inductor import)."""

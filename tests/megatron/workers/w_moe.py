@@ -6,6 +6,8 @@ usage: w_moe.py RESULT_DIR MOE_REF_PT WORK_DIR LAYOUTS [EXTRA ...]
            training is refused (megatron-core's MoE needs sequence parallel there) and runs the rest untrained.
   EXTRA:   cpu_compat (W11-W13) | aux_step (one step with the load-balancing loss at DP = 2, EP = 2)
            | uneven (DP = 2, EP = 2 with different micro-batch counts per rank)
+           | plan (``sparse-rl plan`` vs the learner: EP 1 parameters, state and activations; EP 2 parameters and
+           the distributed optimizer's expert shards)
            | reshard:<tp1 checkpoint dir of qwen3_moe> (-> TP1 x PP2 x EP2 -> saved -> EP4)
 """
 from __future__ import annotations
@@ -102,6 +104,7 @@ def main() -> None:
     import torch.distributed as dist
 
     import mcore_checks as C
+    from sparse_rl_megatron.learner.config import MoESettings
     from mcore_worker import run_checks
 
     result_dir, ref_path, work = sys.argv[1], sys.argv[2], Path(sys.argv[3])
@@ -148,6 +151,12 @@ def main() -> None:
         elif extra == "uneven":
             checks += [(f"uneven_micro_batches_{name}", lambda name=name, ref=ref: check_uneven_micro_batches(name, ref))
                        for name, ref in refs.items()]
+        elif extra == "plan":
+            for name, ref in refs.items():
+                checks.append((f"plan_matches_learner_ep1_{name}", lambda ref=ref: C.check_plan_matches_learner(
+                    ref, 1, 1, moe=MoESettings(aux_loss_coeff=0.0))))
+                checks.append((f"plan_matches_learner_ep2_distopt_{name}", lambda ref=ref: C.check_plan_matches_learner(
+                    ref, 1, 1, distributed_optimizer=True, ep=2, activations=False, moe=MoESettings(aux_loss_coeff=0.0))))
         elif extra == "aux_step":
             checks += [(f"aux_step_{name}", lambda name=name, ref=ref: check_aux_step(name, ref))
                        for name, ref in refs.items()]
