@@ -23,7 +23,7 @@ def _layouts():
             etp = rest[0] if rest else 1
             tag = f"tp{tp}pp{pp}ep{ep}" + (f"etp{etp}" if etp != 1 else "")
             for model in (only.split("+") if only else MOE_MODELS):
-                out.append(pytest.param(fixture, tag, model, tp, id=f"{tag}-{model}"))
+                out.append(pytest.param(fixture, tag, model, tp, id=f"{fixture.removesuffix('_launch')}-{tag}-{model}"))
     return out
 
 

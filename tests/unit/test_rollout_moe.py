@@ -59,15 +59,17 @@ def test_dense_greedy_matches_hf_generate_and_forward(model, tok):
 
 
 def test_compressed_samples_replay_to_the_same_logprobs_and_kept_sets(model, tok):
-    """The oracle: teacher_forced through the same compression schedule gives back the sampler's log-probs (same
-    computation: exact) and kept-set digests, and the compression did act."""
+    """The oracle: teacher_forced through the same compression schedule gives back the sampler's log-probs (within
+    the error model's bound: the replay prefills each pair alone, so the experts' matmuls get other token counts and
+    may take other BLAS kernels) and kept-set digests, and the compression did act."""
     engine = _engine(model, tok)
     samples = engine.generate(PROMPTS, 2, SamplingParams(temperature=1.0, max_new_tokens=30, seed=1, ignore_eos=True),
                               compression=RKV)
     assert min(s.compression.events for s in samples) >= 3
     replay = engine.teacher_forced([s.prompt_ids for s in samples], [s.response_ids for s in samples], compression=RKV)
     for s, r in zip(samples, replay):
-        assert torch.equal(s.sampler_logprobs, r.sampler_logprobs)
+        numerics.assert_logprobs_within(r.sampler_logprobs, s.sampler_logprobs, _tol(model, [s]),
+                                        "hf_engine/moe_replay_vs_sampled")
         assert (s.compression.events, s.compression.kept_digest) == (r.compression.events, r.compression.kept_digest)
 
 
