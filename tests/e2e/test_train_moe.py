@@ -2,7 +2,8 @@
 torchrun, DP 2, one HF engine each, the weight-sync probe on every step, dense and sparse evaluations, the
 load-balancing loss logged), resumed at PP 2 x EP 2 on four ranks from its step-2 checkpoint; ``sparse-rl eval``
 of the trained Megatron checkpoint (exported to HF, experts unstacked); ``sparse-rl mismatch`` of a tiny Qwen2-MoE
-with the routing share of the rho tail. (The SGLang engine's MoE run: tests/sglang/test_train_sglang.py.)"""
+with the routing share of the rho tail; a tiny Qwen2-MoE trained at EP 2, resumed, converted to HF and back. (The SGLang
+engine's MoE run: tests/sglang/test_train_sglang_moe.py.)"""
 from __future__ import annotations
 
 import json
@@ -11,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
 from test_train import RECIPE, SMALL, _env, _records, free_port
 
 MOE = ["plugins=[train_task_plugin]", "data.dataset=task:tiny_sums", "warm_start={}", "reward.name=parity",
@@ -88,3 +90,35 @@ def test_mismatch_splits_the_tail_into_attention_and_routing(tmp_path, shared_da
     assert stats["moe/routing_contamination"] == stats["sparse/contaminated_frac"] - stats[
         "moe/contaminated_frac_dense_routing"]
     assert 0 < stats["moe/rho_min_dense_routing"] <= stats["moe/rho_p1_dense_routing"]
+
+
+def test_qwen2_moe_trains_at_ep2_resumes_and_converts(tmp_path, shared_data):
+    """A tiny Qwen2-MoE (gated shared expert) at EP 2: one step with dense and sparse evaluations, then the same
+    command resumes to a second; its checkpoint converts to HF with ``sparse-rl convert`` and back, bit for bit."""
+    from safetensors.torch import load_file
+
+    env, run_dir = _env(shared_data), tmp_path / "run"
+    for steps in (1, 2):
+        proc = subprocess.run(_torchrun(2, run_dir, "model_path=tiny-qwen2-moe", f"steps={steps}", "eval.every=1"),
+                              env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "resuming from" in proc.stdout and "qwen2_moe L=2 H=64 TP=1 PP=1 DP=2 experts=4 top-2 EP=2" in proc.stdout
+    records = _records(run_dir)
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert all(r["sync/probe_max_abs_diff"] < 1e-3 and r["train/moe_load_balancing_loss"] > 0.5 for r in records[1:])
+    assert {"step_2.dense.json", "step_2.sparse.json"} <= {p.name for p in (run_dir / "eval").glob("*.json")}
+    ckpt = run_dir / "checkpoints" / "step_2"
+    cli = [sys.executable, "-m", "sparse_rl_megatron.cli", "convert"]
+    out = subprocess.run([*cli, "megatron-to-hf", "--input", str(ckpt), "--output", str(tmp_path / "hf")], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    back = subprocess.run([*cli, "hf-to-megatron", "--input", str(tmp_path / "hf"), "--output",
+                           str(tmp_path / "mcore")], env=env, capture_output=True, text=True, timeout=300)
+    assert back.returncode == 0, back.stderr[-2000:]
+    again = subprocess.run([*cli, "megatron-to-hf", "--input", str(tmp_path / "mcore"), "--output",
+                            str(tmp_path / "hf2")], env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    first = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    second = load_file(str(tmp_path / "hf2" / "model.safetensors"))
+    assert any(".mlp.shared_expert_gate.weight" in k for k in first) and any(".mlp.experts.3." in k for k in first)
+    assert sorted(first) == sorted(second) and all(torch.equal(first[k], second[k]) for k in first)
