@@ -1,9 +1,9 @@
-"""SGLangRolloutEngine serving mixtures of experts (tiny Qwen3-MoE; Qwen2-MoE with its gated shared expert) with the
-sparse_kv plugin on SGLang's CPU engine (its torch-native MoE path: ``UnquantizedFusedMoEMethod.forward_cpu`` ->
+"""SGLangRolloutEngine serving a mixture of experts (a tiny Qwen3-MoE; the Qwen2-MoE with its gated shared expert is
+trained with this engine in test_train_sglang_moe.py) with the sparse_kv plugin on SGLang's CPU engine (its torch-native MoE path: ``UnquantizedFusedMoEMethod.forward_cpu`` ->
 ``moe_forward_native``), against the HF reference engine: dense log-probs against a full forward, compressed samples
 against ``HFRolloutEngine.teacher_forced`` (log-probs within ``numerics.hf_logprob_tolerance``, same compression
 record), a weight push of per-expert checkpoint tensors, SGLang's routed experts (R3) right for dense requests and
-refused for compressed ones, and a tied-embedding MoE refused at start. One engine per model for the module."""
+refused for compressed ones, and a tied-embedding MoE refused at start. One engine for the module."""
 from __future__ import annotations
 
 import base64
@@ -22,7 +22,7 @@ PROMPTS = [[5, 17, 42], [300, 12, 8, 77, 41, 9, 250, 33, 6], list(range(100, 121
 MODEL_SEED, INIT_STD = 3, 0.2
 
 
-@pytest.fixture(scope="module", params=["qwen3_moe", "qwen2_moe"])
+@pytest.fixture(scope="module", params=["qwen3_moe"])
 def served(request, tmp_path_factory):
     """(engine, its HF twin, the model directory): 4 experts of width 64, top-2, untied (as the published ones)."""
     from sparse_rl_megatron.models.tiny import build_tiny_model, save_tiny_hf_checkpoint
