@@ -76,7 +76,8 @@ class HFDecoder:
         self.max_positions = getattr(config, "max_position_embeddings", None)
         self.moe = model_type in MOE_MODEL_TYPES
         self.top_k = int(config.num_experts_per_tok) if self.moe else 0
-        self.norm_topk_prob = bool(getattr(config, "norm_topk_prob", False)) if self.moe else False
+        self.norm_topk_prob = bool(config.norm_topk_prob) if self.moe else False
+        self.shared_expert = model_type == "qwen2_moe"  # Qwen2-MoE: a shared expert scaled by a sigmoid gate
         self.last_routing: torch.Tensor | None = None
         """After a decode step of a mixture of experts: ``[R, layers, top_k]`` long, the experts each row's token
         went to in every layer (the forced ones when replayed); None for a dense model."""
@@ -118,7 +119,7 @@ class HFDecoder:
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         out = mlp.experts(flat, experts, weights.to(logits.dtype))
-        if getattr(mlp, "shared_expert", None) is not None:  # qwen2_moe: sigmoid-gated shared expert
+        if self.shared_expert:
             out = out + torch.sigmoid(_rows(mlp.shared_expert_gate, flat)) * _rows(mlp.shared_expert, flat)
         chosen.append(experts)
         return out.reshape(h.shape)
