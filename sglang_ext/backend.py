@@ -24,6 +24,7 @@ from sglang_ext.config import BACKEND_NAME, FAULT_ENV, REQUEST_KEY, ConfigError,
 from sglang_ext.forward_plan import (ForwardPlan, check_tables, follow_rewrite, plan_forward, sglang_host,
                                      written_positions)
 from sglang_ext.host_syncs import counted, not_counted
+from sglang_ext.refusals import routed_experts_message
 from sglang_ext.row_state import RowInfo, RowState
 from sglang_ext.runner_view import (RunnerView, kv_cache_region, physical_translator, query_groups,
                                     tp_rank)
@@ -123,6 +124,8 @@ class SparseKVBackend(AttentionBackend):
         if not config.is_dense and base.is_dense:
             raise ConfigError("custom_params.sparse_kv: this server was started dense (compression.method none); "
                               "start it with a compression method to compress requests")
+        if req is not None and req.return_routed_experts and not config.is_dense:
+            raise ConfigError(routed_experts_message())
         meta = {"method": config.method, "budget": None if config.is_dense else config.budget,
                 "window": 0 if config.is_dense else config.window, "buffer": 0 if config.is_dense else config.buffer,
                 "scope": config.scope, "events": 0, "peak_kv_tokens": 0, "kept_digest": None,

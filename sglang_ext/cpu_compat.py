@@ -9,6 +9,11 @@ Applied only when CUDA is absent (``apply()`` is a no-op otherwise):
   scheduler processes SGLang spawns find it too.
 The engine arguments a CPU engine needs (device, attention backend, ...) come from ``cpu_engine_kwargs()``.
 The torchvision import fix is an install step (``launch/setup_env.sh``), not a runtime patch.
+
+One runtime patch, installed by the plugin in every SGLang process when CUDA is absent (``register_hooks``):
+SGLang pins the host buffers of its state capturers (``--enable-return-routed-experts``: the routed experts of
+every token, R3) with ``cudaHostRegister``, which a CPU-only torch cannot call; on CPU they are plain memory
+(``unpinned_host_alloc``).
 """
 from __future__ import annotations
 
@@ -61,3 +66,18 @@ def cpu_engine_kwargs() -> dict:
         page_size=1,
     )
 
+
+def unpinned_host_alloc(original, dims, dtype, device, pin_memory, *args, **kwargs):
+    """Around SGLang's ``alloc_with_host_register``: the same buffer, not pinned (nothing to pin for on CPU)."""
+    return original(dims, dtype, device, False, *args, **kwargs)
+
+
+def register_hooks() -> None:
+    """In an SGLang process without CUDA: the host buffers of SGLang's state capturers unpinned. Called by the
+    plugin's ``register``; a no-op with CUDA."""
+    if cuda_available():
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register("sglang.srt.mem_cache.pool_host.common.alloc_with_host_register", unpinned_host_alloc,
+                          HookType.AROUND)

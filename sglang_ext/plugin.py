@@ -3,7 +3,8 @@
 SGLang loads it in every process it starts (engine, spawned schedulers, detokenizer), before the server
 arguments are built. ``register()`` adds the attention backend ``sparse_kv`` (``backend.SparseKVBackend``,
 configured by ``SPARSE_RL_KV_CONFIG``, see ``config``) and the scheduler hooks (``hooks``); everything is
-inert unless a server selects ``attention_backend="sparse_kv"``.
+inert unless a server selects ``attention_backend="sparse_kv"``. Without CUDA it also installs the CPU
+compatibility hook of ``cpu_compat.register_hooks`` (unpinned host buffers).
 
 Set ``SPARSE_RL_PLUGIN_TRACE=/path/file`` to have every process that loads the plugin append a line
 ``<pid> <process title>`` to that file: the quickest way to see that a deployment really picks it up.
@@ -35,6 +36,7 @@ def register() -> None:
     from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
     from sglang.srt.layers.attention.attention_registry import register_attention_backend
 
+    from sglang_ext import cpu_compat
     from sglang_ext.config import BACKEND_NAME
     from sglang_ext.hooks import register_hooks
 
@@ -42,6 +44,7 @@ def register() -> None:
         add_attention_backend_choices([BACKEND_NAME])
     register_attention_backend(BACKEND_NAME)(_create_backend)
     register_hooks()
+    cpu_compat.register_hooks()
     _registered = True
     logger.debug("sparse-rl-megatron SGLang plugin: registered the %s attention backend", BACKEND_NAME)
 

@@ -10,6 +10,12 @@ Checked twice, on the same rules:
 Why each is refused: the plugin keeps one physical table per request row and one attention backend per
 process; it reads and writes the KV pool by the slot ids SGLang's allocator hands out, in the process that
 owns the pool, one token per page, eagerly.
+
+Also refused, though not the plugin's doing: a mixture-of-experts checkpoint with tied embeddings
+(``refuse_model``): SGLang 0.5.23's Qwen3-MoE and Qwen2-MoE models never tie their LM head to the embedding, so
+it would stay unloaded and every log-prob would be garbage. And per request (``routed_experts_message``): the
+experts a compressed request's tokens went to, which SGLang reads back through the request's row of
+``req_to_token``, the row the plugin rewrites as it compresses.
 """
 from __future__ import annotations
 
@@ -103,6 +109,7 @@ def validate_server_args(server_args: Any, config: SparseKVConfig | None = None)
         raise ConfigError(f"{BACKEND_NAME}: prefill and decode must both use the {BACKEND_NAME} attention "
                           f"backend (got prefill={prefill}, decode={decode}); set attention_backend only")
     refuse_flags(cfg, config)
+    refuse_model_dir(str(getattr(cfg, "model_path", "") or ""))
     if not _graphs_disabled(cfg):
         graphs = getattr(cfg, "cuda_graph_config", None)
         resolved = ("" if graphs is None else
@@ -122,6 +129,37 @@ def _graphs_disabled(cfg: Any) -> bool:
     if graphs is None:   # not resolved (a published context without the field): the legacy flag
         return bool(getattr(cfg, "disable_cuda_graph", False))
     return all(getattr(graphs, phase).backend == "disabled" for phase in ("decode", "prefill"))
+
+
+UNTIED_HEAD_MODEL_TYPES = ("qwen3_moe", "qwen2_moe")
+"""Model types whose SGLang 0.5.23 implementation ignores ``tie_word_embeddings`` (no tied LM head)."""
+
+
+def refuse_model(hf_config: dict[str, Any]) -> None:
+    """Raise ConfigError (one line) for a model SGLang would serve wrongly: a Qwen MoE with tied embeddings."""
+    model_type = hf_config.get("model_type")
+    if model_type in UNTIED_HEAD_MODEL_TYPES and hf_config.get("tie_word_embeddings"):
+        raise ConfigError(f"tie_word_embeddings=true: SGLang 0.5.23's {model_type} model never ties its LM head to the "
+                          "embedding (it would stay unloaded); valid for a mixture of experts: untied checkpoints "
+                          "(every published Qwen MoE), or the hf rollout engine")
+
+
+def refuse_model_dir(model_path: str) -> None:
+    """``refuse_model`` on a local HF directory's ``config.json`` (a hub id or a directory without one: nothing to
+    check here; SGLang reads it itself)."""
+    import json
+    from pathlib import Path
+
+    config = Path(model_path) / "config.json"
+    if config.is_file():
+        refuse_model(json.loads(config.read_text()))
+
+
+def routed_experts_message() -> str:
+    """Why a compressed request asking for its routed experts is refused (it is aborted; the others are served)."""
+    return (f"return_routed_experts: SGLang reads a request's routed experts back through its req_to_token row, which "
+            f"{BACKEND_NAME} rewrites as it compresses (evicted slots are freed and reused), so a compressed "
+            "request's would name other tokens' experts; ask it of dense requests (compression method none) only")
 
 
 def refused_beam_message(beam_width: Any) -> str:

@@ -54,6 +54,26 @@ def transformer_reductions(hidden: int, head_dim: int, heads: int, intermediate:
     return layer * layers + [hidden, hidden]
 
 
+def moe_layer_reductions(hidden: int, num_experts: int, top_k: int, expert_ffn: int, shared_ffn: int = 0) -> list[int]:
+    """The reductions a mixture-of-experts MLP adds along one token's path, in place of a dense MLP's gate/up
+    and down: the router's logits (hidden) and softmax denominator (experts), each chosen expert's gate/up
+    (hidden) and down (``expert_ffn``), the weighted sum of the ``top_k`` expert outputs (+ the shared expert's),
+    and a shared expert's gate/up, down and sigmoid gate (Qwen2-MoE). A token routed to other experts is not a
+    rounding: the parity tests check the routing margins separately (``router_margin``)."""
+    out = [hidden, num_experts, hidden, expert_ffn, top_k + (1 if shared_ffn else 0)]
+    if shared_ffn:
+        out += [hidden, shared_ffn, hidden]
+    return out
+
+
+def moe_transformer_reductions(hidden: int, head_dim: int, heads: int, layers: int, keys: int, num_experts: int,
+                               top_k: int, expert_ffn: int, shared_ffn: int = 0) -> list[int]:
+    """``transformer_reductions`` of a decoder whose every MLP is a mixture of experts (``moe_layer_reductions``)."""
+    layer = [hidden, hidden, head_dim, keys, heads * head_dim, hidden]
+    layer += moe_layer_reductions(hidden, num_experts, top_k, expert_ffn, shared_ffn)
+    return layer * layers + [hidden, hidden]
+
+
 def forward_logprob_bound(reductions: list[int], vocab: int, max_abs_logit: float, u: float = U_FP32) -> float:
     """Two implementations (or batch compositions, or kernel paths) of the same forward, compared on log-probs:
     twice the logits' ``chain_bound`` (log_softmax is 1-Lipschitz in each logit, max-norm) plus each side's
@@ -62,8 +82,14 @@ def forward_logprob_bound(reductions: list[int], vocab: int, max_abs_logit: floa
 
 
 def hf_config_reductions(config, keys: int) -> list[int]:
-    """``transformer_reductions`` of an HF Llama / Qwen2 / Qwen3 config attending to ``keys`` positions."""
+    """``transformer_reductions`` of an HF Llama / Qwen2 / Qwen3 (or Qwen MoE) config attending to ``keys``
+    positions."""
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if is_moe_config(config):
+        return moe_transformer_reductions(config.hidden_size, head_dim, config.num_attention_heads,
+                                          config.num_hidden_layers, keys, config.num_experts,
+                                          config.num_experts_per_tok, config.moe_intermediate_size,
+                                          getattr(config, "shared_expert_intermediate_size", 0) or 0)
     return transformer_reductions(config.hidden_size, head_dim, config.num_attention_heads,
                                   config.intermediate_size, config.num_hidden_layers, keys)
 
@@ -156,11 +182,46 @@ def probabilistic_logprob_bound(mixed: list[int], coherent: list[int], vocab: in
     return lam * u * math.sqrt(q) + 4 * u * max_abs_logit
 
 
+def moe_decoder_sums(hidden: int, head_dim: int, heads: int, layers: int, keys: int, num_experts: int, top_k: int,
+                     expert_ffn: int, shared_ffn: int = 0, qk_norm: bool = False) -> tuple[list[int], list[int]]:
+    """``decoder_sums`` of a decoder whose every MLP is a mixture of experts: per layer the mixed-sign sums of the
+    router's logits (hidden), an expert's gate/up (hidden) and down (``expert_ffn``), the weighted sum of the
+    chosen experts (``top_k``, + 1 with a shared expert, whose gate/up, down and sigmoid gate add hidden,
+    ``shared_ffn``, hidden) in place of the dense MLP's; and the router softmax's denominator (``num_experts``)
+    among the positive sums. Routing decisions are not roundings (``router_margin``)."""
+    mixed = [hidden, head_dim, keys, heads * head_dim, hidden, hidden, expert_ffn, top_k + (1 if shared_ffn else 0)]
+    if shared_ffn:
+        mixed += [hidden, shared_ffn, hidden]
+    coherent = [hidden, keys, hidden, num_experts] + ([head_dim, head_dim] if qk_norm else [])
+    return mixed * layers + [hidden], coherent * layers + [hidden]
+
+
+def is_moe_config(config) -> bool:
+    """An HF Qwen3-MoE / Qwen2-MoE config (every layer a mixture of experts)."""
+    return config.model_type in ("qwen3_moe", "qwen2_moe")
+
+
 def hf_decoder_sums(config, keys: int) -> tuple[list[int], list[int]]:
-    """``decoder_sums`` of an HF Llama / Qwen2 / Qwen3 config attending to at most ``keys`` positions."""
+    """``decoder_sums`` of an HF Llama / Qwen2 / Qwen3 (or Qwen3-MoE / Qwen2-MoE) config attending to at most
+    ``keys`` positions."""
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    qk_norm = config.model_type in ("qwen3", "qwen3_moe")
+    if is_moe_config(config):
+        return moe_decoder_sums(config.hidden_size, head_dim, config.num_attention_heads, config.num_hidden_layers,
+                                keys, config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size,
+                                getattr(config, "shared_expert_intermediate_size", 0) or 0, qk_norm=qk_norm)
     return decoder_sums(config.hidden_size, head_dim, config.num_attention_heads, config.intermediate_size,
-                        config.num_hidden_layers, keys, qk_norm=config.model_type == "qwen3")
+                        config.num_hidden_layers, keys, qk_norm=qk_norm)
+
+
+def router_margin(router_logits, top_k: int) -> float:
+    """The smallest gap, over tokens, between the k-th and the (k+1)-th largest router logit (``[T, E]``): two
+    computations of the same router pick the same experts while their logits differ by less than half of it.
+    (Ranking by softmax scores or by logits is the same order.)"""
+    import torch
+
+    top = torch.topk(router_logits.detach().float(), top_k + 1, dim=-1).values
+    return float((top[:, top_k - 1] - top[:, top_k]).min())
 
 
 def hf_logprob_tolerance(model, prompts: list[list[int]], responses: list[list[int]], u: float = U_FP32,

@@ -77,14 +77,14 @@ class _Instrument:
         self.compress_s = 0.0
         decode, new_cache = engine.decoder.decode, engine._new_cache
 
-        def timed_decode(tokens, cache):
+        def timed_decode(tokens, cache, forced_routing=None):
             self.marks.append(time.perf_counter())
             if len(self.marks) == 1:
                 held = (cache.k, cache.v, cache.pos, cache.acc, cache.qwin)
                 self.cache_bytes_per_seq = sum(t.nbytes for t in held if t is not None) // cache.rows
             if time.monotonic() > deadline:
                 raise Deadline(f"stopped after {len(self.marks) - 1} decode steps")
-            return decode(tokens, cache)
+            return decode(tokens, cache, forced_routing)
 
         def counted_cache(rows, capacity, config):
             cache = new_cache(rows, capacity, config)

@@ -25,6 +25,8 @@ ParamsDtype = Literal["auto", "float32", "bfloat16"]
 PARAM_DTYPES: tuple[str, ...] = get_args(ParamsDtype)
 LayerSpecName = Literal["auto", "local", "te"]
 """The names of ``learner.model_provider.LAYER_SPECS`` (the registry checks them and says what each is)."""
+RouterDtype = Literal["params", "fp32"]
+ROUTER_DTYPES: tuple[str, ...] = get_args(RouterDtype)
 BatchLayoutName = Literal["padded", "packed"]
 """The names of ``learner.batch.BATCH_LAYOUTS`` (the registry checks them and says what each costs)."""
 
@@ -96,6 +98,28 @@ class OptimConfig:
 
 
 @dataclass
+class MoESettings:
+    """How a mixture-of-experts model trains (ignored by dense models). Routing follows the checkpoint (top-k of a
+    softmax router, renormalised when its ``norm_topk_prob`` says so); tokens travel to the experts with
+    megatron-core's ``alltoall`` dispatcher (gloo on CPU, NCCL on GPU; ``megatron_overrides`` can choose another)."""
+
+    aux_loss_coeff: float | None = None
+    """Weight of megatron-core's load-balancing loss (Switch-style, per layer, averaged over the step's tokens);
+    None: the checkpoint's ``router_aux_loss_coef`` (0.001 in Qwen3-MoE), 0 when it has none. 0 turns it off; it
+    is logged as ``train/moe_load_balancing_loss`` whenever it is on."""
+    router_dtype: RouterDtype = "params"
+    """The router's logits: in the parameter dtype (``params``, as the HF model and the rollout engines) or in
+    ``fp32`` (megatron-core's advice for bf16 training; routing then differs from a bf16 engine's more often)."""
+
+    def __post_init__(self) -> None:
+        if self.aux_loss_coeff is not None and self.aux_loss_coeff < 0:
+            raise ValueError(f"LearnerConfig.moe.aux_loss_coeff must be >= 0 or null, got {self.aux_loss_coeff}")
+        if self.router_dtype not in ROUTER_DTYPES:
+            raise ValueError(f"LearnerConfig.moe.router_dtype must be one of {', '.join(ROUTER_DTYPES)}, "
+                             f"got {self.router_dtype!r}")
+
+
+@dataclass
 class LearnerSettings:
     """The Megatron learner but its model: how it is split, how batches are cut, how it trains (the ``learner``
     section of ``sparse-rl train``, whose model is the run's ``model_path``).
@@ -111,6 +135,12 @@ class LearnerSettings:
     """TP degree; must divide the attention heads, the KV groups and the FFN width."""
     pipeline_parallel_size: int = 1
     """PP degree; must divide the number of layers. The world size / (TP x PP) is the DP degree."""
+    expert_parallel_size: int = 1
+    """EP degree (mixtures of experts): the routed experts are split over this many ranks of each pipeline
+    stage; must divide the experts, and EP x expert TP must divide world size / PP. 1 for a dense model."""
+    expert_tensor_parallel_size: int | None = None
+    """Expert TP degree: each routed expert's matrices split over this many ranks; None: the TP degree (as
+    megatron-core). Must divide an expert's width (``moe_intermediate_size``)."""
     params_dtype: ParamsDtype = "auto"
     """Parameter dtype: float32, bfloat16, or auto (bfloat16 with CUDA, float32 on CPU)."""
     layer_spec: LayerSpecName = "auto"
@@ -129,6 +159,8 @@ class LearnerSettings:
     """Optimizer and learning-rate schedule."""
     loss: LossConfig = field(default_factory=LossConfig)
     """The corrected GRPO loss (from ``sparse_rl_megatron.algo``)."""
+    moe: MoESettings = field(default_factory=MoESettings)
+    """Load-balancing loss and router precision of a mixture-of-experts model."""
     megatron_overrides: dict[str, Any] = field(default_factory=dict)
     """Extra ``TransformerConfig`` fields, e.g. ``{"recompute_granularity": "full", "sequence_parallel": True}``
     (sequence parallel: TP >= 2 and Transformer Engine norms; context parallel is refused)."""
@@ -139,6 +171,10 @@ class LearnerSettings:
         if self.tensor_parallel_size < 1 or self.pipeline_parallel_size < 1:
             raise ValueError(f"LearnerConfig.tensor_parallel_size/pipeline_parallel_size must be >= 1, got "
                              f"{self.tensor_parallel_size}, {self.pipeline_parallel_size}")
+        if self.expert_parallel_size < 1 or (self.expert_tensor_parallel_size is not None
+                                             and self.expert_tensor_parallel_size < 1):
+            raise ValueError(f"LearnerConfig.expert_parallel_size/expert_tensor_parallel_size must be >= 1 (or null "
+                             f"for the latter), got {self.expert_parallel_size}, {self.expert_tensor_parallel_size}")
         if self.params_dtype not in PARAM_DTYPES:
             raise ValueError(f"LearnerConfig.params_dtype must be one of {', '.join(PARAM_DTYPES)}, got {self.params_dtype!r}")
         LAYER_SPECS.check(self.layer_spec, "LearnerConfig.layer_spec")
@@ -158,6 +194,12 @@ class LearnerSettings:
         if self.loss.entropy_coef > 0:
             raise ValueError("LearnerConfig.loss.entropy_coef > 0 is not supported by the Megatron learner "
                              "(vocab-parallel entropy is not implemented); valid: 0")
+
+    @property
+    def expert_tensor_parallel(self) -> int:
+        """The expert TP degree in effect: ``expert_tensor_parallel_size``, or the TP degree when that is None."""
+        etp = self.expert_tensor_parallel_size
+        return self.tensor_parallel_size if etp is None else etp
 
     def torch_params_dtype(self, device: DeviceFacts | None = None) -> torch.dtype:
         """The parameter dtype on ``device`` (default: this machine): ``auto`` is ``device.auto_params_dtype``."""

@@ -26,8 +26,10 @@ from sparse_rl_megatron.learner import cpu_compat
 log = logging.getLogger(__name__)
 
 # megatron-core stores the layers of a homogeneous TransformerBlock stacked along a leading axis,
-# under TE-spec names without the layer index (``decoder.layers.mlp.linear_fc1.weight``: [L, 2F, H]).
+# under TE-spec names without the layer index (``decoder.layers.mlp.linear_fc1.weight``: [L, 2F, H]); routed
+# experts are stacked along a second axis (``decoder.layers.mlp.experts.experts.linear_fc1.weight``: [L, E, 2F, H]).
 _STACKED = re.compile(r"^decoder\.layers\.(?P<rest>[^0-9].*)$")
+_STACKED_EXPERTS = re.compile(r"^mlp\.experts\.experts\.(?P<param>linear_fc[12]\.weight)$")
 
 
 @cpu_compat.in_device_mode
@@ -66,8 +68,16 @@ def _canonical_tensors(arch: ModelArch, stored: dict[str, torch.Tensor]) -> dict
         if m:
             if t.shape[0] != arch.num_layers:
                 raise ValueError(f"{key}: {t.shape[0]} stacked layers vs num_layers={arch.num_layers}")
+            experts = _STACKED_EXPERTS.match(m.group("rest"))
+            if experts and (arch.moe is None or t.shape[1] != arch.moe.num_experts):
+                raise ValueError(f"{key}: {t.shape[1]} stacked experts vs the architecture's "
+                                 f"{arch.moe.num_experts if arch.moe is not None else 0}")
             for i in range(arch.num_layers):
-                out[wm.canonical_name(f"decoder.layers.{i}.{m.group('rest')}")] = t[i]
+                if experts:
+                    for e in range(t.shape[1]):
+                        out[f"decoder.layers.{i}.mlp.experts.local_experts.{e}.{experts.group('param')}"] = t[i, e]
+                else:
+                    out[wm.canonical_name(f"decoder.layers.{i}.{m.group('rest')}")] = t[i]
         else:
             out[wm.canonical_name(key)] = t
     return out

@@ -1,4 +1,4 @@
-"""megatron-core on a CPU-only torch: the workarounds W1-W10, in one place.
+"""megatron-core on a CPU-only torch: the workarounds W1-W13, in one place.
 
 megatron-core 0.16.1 (and 0.17-0.19) hard-codes CUDA in many spots that a CPU run with the gloo backend
 walks through. Each patch below is named after the workaround of
@@ -32,6 +32,18 @@ process-wide, from whichever entry point reaches megatron first, and must answer
   call instead (the same compile, later; plain functions and methods alike). ``torch.compile`` itself is restored
   right after, but ``megatron.core.jit.jit_fuser`` keeps the deferring one for the life of the process, so
   megatron modules imported later defer too. No effect if megatron-core was imported before ``apply()``.
+- W11 the MoE router's gating (``moe_utils.router_gating_linear``) tests ``te_general_gemm is not None``, a name
+  megatron-core binds only when Transformer Engine imports: without TE it raises NameError. Bound to None, the
+  router computes its logits with torch's matmul.
+- W12 the ``alltoall`` token dispatcher of mixtures of experts (the learner's, for expert parallelism) creates a
+  ``torch.cuda.Stream`` for its device-to-host copies of the split sizes when it is built, records an event on
+  it and waits for that event, and hands ``torch.distributed.all_to_all_single`` the split sizes as numpy
+  arrays only when they came from a GPU (``maybe_move_tensor_to_cpu(..., as_numpy=True)`` leaves a CPU tensor a
+  tensor, which the collective refuses). On CPU its stream is a ``_NullStream`` whose events are no-ops and CPU
+  split sizes become numpy arrays as on GPU; gloo runs the all-to-all itself.
+- W13 the MoE router calls one ``jit_fuser`` (``torch.compile``) function on every forward,
+  ``TopKRouter._apply_expert_bias`` (a no-op unless ``moe_router_enable_expert_bias``): under W10 its first call
+  would import torch's inductor and compile C++ on the CPU. It runs eagerly instead (the same function).
 
 On a CUDA machine none of this is applied; the GPU code paths are megatron-core's own.
 The W5 mode lives on the mode stack of the thread that enters ``device_mode()`` (torch keeps one per thread).
@@ -261,8 +273,31 @@ class _NullStream:
     def synchronize(self) -> None:
         return None
 
-    def record_event(self, *args: Any, **kwargs: Any) -> None:
+    def record_event(self, *args: Any, **kwargs: Any) -> "_NullEvent":
+        return _NullEvent()
+
+
+class _NullEvent:
+    """Stands in for ``torch.cuda.Event`` where megatron waits for work on a ``_NullStream`` (W12)."""
+
+    def synchronize(self) -> None:
         return None
+
+    def wait(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+# ---------------------------------------------------------------- W12: the alltoall dispatcher's split sizes on CPU
+def _split_sizes_on_host(move):
+    """megatron's ``maybe_move_tensor_to_cpu`` that also turns a CPU tensor into numpy when ``as_numpy`` (W12)."""
+
+    @functools.wraps(move)
+    def wrapper(tensor, as_numpy: bool = False, record_stream: bool = False):
+        if as_numpy and torch.is_tensor(tensor) and not tensor.is_cuda:
+            return tensor.numpy()
+        return move(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+    return wrapper
 
 
 # ---------------------------------------------------------------- W9: recompute's RNG state on CPU
@@ -277,7 +312,7 @@ def _cpu_set_rng_state(new_state: torch.Tensor, device: Any = -1, graph_safe: bo
 
 
 def apply(force: bool = False) -> bool:
-    """Apply W1-W10 if this torch has no CUDA (or ``force``). Returns True if the patches are active.
+    """Apply W1-W13 if this torch has no CUDA (or ``force``). Returns True if the patches are active.
 
     Call before building megatron-core models. Safe to call many times.
     """
@@ -294,6 +329,7 @@ def apply(force: bool = False) -> bool:
             from megatron.core.optimizer import clip_grads, optimizer as moptimizer
             from megatron.core.tensor_parallel import random as mrandom
             from megatron.core.transformer import utils as tutils
+            from megatron.core.transformer.moe import moe_utils, router as mrouter, token_dispatcher
 
         torch.cuda.current_device = lambda: "cpu"  # W1
         _APPLIED.append("W1")
@@ -325,4 +361,17 @@ def apply(force: bool = False) -> bool:
         mrandom._set_cuda_rng_state = _cpu_set_rng_state
         _APPLIED.append("W9")
         _APPLIED.append("W10")  # took effect above if this import of megatron-core was its first
+
+        if "te_general_gemm" not in vars(moe_utils):  # W11 (TE binds it when it imports)
+            moe_utils.te_general_gemm = None
+        _APPLIED.append("W11")
+
+        token_dispatcher.MoEAlltoAllTokenDispatcher.cuda_dtoh_stream = _NullStream()  # W12
+        token_dispatcher.maybe_move_tensor_to_cpu = _split_sizes_on_host(token_dispatcher.maybe_move_tensor_to_cpu)
+        _APPLIED.append("W12")
+
+        expert_bias = mrouter.TopKRouter.__dict__["_apply_expert_bias"]  # W13
+        if isinstance(expert_bias, CompileOnFirstCall):
+            mrouter.TopKRouter._apply_expert_bias = expert_bias._fn
+        _APPLIED.append("W13")
     return True

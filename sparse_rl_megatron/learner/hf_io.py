@@ -65,7 +65,7 @@ def load_hf_into_model(model, arch: ModelArch, hf_dir: str | os.PathLike) -> int
     """
     from megatron.core import parallel_state as ps
 
-    from sparse_rl_megatron.learner.model_provider import layer_offset_of, unwrap
+    from sparse_rl_megatron.learner.model_provider import expert_offset, layer_offset_of, unwrap
 
     ckpt_arch, _ = read_arch(hf_dir)
     diffs = arch.differences(ckpt_arch)
@@ -75,12 +75,15 @@ def load_hf_into_model(model, arch: ModelArch, hf_dir: str | os.PathLike) -> int
     wm.check_hf_tensors(arch, reader.shapes())
     tp_rank, tp = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
     inner = unwrap(model)
-    offset = layer_offset_of(inner)
+    offset, experts_from = layer_offset_of(inner), expert_offset(inner)
     count = 0
     for local_name, param in inner.named_parameters():
-        name = wm.canonical_name(local_name, offset)
-        padded = param.shape[0] * tp if wm.param_kind(name) == "vocab" else None
-        shard = wm.hf_to_mcore(arch, name, reader.get, tp_rank=tp_rank, tp_size=tp, padded_vocab=padded)
+        name = wm.canonical_name(local_name, offset, experts_from)
+        kind = wm.param_kind(name)
+        padded = param.shape[0] * tp if kind == "vocab" else None
+        rank, size = ((ps.get_expert_tensor_parallel_rank(), ps.get_expert_tensor_parallel_world_size())
+                      if kind in wm.EXPERT_KINDS else (tp_rank, tp))
+        shard = wm.hf_to_mcore(arch, name, reader.get, tp_rank=rank, tp_size=size, padded_vocab=padded)
         if tuple(shard.shape) != tuple(param.shape):
             raise ValueError(f"{local_name}: HF-derived shard {tuple(shard.shape)} vs model {tuple(param.shape)}")
         param.copy_(shard.to(param.dtype))

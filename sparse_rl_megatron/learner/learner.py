@@ -25,7 +25,7 @@ from sparse_rl_megatron.learner import checkpoint as ckpt
 from sparse_rl_megatron.learner.batch import (
     MicroBatch, SequenceBatch, build_micro_batch, padding_micro_batch, plan_micro_batches, split_rows,
 )
-from sparse_rl_megatron.learner.config import LearnerConfig
+from sparse_rl_megatron.learner.config import LearnerConfig, LearnerSettings
 from sparse_rl_megatron.learner.forward import run_schedule
 from sparse_rl_megatron.learner.hf_io import HFCheckpointWriter, load_hf_into_model, read_arch, torch_dtype
 from sparse_rl_megatron.learner.logprobs import to_response_aligned, token_logprobs
@@ -39,6 +39,30 @@ from sparse_rl_megatron.utils.device import DeviceFacts, resolve
 
 def _is_megatron_checkpoint(path: str | os.PathLike) -> bool:
     return (Path(path) / ckpt.META_FILE).is_file()
+
+
+# the HF config field of the Qwen MoE models' load-balancing coefficient (0.001 in Qwen3-MoE)
+HF_AUX_LOSS_FIELD = "router_aux_loss_coef"
+
+
+def moe_aux_loss_coeff(config: LearnerConfig, hf_config: dict) -> float:
+    """``config.moe.aux_loss_coeff``, or the checkpoint's ``router_aux_loss_coef`` when that is None (0 if absent)."""
+    if config.moe.aux_loss_coeff is not None:
+        return float(config.moe.aux_loss_coeff)
+    return float(hf_config.get(HF_AUX_LOSS_FIELD) or 0.0)
+
+
+def check_moe_training(arch: ModelArch, config: LearnerSettings, trainable: bool) -> None:
+    """megatron-core's MoE layer refuses to train at TP > 1 without sequence parallel (a ValueError from inside the
+    first forward); say so before anything is built, naming the settings. Log-probs (no training) run at any TP."""
+    if not (arch.is_moe and trainable and config.tensor_parallel_size > 1):
+        return
+    if not config.megatron_overrides.get("sequence_parallel", False):
+        raise ValueError(
+            f"LearnerConfig.tensor_parallel_size={config.tensor_parallel_size} with the mixture of experts of this "
+            f"{arch.family} model trains only with megatron_overrides.sequence_parallel=True (megatron-core's MoE "
+            "layer refuses TP without it; sequence parallel needs Transformer Engine norms, on a GPU); valid without "
+            "it: tensor_parallel_size=1, with expert_parallel_size and pipeline_parallel_size for the split")
 
 
 class Learner:
@@ -61,14 +85,19 @@ class Learner:
         # validate the layout against the architecture before any process group or model exists
         self.arch.check_tensor_parallel(config.tensor_parallel_size)
         self.arch.check_pipeline_parallel(config.pipeline_parallel_size)
+        self.arch.check_expert_parallel(config.expert_parallel_size, config.expert_tensor_parallel)
+        check_moe_training(self.arch, config, trainable)
         self.spec = resolve_layer_spec(config.layer_spec, self.device_facts)  # "te" or "local"
         check_sequence_parallel(self.spec, config.megatron_overrides, self.device_facts)
         self.layout = init_model_parallel(config.tensor_parallel_size, config.pipeline_parallel_size, config.seed,
-                                          facts=self.device_facts)
+                                          facts=self.device_facts, ep=config.expert_parallel_size,
+                                          etp=config.expert_tensor_parallel)
         self.params_dtype = config.torch_params_dtype(self.device_facts)
+        self.moe_aux_loss_coeff = moe_aux_loss_coeff(config, self.hf_config) if self.arch.is_moe else 0.0
         self.model = build_stage_model(
             self.arch, params_dtype=self.params_dtype, spec=self.spec,
             vocab_multiple=config.vocab_multiple, overrides=config.megatron_overrides, facts=self.device_facts,
+            moe_aux_loss_coeff=self.moe_aux_loss_coeff, moe_router_dtype=config.moe.router_dtype,
         )
         self.model.return_hidden = True
         self.use_thd = self.spec == "te"  # packed rows as THD (TE attention); the local spec takes a dense mask
@@ -134,9 +163,26 @@ class Learner:
         cfg = self.config
         rows = self.data_parallel_rows(batch)
         if not rows:
-            return [padding_micro_batch(batch, cfg.batch_layout, multiple=self.seq_multiple)]
-        groups = plan_micro_batches(batch.lengths, rows, cfg.max_tokens_per_device, cfg.batch_layout)
-        return [build_micro_batch(batch, g, cfg.batch_layout, multiple=self.seq_multiple) for g in groups]
+            mbs = [padding_micro_batch(batch, cfg.batch_layout, multiple=self.seq_multiple)]
+        else:
+            groups = plan_micro_batches(batch.lengths, rows, cfg.max_tokens_per_device, cfg.batch_layout)
+            mbs = [build_micro_batch(batch, g, cfg.batch_layout, multiple=self.seq_multiple) for g in groups]
+        if self.arch.is_moe:
+            mbs += [padding_micro_batch(batch, cfg.batch_layout, multiple=self.seq_multiple)] * (
+                self._most_micro_batches(len(mbs)) - len(mbs))
+        return mbs
+
+    def _most_micro_batches(self, count: int) -> int:
+        """The largest micro-batch count of the data-parallel ranks. A mixture of experts exchanges tokens between
+        ranks of different data-parallel replicas in every MoE layer (the expert-parallel all-to-all), so every
+        rank must run as many micro-batches: the ones with fewer add padding micro-batches."""
+        from megatron.core import parallel_state as ps
+
+        if ps.get_data_parallel_world_size() == 1:
+            return count
+        most = torch.tensor([count], dtype=torch.long, device=device())
+        dist.all_reduce(most, op=dist.ReduceOp.MAX, group=ps.get_data_parallel_group())
+        return int(most)
 
     # ------------------------------------------------------------------ training
     def train_step(self, batch) -> dict[str, float]:
@@ -213,6 +259,8 @@ class Learner:
         if self.ddp is not None and self.ddp.ddp_config.overlap_grad_reduce:
             fused.append("overlap_grad_reduce")
         extras = [f"{k}={getattr(cfg, k)}" for k in ("sequence_parallel", "recompute_granularity") if getattr(cfg, k)]
+        experts = (f" experts={self.arch.moe.num_experts} top-{self.arch.moe.top_k} EP={lay.ep} ETP={lay.etp}"
+                   if self.arch.is_moe else "")
         return (f"{self.arch.family} L={self.arch.num_layers} H={self.arch.hidden_size} TP={lay.tp} PP={lay.pp} "
-                f"DP={lay.dp} dtype={self.params_dtype} spec={self.spec} "
+                f"DP={lay.dp}{experts} dtype={self.params_dtype} spec={self.spec} "
                 f"fusions={','.join(fused) or 'none'}" + "".join(f" {e}" for e in extras))

@@ -74,17 +74,29 @@ def resolve_layer_spec(name: str = "auto", facts: DeviceFacts | None = None) -> 
     return "local"
 
 
-def layer_spec(name: str = "auto", qk_layernorm: bool = False, facts: DeviceFacts | None = None):
+def layer_spec(name: str = "auto", qk_layernorm: bool = False, facts: DeviceFacts | None = None,
+               num_experts: int | None = None, moe_grouped_gemm: bool = False, router=None):
     """The transformer-layer ``ModuleSpec`` of ``resolve_layer_spec(name, facts)``; ``qk_layernorm``: per-head
-    RMSNorm of q and k (Qwen3)."""
+    RMSNorm of q and k (Qwen3); ``num_experts``: a mixture-of-experts MLP (megatron-core's ``MoELayer``; local
+    spec: one ``SequentialMLP`` expert after the other, ``moe_grouped_gemm`` needs Transformer Engine), with
+    ``router`` (a ``MoESubmodules.router`` builder) in place of megatron-core's ``TopKRouter`` when given."""
     from megatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_layer_local_spec,
         get_gpt_layer_with_transformer_engine_spec,
     )
 
     if resolve_layer_spec(name, facts) == "te":
-        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk_layernorm)
-    return get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=qk_layernorm)
+        spec = get_gpt_layer_with_transformer_engine_spec(num_experts=num_experts, moe_grouped_gemm=moe_grouped_gemm,
+                                                          qk_layernorm=qk_layernorm)
+    else:
+        if moe_grouped_gemm:
+            raise ValueError("moe_grouped_gemm=True needs the Transformer Engine layer spec ('te'); the local spec runs "
+                             "the experts one after the other (SequentialMLP)")
+        spec = get_gpt_layer_local_spec(num_experts=num_experts, moe_grouped_gemm=False, normalization="RMSNorm",
+                                        qk_layernorm=qk_layernorm)
+    if num_experts is not None and router is not None:
+        spec.submodules.mlp.submodules.router = router
+    return spec
 
 
 def check_sequence_parallel(spec_name: str, overrides: dict[str, Any] | None,
@@ -126,6 +138,7 @@ def _gpt_model_class():
 
         return_hidden: bool = False
         true_vocab_size: int = 0
+        load_balancing = None  # LoadBalancingShare of the MoE routers (learner/moe_aux_loss.py)
 
         def _postprocess(self, hidden_states, *args, **kwargs):
             if self.return_hidden and self.post_process and not self.mtp_process:
@@ -150,22 +163,37 @@ def build_stage_model(
     vocab_multiple: int = DEFAULT_VOCAB_MULTIPLE,
     overrides: dict[str, Any] | None = None,
     facts: DeviceFacts | None = None,
+    moe_aux_loss_coeff: float = 0.0,
+    moe_router_dtype: str = "params",
 ):
     """This rank's stage of the model (parallel state must be initialised), on the GPU when ``facts`` (default:
-    this machine) has CUDA. Weights are random until loaded."""
+    this machine) has CUDA. Weights are random until loaded. A mixture of experts takes the expert layout of the
+    parallel state, ``moe_aux_loss_coeff`` and ``moe_router_dtype`` (``models.megatron_config.moe_config``); its
+    routers normalise the load-balancing loss through ``model.load_balancing`` (``learner/moe_aux_loss.py``)."""
     from megatron.core import parallel_state as ps
+
+    from sparse_rl_megatron.learner.moe_aux_loss import LoadBalancingShare, router_class
 
     facts = resolve(facts)
     tp = ps.get_tensor_model_parallel_world_size()
     pp = ps.get_pipeline_model_parallel_world_size()
+    moe = None
+    if arch.moe is not None:
+        moe = dict(expert_parallel_size=ps.get_expert_model_parallel_world_size(),
+                   expert_tensor_parallel_size=ps.get_expert_tensor_parallel_world_size(),
+                   aux_loss_coeff=moe_aux_loss_coeff, router_dtype=moe_router_dtype)
     config = transformer_config(
         arch, tensor_parallel_size=tp, pipeline_parallel_size=pp, params_dtype=params_dtype, overrides=overrides,
-        cuda=facts.cuda,
+        cuda=facts.cuda, moe=moe,
     )
+    load_balancing = LoadBalancingShare()
     cls = _gpt_model_class()
     model = cls(
         config=config,
-        transformer_layer_spec=layer_spec(spec, qk_layernorm=arch.qk_norm, facts=facts),
+        transformer_layer_spec=layer_spec(
+            spec, qk_layernorm=arch.qk_norm, facts=facts,
+            num_experts=arch.moe.num_experts if arch.moe is not None else None,
+            moe_grouped_gemm=bool(config.moe_grouped_gemm), router=router_class(load_balancing)),
         vocab_size=arch.padded_vocab_size(tp, vocab_multiple),
         max_sequence_length=arch.max_position_embeddings,
         pre_process=ps.is_pipeline_first_stage(),
@@ -177,9 +205,20 @@ def build_stage_model(
     )
     apply_rope_scaling(model, arch)
     model.true_vocab_size = arch.vocab_size
+    model.load_balancing = load_balancing
     if facts.cuda:
         model.cuda(torch.cuda.current_device())
     return model
+
+
+def expert_offset(model) -> int:
+    """The global index of this rank's first routed expert (``ep_rank x experts / EP``); 0 for a dense model."""
+    from megatron.core import parallel_state as ps
+
+    config = unwrap(model).config
+    if config.num_moe_experts is None:
+        return 0
+    return ps.get_expert_model_parallel_rank() * (config.num_moe_experts // ps.get_expert_model_parallel_world_size())
 
 
 def layer_offset_of(model):

@@ -1,4 +1,5 @@
-"""torch.distributed + megatron-core parallel state for the learner (TP x PP x DP).
+"""torch.distributed + megatron-core parallel state for the learner (TP x PP x DP, and for a mixture of experts
+the expert grid expert-TP x EP x expert-DP x PP over the same ranks).
 
 Under ``torchrun`` the process group comes from the environment; a plain single process gets a world of
 one on a free local port. gloo on CPU (with ``cpu_compat`` applied), NCCL on GPU.
@@ -33,6 +34,12 @@ class ParallelLayout:
     dp_rank: int
     rank: int
     world_size: int
+    ep: int = 1
+    """Expert-parallel size (routed experts split over this many ranks of a pipeline stage)."""
+    etp: int = 1
+    """Expert tensor-parallel size (each routed expert's matrices split over this many ranks)."""
+    ep_rank: int = 0
+    etp_rank: int = 0
 
     @property
     def is_first_stage(self) -> bool:
@@ -69,11 +76,12 @@ def init_process_group(timeout_s: int = DEFAULT_TIMEOUT_S, facts: DeviceFacts | 
 
 @cpu_compat.in_device_mode
 def init_model_parallel(tp: int, pp: int, seed: int = 1234, timeout_s: int = DEFAULT_TIMEOUT_S,
-                        facts: DeviceFacts | None = None) -> ParallelLayout:
+                        facts: DeviceFacts | None = None, ep: int = 1, etp: int | None = None) -> ParallelLayout:
     """Initialise (or re-initialise at another layout) megatron-core's parallel state (the process group's
     backend from ``facts``, default: this machine).
 
-    The world size must be a multiple of ``tp * pp``; the quotient is the data-parallel size.
+    The world size must be a multiple of ``tp * pp``; the quotient is the data-parallel size. ``ep`` (expert
+    parallel) x ``etp`` (expert tensor parallel; None: ``tp``, as megatron-core) must divide ``world / pp``.
     """
     cpu_compat.apply()
     init_process_group(timeout_s, facts)
@@ -85,13 +93,22 @@ def init_model_parallel(tp: int, pp: int, seed: int = 1234, timeout_s: int = DEF
         raise ValueError(
             f"tensor_parallel_size={tp} x pipeline_parallel_size={pp} must divide the world size {world}"
         )
+    etp = tp if etp is None else etp
+    if ep < 1 or etp < 1 or (world // pp) % (ep * etp):
+        raise ValueError(
+            f"expert_parallel_size={ep} x expert_tensor_parallel_size={etp} must divide world size / "
+            f"pipeline_parallel_size = {world} / {pp} = {world // pp} (the ranks of one pipeline stage)"
+        )
     if ps.model_parallel_is_initialized():
         same = (ps.get_tensor_model_parallel_world_size() == tp
-                and ps.get_pipeline_model_parallel_world_size() == pp)
+                and ps.get_pipeline_model_parallel_world_size() == pp
+                and ps.get_expert_model_parallel_world_size() == ep
+                and ps.get_expert_tensor_parallel_world_size() == etp)
         if not same:
             ps.destroy_model_parallel()
     if not ps.model_parallel_is_initialized():
-        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                     expert_model_parallel_size=ep, expert_tensor_parallel_size=etp)
     model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
     return current_layout()
 
@@ -108,6 +125,10 @@ def current_layout() -> ParallelLayout:
         dp_rank=ps.get_data_parallel_rank(),
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),
+        ep=ps.get_expert_model_parallel_world_size(),
+        etp=ps.get_expert_tensor_parallel_world_size(),
+        ep_rank=ps.get_expert_model_parallel_rank(),
+        etp_rank=ps.get_expert_tensor_parallel_rank(),
     )
 
 

@@ -8,6 +8,9 @@ does not depend on TP / PP / DP or on the micro-batching.
 
 Non-finite guard: if the loss or any gradient is NaN/inf on any rank, the step is skipped on all ranks
 (gradients zeroed, weights, optimizer state and LR schedule unchanged) and counted.
+
+A mixture of experts adds megatron-core's load-balancing loss, weighted by each micro-batch's share of the step's
+fed tokens (``learner/moe_aux_loss.py``), and reports it as ``train/moe_load_balancing_loss``.
 """
 from __future__ import annotations
 
@@ -106,6 +109,11 @@ def train_step(learner, batch: TrainBatch) -> dict[str, float]:
         return micro_batch_loss(lp, part, loss_cfg, ref_log_probs=ref)
 
     model, optimizer, scheduler = learner.ddp, learner.optimizer, learner.scheduler
+    balancing = learner.model.load_balancing
+    if learner.moe_aux_loss_coeff > 0:
+        fed = torch.tensor([float(sum(mb.num_tokens for mb in mbs))], device=device())
+        dist.all_reduce(fed, group=ps.get_data_parallel_group())
+        balancing.start_step(float(fed))
     model.train()
     model.zero_grad_buffer()
     optimizer.zero_grad()
@@ -129,6 +137,12 @@ def train_step(learner, batch: TrainBatch) -> dict[str, float]:
         learner.skipped_steps += 1
     tokens = torch.tensor([float(sum(lengths[i] for i in rows))], device=device())
     dist.all_reduce(tokens, group=ps.get_data_parallel_group())
+    if learner.moe_aux_loss_coeff > 0:
+        from sparse_rl_megatron.learner.moe_aux_loss import load_balancing_metric
+
+        metrics["train/moe_load_balancing_loss"] = load_balancing_metric(
+            balancing, learner.arch.num_layers, ps.get_tensor_model_parallel_world_size(),
+            bool(learner.model.config.sequence_parallel), device())
     elapsed = time.perf_counter() - t0
     metrics.update({
         "train/grad_norm": grad_norm,

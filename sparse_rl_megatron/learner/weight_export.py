@@ -4,6 +4,11 @@ Every rank of the TP x PP grid takes part and every rank receives every bucket:
 TP shards are all-gathered and merged by ``weight_map.mcore_to_hf``; the pipeline stage that owns a
 bucket broadcasts it (one flat buffer per bucket) to the other stages. Padded vocabulary rows are dropped,
 and with tied embeddings only ``model.embed_tokens.weight`` is sent (like HF's own checkpoints).
+
+Routed experts (mixtures of experts) are held by one expert-parallel rank each and split over the expert
+tensor-parallel ranks: their shards are all-gathered over the expert TP group, and within the owner stage each
+expert-parallel rank broadcasts the experts of the bucket it holds (one flat buffer per rank) to its EP group,
+before the bucket goes to the other stages as a whole.
 """
 from __future__ import annotations
 
@@ -28,25 +33,32 @@ class _Item:
     name: str  # canonical Megatron name
     owner_stage: int
     hf: tuple[tuple[str, tuple[int, ...]], ...]  # (hf_name, full shape)
+    owner_ep: int | None = None  # routed experts: the expert-parallel rank that holds it; None: every rank
 
     @property
     def numel(self) -> int:
         return sum(int(torch.Size(s).numel()) for _, s in self.hf)
 
 
-def _plan(arch: ModelArch, names_by_stage: list[list[str]]) -> list[_Item]:
+def _plan(arch: ModelArch, names_by_stage: list[list[str]], ep: int = 1) -> list[_Item]:
+    """Every exported parameter with its owner stage (and owner EP rank for a routed expert, which only that EP
+    rank of its layer's stage holds: the stage is its layer's router's)."""
     shapes = wm.expected_hf_shapes(arch)
     owner = {}
     for stage, names in enumerate(names_by_stage):
         for n in names:
             owner.setdefault(n, stage)
+    per_rank = arch.moe.num_experts // ep if arch.moe is not None else 0
     items = []
     for n in wm.mcore_param_names(arch):
         if n == wm.OUTPUT_LAYER and arch.tie_word_embeddings:
             continue  # the tied head is the embedding, exported once from the first stage
-        if n not in owner:
+        expert = wm.expert_index(n)
+        stage = owner.get(f"decoder.layers.{wm.layer_index(n)}.mlp.router.weight") if expert is not None else owner.get(n)
+        if stage is None:
             raise RuntimeError(f"no pipeline stage holds parameter '{n}'")
-        items.append(_Item(n, owner[n], tuple((h, shapes[h]) for h in wm.hf_names(arch, n))))
+        items.append(_Item(n, stage, tuple((h, shapes[h]) for h in wm.hf_names(arch, n)),
+                           None if expert is None else expert // per_rank))
     return items
 
 
@@ -68,12 +80,16 @@ def _local_hf_tensors(arch: ModelArch, params: dict[str, torch.Tensor], name: st
     from megatron.core import parallel_state as ps
 
     p = params[name].detach()
-    tp = ps.get_tensor_model_parallel_world_size()
-    if wm.param_kind(name) == "replicated" or tp == 1:
+    kind = wm.param_kind(name)
+    if kind in wm.EXPERT_KINDS:
+        tp, group = ps.get_expert_tensor_parallel_world_size(), ps.get_expert_tensor_parallel_group()
+    else:
+        tp, group = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_group()
+    if kind == "replicated" or tp == 1:
         shards = [p]
     else:
         shards = [torch.empty_like(p) for _ in range(tp)]
-        dist.all_gather(shards, p.contiguous(), group=ps.get_tensor_model_parallel_group())
+        dist.all_gather(shards, p.contiguous(), group=group)
     return wm.mcore_to_hf(arch, name, shards)
 
 
@@ -88,11 +104,11 @@ def export_hf_buckets(
     """
     from megatron.core import parallel_state as ps
 
-    from sparse_rl_megatron.learner.model_provider import layer_offset_of, unwrap
+    from sparse_rl_megatron.learner.model_provider import expert_offset, layer_offset_of, unwrap
 
     inner = unwrap(model)
-    offset = layer_offset_of(inner)
-    params = {wm.canonical_name(n, offset): p for n, p in inner.named_parameters()}
+    offset, experts_from = layer_offset_of(inner), expert_offset(inner)
+    params = {wm.canonical_name(n, offset, experts_from): p for n, p in inner.named_parameters()}
     pp = ps.get_pipeline_model_parallel_world_size()
     if pp > 1:
         names_by_stage: list[list[str]] = [None] * pp  # type: ignore[list-item]
@@ -104,22 +120,45 @@ def export_hf_buckets(
     out_dtype = dtype or inner.config.params_dtype
     stage = ps.get_pipeline_model_parallel_rank()
     device = next(iter(params.values())).device
-    for bucket in _buckets(_plan(arch, names_by_stage), bucket_bytes, torch.tensor([], dtype=out_dtype).element_size()):
+    ep = ps.get_expert_model_parallel_world_size() if arch.moe is not None else 1
+    items = _plan(arch, names_by_stage, ep)
+    for bucket in _buckets(items, bucket_bytes, torch.tensor([], dtype=out_dtype).element_size()):
         owner = bucket[0].owner_stage
-        tensors = _own_bucket(arch, params, bucket, out_dtype) if owner == stage else None
+        tensors = _own_bucket(arch, params, bucket, out_dtype, device) if owner == stage else None
         if pp > 1:
             tensors = _broadcast_bucket(bucket, tensors, owner, out_dtype, device)
         yield tensors
         del tensors  # the consumer holds the bucket as long as it needs it; nothing here keeps it alive
 
 
-def _own_bucket(arch: ModelArch, params: dict[str, torch.Tensor], bucket: list[_Item], dtype: torch.dtype) -> Bucket:
-    """The HF tensors of a bucket this stage holds (TP shards gathered)."""
-    tensors: Bucket = []
+def _own_bucket(arch: ModelArch, params: dict[str, torch.Tensor], bucket: list[_Item], dtype: torch.dtype,
+                device: torch.device) -> Bucket:
+    """The HF tensors of a bucket this stage holds (TP shards gathered; routed experts from their EP ranks)."""
+    from megatron.core import parallel_state as ps
+
+    ep_rank = ps.get_expert_model_parallel_rank() if any(it.owner_ep is not None for it in bucket) else 0
+    built: dict[str, torch.Tensor] = {}
     for it in bucket:
-        hf = _local_hf_tensors(arch, params, it.name)
-        tensors += [(h, hf[h].to(dtype)) for h, _ in it.hf]
-    return tensors
+        if it.owner_ep is None or it.owner_ep == ep_rank:
+            hf = _local_hf_tensors(arch, params, it.name)
+            built.update((h, hf[h].to(dtype)) for h, _ in it.hf)
+    owners = sorted({it.owner_ep for it in bucket if it.owner_ep is not None})
+    if owners and ps.get_expert_model_parallel_world_size() > 1:
+        group = ps.get_expert_model_parallel_group()
+        for r in owners:  # each EP rank's experts of this bucket, one flat buffer
+            part = [(h, shape) for it in bucket if it.owner_ep == r for h, shape in it.hf]
+            if r == ep_rank:
+                flat = torch.cat([built[h].reshape(-1) for h, _ in part])
+            else:
+                flat = torch.empty(sum(int(torch.Size(s).numel()) for _, s in part), dtype=dtype, device=device)
+            dist.broadcast(flat, src=dist.get_global_rank(group, r), group=group)
+            if r != ep_rank:
+                pos = 0
+                for h, shape in part:
+                    n = int(torch.Size(shape).numel())
+                    built[h] = flat[pos:pos + n].view(shape)
+                    pos += n
+    return [(h, built[h]) for it in bucket for h, _ in it.hf]
 
 
 def _broadcast_bucket(bucket: list[_Item], tensors: Bucket | None, owner: int, dtype: torch.dtype,

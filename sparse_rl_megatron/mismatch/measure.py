@@ -9,7 +9,9 @@ serve the learner's weights (pushed when it was given an export, then the weight
 Then, per row, ``trainer.step.rollout_step`` at rollout step 1: rank 0 samples the run's first prompts on a view
 of the engine with that row's compression (same weights, same sampler seed for every row) and scores them; every
 rank recomputes pi_old and runs ``prepare_correction``; rank 0 keeps the row's statistics. Under torchrun the
-other ranks take part in the learner's collectives, as in training.
+other ranks take part in the learner's collectives, as in training. For a mixture of experts rank 0 also splits
+each compressed row's rho tail into what the attention and what the routing change cause (``routing.py``), on an
+HF reference engine loaded from the same weights.
 """
 from __future__ import annotations
 
@@ -75,6 +77,13 @@ def measure(cfg: "TrainConfig", plan: "RunPlan", rows: list[tuple[str, "Compress
         D.wait_for_main()
         out = Measurement(learner=learner.describe())
         out.probe_max_abs_diff = _serve_learner_weights(cfg, learner, engine, push=dirs.engine_hf is None)
+        oracle = None
+        if learner.arch.is_moe and D.is_main():
+            import torch
+
+            from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
+
+            oracle = HFRolloutEngine(hf_dir, dtype=getattr(torch, cfg.rollout.dtype), show_progress=False)
         for label, compression in rows:
             say(f"measuring {label}: {cfg.rollout.prompts_per_step} prompts x {cfg.rollout.samples_per_prompt} "
                 f"samples, up to {cfg.rollout.sampling.max_new_tokens} tokens")
@@ -84,7 +93,15 @@ def measure(cfg: "TrainConfig", plan: "RunPlan", rows: list[tuple[str, "Compress
                                      n=cfg.rollout.samples_per_prompt, sampling=cfg.rollout.sampling,
                                      correction=correction, seed=cfg.seed, step=STUDY_STEP)
             if D.is_main():
-                out.rows.append(row_result(label, compression, batch))
+                row = row_result(label, compression, batch)
+                if oracle is not None and not compression.is_dense:
+                    from sparse_rl_megatron.mismatch.routing import routing_split
+
+                    prepared = batch.prepared
+                    row.stats.update(routing_split(oracle, batch.samples, compression, prepared.old_log_probs,
+                                                   prepared.response_mask, row.stats["sparse/contaminated_frac"],
+                                                   correction.veto_threshold))
+                out.rows.append(row)
         return out
 
 

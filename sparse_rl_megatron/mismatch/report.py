@@ -47,6 +47,14 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
 """Table columns: header, stats key, format. ``KV vs dense``: mean over samples of the peak KV tokens held over the
 prompt + response tokens a dense cache holds for the same sample. ``contaminated seq``: share of samples with any
 token rho < 0.5, the adaptive budget's default signal (pick its target from this column)."""
+MOE_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("routing flips", "moe/routing_flip_frac", ".3f"),
+    ("contaminated, dense routing", "moe/contaminated_frac_dense_routing", ".3f"),
+    ("p1, dense routing", "moe/rho_p1_dense_routing", ".3g"),
+)
+"""Added for a mixture of experts (``mismatch/routing.py``): the share of (token, layer) routings the compressed
+cache changes, and the contamination and rho p1 with the sampler routed as the dense model routes (the attention's
+share of the tail; the rest of ``contaminated seq`` is the routing's). Blank in the dense row."""
 
 
 def _finite(value: Any) -> Any:
@@ -77,17 +85,21 @@ def _cell(value: Any, fmt: str) -> str:
 
 
 def build_table(document: dict[str, Any]):
-    """A rich table: one row per study row (dense first), one column per ``COLUMNS`` entry."""
+    """A rich table: one row per study row (dense first), one column per ``COLUMNS`` entry (and ``MOE_COLUMNS`` when
+    a row has them)."""
     from rich.table import Table
 
     meta = document["meta"]
     table = Table(title=f"rho = pi_old / pi_sparse on {meta['prompts']} prompts x {meta['samples_per_prompt']} "
                         f"samples, sampler seed {meta['sampler_seed']}", title_justify="left")
+    columns = COLUMNS
+    if any(key in row["stats"] for row in document["rows"] for _, key, _ in MOE_COLUMNS):
+        columns += MOE_COLUMNS
     table.add_column("KV cache", no_wrap=True)
-    for header, _, _ in COLUMNS:
+    for header, _, _ in columns:
         table.add_column(header, justify="right")
     for row in document["rows"]:
-        table.add_row(row["label"], *(_cell(row["stats"].get(key), fmt) for _, key, fmt in COLUMNS))
+        table.add_row(row["label"], *(_cell(row["stats"].get(key), fmt) for _, key, fmt in columns))
     return table
 
 

@@ -1,10 +1,10 @@
 """The architecture of a decoder-only LM, read from a Hugging Face ``config.json``, per family.
 
 ``ModelArch`` holds only what the Megatron model and the weight mapping need. Families are chosen by the
-config's ``model_type`` through a registry (``qwen2``, ``llama``, ``qwen3``); anything a family does not
-support (sliding windows, RoPE scaling other than Llama 3's, another activation, Llama / Qwen3 MLP or
-attention bias, mixture-of-experts models) is refused with the field that says so, rather than converted
-into a model that silently computes something else.
+config's ``model_type`` through a registry (``qwen2``, ``llama``, ``qwen3``, and the mixtures of experts
+``qwen3_moe``, ``qwen2_moe``); anything a family does not support (sliding windows, RoPE scaling other than
+Llama 3's, another activation, Llama / Qwen3 MLP or attention bias, dense layers between MoE layers) is refused
+with the field that says so, rather than converted into a model that silently computes something else.
 """
 from __future__ import annotations
 
@@ -22,15 +22,6 @@ from sparse_rl_megatron.utils.registry import Registry
 # so a torch_dist checkpoint has the same global shapes at every such layout and reshards freely.
 DEFAULT_VOCAB_MULTIPLE = 128
 
-# Known model types that are refused, with what is missing for them (checked before the family registry).
-UNSUPPORTED_MODEL_TYPES = {
-    "qwen3_moe": "Qwen3 MoE needs a mixture-of-experts mapping that does not exist here: the router "
-                 "(mlp.gate) and per-expert gate/up/down projections -> megatron-core MoE layers "
-                 "(num_moe_experts, moe_router_topk, expert parallelism), and MoE decode in the rollout engine",
-    "qwen2_moe": "Qwen2 MoE needs a mixture-of-experts mapping that does not exist here: the router, the "
-                 "per-expert and shared-expert projections -> megatron-core MoE layers, and MoE decode in the "
-                 "rollout engine",
-}
 
 
 @dataclass(frozen=True)
@@ -53,6 +44,38 @@ class RopeScaling:
                 and self.original_max_position_embeddings >= 1):
             raise ValueError(f"rope_scaling (llama3) needs factor > 0, 0 < low_freq_factor < high_freq_factor and "
                              f"original_max_position_embeddings >= 1; got {self}")
+
+
+@dataclass(frozen=True)
+class MoEArch:
+    """The mixture-of-experts MLP of every layer (Qwen3-MoE, Qwen2-MoE): a softmax router picks ``top_k`` of
+    ``num_experts`` SwiGLU experts per token; Qwen2-MoE adds a shared SwiGLU expert scaled by a sigmoid gate."""
+
+    num_experts: int
+    """Routed experts per layer (HF ``num_experts``; 128 in Qwen3-30B-A3B)."""
+    top_k: int
+    """Experts each token is routed to (HF ``num_experts_per_tok``; 8 in Qwen3-30B-A3B)."""
+    ffn_hidden_size: int
+    """SwiGLU width of one routed expert (HF ``moe_intermediate_size``)."""
+    norm_topk_prob: bool
+    """The top-k routing weights are renormalised to sum to 1 (Qwen3-MoE: true; Qwen1.5/Qwen2-MoE: false)."""
+    shared_expert_ffn_hidden_size: int = 0
+    """SwiGLU width of the shared expert, 0 for none (HF ``shared_expert_intermediate_size``, Qwen2-MoE); its
+    output is scaled by ``sigmoid(shared_expert_gate(x))``."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_experts", "top_k", "ffn_hidden_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"MoEArch.{name} must be >= 1, got {getattr(self, name)}")
+        if self.top_k > self.num_experts:
+            raise ValueError(f"MoEArch.top_k={self.top_k} (num_experts_per_tok) exceeds num_experts={self.num_experts}")
+        if self.shared_expert_ffn_hidden_size < 0:
+            raise ValueError(f"MoEArch.shared_expert_ffn_hidden_size must be >= 0, got "
+                             f"{self.shared_expert_ffn_hidden_size}")
+
+    @property
+    def has_shared_expert(self) -> bool:
+        return self.shared_expert_ffn_hidden_size > 0
 
 
 @dataclass(frozen=True)
@@ -91,6 +114,8 @@ class ModelArch:
     """Per-head RMSNorm of queries and keys before RoPE (Qwen3); weights ``[head_dim]`` per layer."""
     rope_scaling: RopeScaling | None = None
     """Llama 3.x RoPE scaling; None for plain RoPE."""
+    moe: MoEArch | None = None
+    """The mixture-of-experts MLP of every layer; None for a dense model (``ffn_hidden_size`` is then the MLP's)."""
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_attention_heads", "num_query_groups",
@@ -109,6 +134,22 @@ class ModelArch:
     def heads_per_group(self) -> int:
         return self.num_attention_heads // self.num_query_groups
 
+    @property
+    def is_moe(self) -> bool:
+        return self.moe is not None
+
+    def _tp_divided(self) -> tuple[tuple[str, int], ...]:
+        """The sizes a (dense) tensor-parallel split divides: heads, KV groups and the MLP width (a mixture of
+        experts: the shared expert's width; the routed experts are split by ``expert_tensor_parallel_size``)."""
+        sizes = [("num_attention_heads", self.num_attention_heads),
+                 ("num_query_groups (num_key_value_heads)", self.num_query_groups)]
+        if self.moe is None:
+            sizes.append(("ffn_hidden_size (intermediate_size)", self.ffn_hidden_size))
+        elif self.moe.has_shared_expert:
+            sizes.append(("shared_expert_ffn_hidden_size (shared_expert_intermediate_size)",
+                          self.moe.shared_expert_ffn_hidden_size))
+        return tuple(sizes)
+
     def padded_vocab_size(self, tp: int, multiple: int = DEFAULT_VOCAB_MULTIPLE) -> int:
         """Embedding rows in the Megatron model: a multiple of ``lcm(multiple, tp)``."""
         step = multiple * tp // math.gcd(multiple, tp)
@@ -116,13 +157,7 @@ class ModelArch:
 
     def check_tensor_parallel(self, tp: int) -> None:
         """Refuse a TP size that does not divide the heads, the KV groups or the FFN width."""
-        problems = [
-            f"{name}={value}" for name, value in (
-                ("num_attention_heads", self.num_attention_heads),
-                ("num_query_groups (num_key_value_heads)", self.num_query_groups),
-                ("ffn_hidden_size (intermediate_size)", self.ffn_hidden_size),
-            ) if value % tp
-        ]
+        problems = [f"{name}={value}" for name, value in self._tp_divided() if value % tp]
         if problems:
             raise ValueError(
                 f"tensor_parallel_size={tp} does not divide {', '.join(problems)} of this {self.family} model; "
@@ -130,9 +165,35 @@ class ModelArch:
             )
 
     def tensor_parallel_sizes(self) -> list[int]:
-        """TP sizes that divide the heads, the KV groups and the FFN width."""
-        common = math.gcd(self.num_attention_heads, self.num_query_groups, self.ffn_hidden_size)
+        """TP sizes that divide the heads, the KV groups and the FFN width (see ``check_tensor_parallel``)."""
+        common = math.gcd(*(value for _, value in self._tp_divided()))
         return [d for d in range(1, common + 1) if common % d == 0]
+
+    def expert_parallel_sizes(self) -> list[int]:
+        """EP sizes that divide the routed experts ([1] for a dense model)."""
+        n = self.moe.num_experts if self.moe is not None else 1
+        return [d for d in range(1, n + 1) if n % d == 0]
+
+    def expert_tensor_parallel_sizes(self) -> list[int]:
+        """Expert-TP sizes that divide a routed expert's width ([1] for a dense model)."""
+        f = self.moe.ffn_hidden_size if self.moe is not None else 1
+        return [d for d in range(1, f + 1) if f % d == 0]
+
+    def check_expert_parallel(self, ep: int, etp: int) -> None:
+        """Refuse an expert-parallel size that does not divide the experts, or an expert-TP size that does not
+        divide an expert's width (a dense model takes only EP = expert TP = 1)."""
+        if self.moe is None:
+            if ep != 1:
+                raise ValueError(f"expert_parallel_size={ep} needs a mixture-of-experts model; this {self.family} "
+                                 f"model is dense: valid expert_parallel_size values: 1")
+            return
+        if ep < 1 or self.moe.num_experts % ep:
+            raise ValueError(f"expert_parallel_size={ep} does not divide num_experts={self.moe.num_experts} of this "
+                             f"{self.family} model; valid expert_parallel_size values: {self.expert_parallel_sizes()}")
+        if etp < 1 or self.moe.ffn_hidden_size % etp:
+            raise ValueError(f"expert_tensor_parallel_size={etp} does not divide moe_ffn_hidden_size "
+                             f"(moe_intermediate_size)={self.moe.ffn_hidden_size} of this {self.family} model; valid "
+                             f"expert_tensor_parallel_size values: {self.expert_tensor_parallel_sizes()}")
 
     def pipeline_parallel_sizes(self) -> list[int]:
         """PP sizes that divide the layers."""
@@ -154,6 +215,8 @@ class ModelArch:
         kwargs = {k: v for k, v in d.items() if k in names}
         if isinstance(kwargs.get("rope_scaling"), dict):
             kwargs["rope_scaling"] = RopeScaling(**kwargs["rope_scaling"])
+        if isinstance(kwargs.get("moe"), dict):
+            kwargs["moe"] = MoEArch(**kwargs["moe"])
         return cls(**kwargs)
 
     def differences(self, other: "ModelArch") -> list[str]:
@@ -190,7 +253,8 @@ def _rope(cfg: dict[str, Any]) -> tuple[float, RopeScaling | None]:
                               float(params["high_freq_factor"]), int(original))
 
 
-def _common(cfg: dict[str, Any], family: str, qkv_bias: bool, qk_norm: bool = False) -> ModelArch:
+def _common(cfg: dict[str, Any], family: str, qkv_bias: bool, qk_norm: bool = False,
+            moe: MoEArch | None = None) -> ModelArch:
     if cfg.get("hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act={cfg['hidden_act']!r} is not supported for {family}; valid: silu")
     if cfg.get("use_sliding_window"):
@@ -219,6 +283,7 @@ def _common(cfg: dict[str, Any], family: str, qkv_bias: bool, qk_norm: bool = Fa
         hf_dtype=dtype,
         qk_norm=qk_norm,
         rope_scaling=scaling,
+        moe=moe,
     )
 
 
@@ -251,13 +316,51 @@ def _qwen3(cfg: dict[str, Any]) -> ModelArch:
     return _common(cfg, "qwen3", qkv_bias=False, qk_norm=True)
 
 
+def _moe(cfg: dict[str, Any], family: str, shared_expert: bool) -> MoEArch:
+    """The ``MoEArch`` of a Qwen MoE config: every layer a mixture of experts (``decoder_sparse_step`` 1, no
+    ``mlp_only_layers``, as in Qwen3-30B-A3B / 235B-A22B and Qwen1.5-MoE-A2.7B); anything else is refused."""
+    step = int(cfg.get("decoder_sparse_step", 1) or 1)
+    if step != 1:
+        raise ValueError(f"decoder_sparse_step={step} is not supported for {family} (dense MLP layers between the "
+                         f"mixture-of-experts ones); valid: 1")
+    if cfg.get("mlp_only_layers"):
+        raise ValueError(f"mlp_only_layers={cfg['mlp_only_layers']} is not supported for {family} (dense MLP "
+                         f"layers); valid: []")
+    # transformers >= 5 writes Qwen3-MoE's expert count as num_local_experts; the hub configs as num_experts
+    experts = cfg.get("num_experts", cfg.get("num_local_experts"))
+    if experts is None:
+        raise ValueError(f"the {family} config names no num_experts (or num_local_experts)")
+    return MoEArch(
+        num_experts=int(experts),
+        top_k=int(cfg["num_experts_per_tok"]),
+        ffn_hidden_size=int(cfg["moe_intermediate_size"]),
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+        shared_expert_ffn_hidden_size=int(cfg.get("shared_expert_intermediate_size") or 0) if shared_expert else 0,
+    )
+
+
+@FAMILIES.register("qwen3_moe")
+def _qwen3_moe(cfg: dict[str, Any]) -> ModelArch:
+    """Qwen3-MoE (30B-A3B, 235B-A22B): Qwen3 attention (q/k norms, no biases) and a mixture of experts in every
+    layer, no shared expert, top-k weights renormalised (``norm_topk_prob``)."""
+    if cfg.get("attention_bias"):
+        raise ValueError("attention_bias=True is not supported for qwen3_moe (o_proj.bias has no Megatron "
+                         "counterpart); valid: false")
+    return _common(cfg, "qwen3_moe", qkv_bias=False, qk_norm=True, moe=_moe(cfg, "qwen3_moe", shared_expert=False))
+
+
+@FAMILIES.register("qwen2_moe")
+def _qwen2_moe(cfg: dict[str, Any]) -> ModelArch:
+    """Qwen1.5 / Qwen2-MoE: Qwen2 attention (QKV bias) and a mixture of experts in every layer plus a shared expert
+    gated by ``sigmoid(shared_expert_gate(x))``; top-k weights not renormalised by default."""
+    return _common(cfg, "qwen2_moe", qkv_bias=bool(cfg.get("qkv_bias", True)),
+                   moe=_moe(cfg, "qwen2_moe", shared_expert=True))
+
+
 def arch_from_hf_config(cfg: dict[str, Any]) -> ModelArch:
     """Parse an HF config dict (``config.json`` contents); the family comes from ``model_type``."""
     if "model_type" not in cfg:
         raise ValueError(f"HF config has no 'model_type'; valid model types: {', '.join(FAMILIES.names())}")
-    if cfg["model_type"] in UNSUPPORTED_MODEL_TYPES:
-        raise ValueError(f"model_type '{cfg['model_type']}' is not supported: {UNSUPPORTED_MODEL_TYPES[cfg['model_type']]}; "
-                         f"valid model types: {', '.join(FAMILIES.names())}")
     return FAMILIES.get(cfg["model_type"])(cfg)
 
 

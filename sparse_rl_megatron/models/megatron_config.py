@@ -3,6 +3,12 @@
 All families are pre-norm decoders with RMSNorm, SwiGLU (``gated_linear_unit`` + SiLU, fc1 = [gate; up]),
 RoPE (non-interleaved, like HF's ``rotate_half``), GQA, no linear biases except Qwen2's Q/K/V bias; Qwen3
 adds a per-head RMSNorm of q and k (``qk_layernorm``; the layer spec must be built with it too).
+
+Mixtures of experts (``ModelArch.moe``) get megatron-core's MoE layer in every layer (``moe_config``): a softmax
+top-k router (renormalised top-k = softmax over the k selected logits, ``moe_router_pre_softmax=False``;
+not renormalised = top-k of the full softmax, ``True``), SwiGLU experts of ``moe_ffn_hidden_size``, Qwen2-MoE's
+sigmoid-gated shared expert, the ``alltoall`` token dispatcher, no capacity limit (no token is ever dropped, so a
+token's output does not depend on the other tokens of its batch), the Switch load-balancing loss.
 """
 from __future__ import annotations
 
@@ -63,6 +69,44 @@ def fusion_settings(cuda: bool) -> dict[str, bool]:
     )
 
 
+# megatron-core's router_dtype values for the learner's ``moe.router_dtype`` names ("params": the input's dtype)
+_ROUTER_DTYPES = {"params": None, "fp32": "fp32"}
+
+
+def moe_config(arch: ModelArch, *, expert_parallel_size: int = 1, expert_tensor_parallel_size: int = 1,
+               aux_loss_coeff: float = 0.0, router_dtype: str = "params") -> dict[str, Any]:
+    """The ``TransformerConfig`` fields of ``arch``'s mixture of experts (empty for a dense model)."""
+    if arch.moe is None:
+        return {}
+    arch.check_expert_parallel(expert_parallel_size, expert_tensor_parallel_size)
+    if router_dtype not in _ROUTER_DTYPES:
+        raise ValueError(f"router_dtype={router_dtype!r}; valid: {', '.join(_ROUTER_DTYPES)}")
+    moe = arch.moe
+    if moe.top_k == 1 and moe.norm_topk_prob:
+        raise ValueError("num_experts_per_tok=1 with norm_topk_prob=true (every token's one expert weighted 1) has no "
+                         "megatron-core router: it takes top-1 only after a softmax over all experts "
+                         "(moe_router_pre_softmax), which weights the expert by its probability; valid: "
+                         "num_experts_per_tok >= 2, or norm_topk_prob=false")
+    fields = dict(
+        num_moe_experts=moe.num_experts,
+        moe_router_topk=moe.top_k,
+        moe_ffn_hidden_size=moe.ffn_hidden_size,
+        moe_router_score_function="softmax",
+        moe_router_pre_softmax=not moe.norm_topk_prob,
+        moe_router_load_balancing_type="aux_loss",
+        moe_aux_loss_coeff=float(aux_loss_coeff),
+        moe_router_dtype=_ROUTER_DTYPES[router_dtype],
+        moe_grouped_gemm=False,
+        moe_token_dispatcher_type="alltoall",
+        expert_model_parallel_size=expert_parallel_size,
+        expert_tensor_parallel_size=expert_tensor_parallel_size,
+    )
+    if moe.has_shared_expert:
+        fields.update(moe_shared_expert_intermediate_size=moe.shared_expert_ffn_hidden_size,
+                      moe_shared_expert_gate=True, moe_shared_expert_overlap=False)
+    return fields
+
+
 def transformer_config(
     arch: ModelArch,
     *,
@@ -71,13 +115,15 @@ def transformer_config(
     params_dtype: torch.dtype = torch.float32,
     overrides: dict[str, Any] | None = None,
     cuda: bool | None = None,
+    moe: dict[str, Any] | None = None,
 ):
     """The megatron-core ``TransformerConfig`` for ``arch`` at a TP x PP layout.
 
     Fusions follow ``fusion_settings(cuda)`` (``cuda``: the learner's device has CUDA; None: this machine's
     ``cuda_present()``). ``overrides`` are set last (any ``TransformerConfig`` field, e.g.
     ``recompute_granularity``, or a fusion switch); an unknown field name is refused with the list of valid
-    ones. Dropout is 0 (RL fine-tuning; also what makes the
+    ones. ``moe``: the keyword arguments of ``moe_config`` (expert layout, load-balancing coefficient, router
+    dtype) for a mixture of experts. Dropout is 0 (RL fine-tuning; also what makes the
     dense log-probs deterministic). ``calculate_per_token_loss`` is on because the learner pre-normalises
     every micro-batch loss by the global denominator (see ``learner/train_step.py``).
     """
@@ -118,6 +164,7 @@ def transformer_config(
         # thing but warns that it is deprecated on every model build.
         cuda_graph_scope=[],
     )
+    kwargs.update(moe_config(arch, **(moe or {})))
     kwargs.update(fusion_settings(cuda_present() if cuda is None else cuda))
     valid = {f.name for f in dataclasses.fields(TransformerConfig)}
     for key in overrides or {}:

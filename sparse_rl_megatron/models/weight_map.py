@@ -1,4 +1,5 @@
-"""HF <-> megatron-core weight mapping for Qwen2 / Llama / Qwen3, per parameter and per tensor-parallel rank.
+"""HF <-> megatron-core weight mapping for Qwen2 / Llama / Qwen3 and the Qwen MoE models, per parameter and per
+tensor-parallel rank.
 
 Megatron names here are *canonical*: the local-spec names with the **global** layer index
 (``decoder.layers.<i>.self_attention.linear_qkv.weight``). The Transformer Engine spec fuses the two
@@ -15,7 +16,14 @@ How each tensor is laid out in Megatron (source: megatron-core ``SelfAttention.g
 - ``vocab``: the embedding / LM head rows, padded with zero rows to ``padded_vocab`` and split along dim 0.
   The padded rows are stripped on the way back to HF.
 - ``column``: split along dim 0; ``row``: split along dim 1 (``linear_proj``, ``linear_fc2``);
-  ``replicated``: the same on every TP rank (norm weights, Qwen3's per-head q/k norms of ``[head_dim]``).
+  ``replicated``: the same on every TP rank (norm weights, Qwen3's per-head q/k norms of ``[head_dim]``, the MoE
+  router ``mlp.router.weight`` ``[experts, h]`` and Qwen2-MoE's shared-expert gate ``[1, h]``).
+
+Mixtures of experts (megatron-core's local ``SequentialMLP``): routed expert ``e`` (its **global** index in the
+canonical name) is ``mlp.experts.local_experts.<e>.linear_fc1`` / ``linear_fc2``, laid out like the dense MLP but
+split over the *expert* tensor-parallel ranks (``expert_gate_up``, ``expert_row``); which expert-parallel rank
+holds it is ``e // (experts / EP)``, and on that rank its local index is ``e % (experts / EP)``
+(``canonical_name``'s ``expert_offset``). The shared expert (Qwen2-MoE) is a dense MLP on the attention TP ranks.
 """
 from __future__ import annotations
 
@@ -33,6 +41,9 @@ _TE_ALIASES = {
 }
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+# a routed expert's parameter: local spec (SequentialMLP) and Transformer Engine grouped GEMM (TEGroupedMLP) names
+_EXPERT = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.(linear_fc[12]\.weight)$")
+_GROUPED_EXPERT = re.compile(r"^mlp\.experts\.(linear_fc[12])\.weight(\d+)$")
 
 # per-layer canonical suffix -> (kind, HF suffixes)
 _LAYER_PARAMS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -49,6 +60,23 @@ _LAYER_PARAMS: dict[str, tuple[str, tuple[str, ...]]] = {
     "mlp.linear_fc2.weight": ("row", ("mlp.down_proj.weight",)),
 }
 _QK_NORMS = ("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight")
+_DENSE_MLP = ("mlp.linear_fc1.weight", "mlp.linear_fc2.weight")
+# a mixture-of-experts layer's own parameters (besides the routed experts)
+_MOE_PARAMS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "mlp.router.weight": ("replicated", ("mlp.gate.weight",)),
+    "mlp.shared_experts.linear_fc1.weight": (
+        "gate_up", ("mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight")),
+    "mlp.shared_experts.linear_fc2.weight": ("row", ("mlp.shared_expert.down_proj.weight",)),
+    "mlp.shared_experts.gate_weight": ("replicated", ("mlp.shared_expert_gate.weight",)),
+}
+_SHARED_EXPERT = tuple(k for k in _MOE_PARAMS if k.startswith("mlp.shared_experts."))
+# routed expert suffix -> (kind, HF suffixes with {e} for the expert index)
+_EXPERT_PARAMS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "linear_fc1.weight": ("expert_gate_up", ("mlp.experts.{e}.gate_proj.weight", "mlp.experts.{e}.up_proj.weight")),
+    "linear_fc2.weight": ("expert_row", ("mlp.experts.{e}.down_proj.weight",)),
+}
+EXPERT_KINDS = ("expert_gate_up", "expert_row")
+"""Kinds split over the expert tensor-parallel ranks (and held by one expert-parallel rank)."""
 EMBEDDING = "embedding.word_embeddings.weight"
 OUTPUT_LAYER = "output_layer.weight"
 FINAL_NORM = "decoder.final_layernorm.weight"
@@ -56,10 +84,11 @@ HF_EMBED = "model.embed_tokens.weight"
 HF_LM_HEAD = "lm_head.weight"
 
 
-def canonical_name(local_name: str, layer_offset_of: Callable[[int], int] | None = None) -> str:
-    """A model's parameter name -> canonical name (TE aliases folded, layer index made global).
+def canonical_name(local_name: str, layer_offset_of: Callable[[int], int] | None = None, expert_offset: int = 0) -> str:
+    """A model's parameter name -> canonical name (TE aliases folded, layer and expert indices made global).
 
-    ``layer_offset_of(local_index) -> global_index``; identity when None. A DDP ``module.`` prefix is dropped.
+    ``layer_offset_of(local_index) -> global_index``; identity when None. ``expert_offset``: the global index of
+    this rank's first routed expert (``ep_rank x experts / EP``). A DDP ``module.`` prefix is dropped.
     """
     name = local_name[len("module."):] if local_name.startswith("module.") else local_name
     m = _LAYER.match(name)
@@ -67,9 +96,56 @@ def canonical_name(local_name: str, layer_offset_of: Callable[[int], int] | None
         return name
     idx, rest = int(m.group(1)), m.group(2)
     rest = _TE_ALIASES.get(rest, rest)
+    grouped = _GROUPED_EXPERT.match(rest)
+    if grouped:
+        rest = f"mlp.experts.local_experts.{grouped.group(2)}.{grouped.group(1)}.weight"
+    expert = _EXPERT.match(rest)
+    if expert:
+        rest = f"mlp.experts.local_experts.{int(expert.group(1)) + expert_offset}.{expert.group(2)}"
     if layer_offset_of is not None:
         idx = layer_offset_of(idx)
     return f"decoder.layers.{idx}.{rest}"
+
+
+def expert_index(name: str) -> int | None:
+    """The global routed-expert index of canonical ``name``; None for every other parameter."""
+    m = _LAYER.match(name)
+    e = _EXPERT.match(m.group(2)) if m else None
+    return int(e.group(1)) if e else None
+
+
+def layer_index(name: str) -> int | None:
+    """The global layer index of canonical ``name``; None outside the decoder layers."""
+    m = _LAYER.match(name)
+    return int(m.group(1)) if m else None
+
+
+def _layer_suffixes(arch: ModelArch) -> list[str]:
+    """Canonical per-layer suffixes of ``arch``, in forward order (routed experts by global index)."""
+    out = []
+    for suffix in _LAYER_PARAMS:
+        if (suffix.endswith(".bias") and not arch.qkv_bias) or (suffix in _QK_NORMS and not arch.qk_norm):
+            continue
+        if suffix in _DENSE_MLP and arch.moe is not None:
+            continue
+        out.append(suffix)
+    if arch.moe is not None:
+        out += [s for s in _MOE_PARAMS if arch.moe.has_shared_expert or s not in _SHARED_EXPERT]
+        out += [f"mlp.experts.local_experts.{e}.{s}" for e in range(arch.moe.num_experts) for s in _EXPERT_PARAMS]
+    return out
+
+
+def _layer_mapping(rest: str) -> tuple[str, tuple[str, ...]] | None:
+    """``(kind, HF suffixes)`` of a per-layer canonical suffix; None when unknown."""
+    if rest in _LAYER_PARAMS:
+        return _LAYER_PARAMS[rest]
+    if rest in _MOE_PARAMS:
+        return _MOE_PARAMS[rest]
+    e = _EXPERT.match(rest)
+    if e:
+        kind, hf = _EXPERT_PARAMS[e.group(2)]
+        return kind, tuple(h.format(e=int(e.group(1))) for h in hf)
+    return None
 
 
 def mcore_param_names(arch: ModelArch) -> list[str]:
@@ -79,25 +155,25 @@ def mcore_param_names(arch: ModelArch) -> list[str]:
     the embedding (megatron-core keeps the two in sync by summing their grads).
     """
     names = [EMBEDDING]
+    suffixes = _layer_suffixes(arch)
     for i in range(arch.num_layers):
-        for suffix in _LAYER_PARAMS:
-            if (suffix.endswith(".bias") and not arch.qkv_bias) or (suffix in _QK_NORMS and not arch.qk_norm):
-                continue
-            names.append(f"decoder.layers.{i}.{suffix}")
+        names += [f"decoder.layers.{i}.{suffix}" for suffix in suffixes]
     names += [FINAL_NORM, OUTPUT_LAYER]
     return names
 
 
 def param_kind(name: str) -> str:
-    """How ``name`` (canonical) is split across TP ranks: qkv, gate_up, vocab, column, row, replicated."""
+    """How ``name`` (canonical) is split across TP ranks: qkv, gate_up, vocab, column, row, replicated, and for
+    routed experts (over the expert TP ranks) expert_gate_up, expert_row."""
     if name in (EMBEDDING, OUTPUT_LAYER):
         return "vocab"
     if name == FINAL_NORM:
         return "replicated"
     m = _LAYER.match(name)
-    if not m or m.group(2) not in _LAYER_PARAMS:
+    mapping = _layer_mapping(m.group(2)) if m else None
+    if mapping is None:
         raise KeyError(f"no HF mapping for Megatron parameter '{name}'")
-    return _LAYER_PARAMS[m.group(2)][0]
+    return mapping[0]
 
 
 def hf_names(arch: ModelArch, name: str) -> tuple[str, ...]:
@@ -109,9 +185,10 @@ def hf_names(arch: ModelArch, name: str) -> tuple[str, ...]:
     if name == FINAL_NORM:
         return ("model.norm.weight",)
     m = _LAYER.match(name)
-    if not m or m.group(2) not in _LAYER_PARAMS:
+    mapping = _layer_mapping(m.group(2)) if m else None
+    if mapping is None:
         raise KeyError(f"no HF mapping for Megatron parameter '{name}'")
-    return tuple(f"model.layers.{m.group(1)}.{s}" for s in _LAYER_PARAMS[m.group(2)][1])
+    return tuple(f"model.layers.{m.group(1)}.{s}" for s in mapping[1])
 
 
 def _group_qkv(arch: ModelArch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -141,7 +218,8 @@ def hf_to_mcore(
 ) -> torch.Tensor:
     """The TP shard ``tp_rank`` of Megatron parameter ``name`` (canonical), built from HF tensors.
 
-    ``get_hf(hf_name)`` returns a full HF tensor (lazily read from safetensors, say).
+    ``get_hf(hf_name)`` returns a full HF tensor (lazily read from safetensors, say). For a routed expert
+    (``EXPERT_KINDS``) ``tp_rank`` / ``tp_size`` are the expert tensor-parallel rank and size.
     """
     kind = param_kind(name)
     srcs = [get_hf(n) for n in hf_names(arch, name)]
@@ -149,10 +227,10 @@ def hf_to_mcore(
         return srcs[0]
     if kind == "qkv":
         return _group_qkv(arch, *srcs).chunk(tp_size, dim=0)[tp_rank]
-    if kind == "gate_up":
+    if kind in ("gate_up", "expert_gate_up"):
         gate, up = srcs
         return torch.cat([gate.chunk(tp_size, dim=0)[tp_rank], up.chunk(tp_size, dim=0)[tp_rank]], dim=0)
-    if kind == "row":
+    if kind in ("row", "expert_row"):
         return srcs[0].chunk(tp_size, dim=1)[tp_rank]
     if kind == "vocab":
         full = srcs[0]
@@ -180,11 +258,11 @@ def mcore_to_hf(arch: ModelArch, name: str, shards: list[torch.Tensor]) -> dict[
         return {targets[0]: shards[0]}
     if kind == "qkv":
         return dict(zip(targets, _ungroup_qkv(arch, torch.cat(shards, dim=0))))
-    if kind == "gate_up":
+    if kind in ("gate_up", "expert_gate_up"):
         halves = [s.chunk(2, dim=0) for s in shards]
         return {targets[0]: torch.cat([h[0] for h in halves], dim=0),
                 targets[1]: torch.cat([h[1] for h in halves], dim=0)}
-    if kind == "row":
+    if kind in ("row", "expert_row"):
         return {targets[0]: torch.cat(shards, dim=1)}
     if kind == "vocab":
         return {targets[0]: torch.cat(shards, dim=0)[: arch.vocab_size]}
@@ -231,6 +309,19 @@ def expected_hf_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
         per_layer.update({"self_attn.q_norm.weight": (d,), "self_attn.k_norm.weight": (d,)})
     if arch.qkv_bias:
         per_layer.update({"self_attn.q_proj.bias": (nq,), "self_attn.k_proj.bias": (nkv,), "self_attn.v_proj.bias": (nkv,)})
+    if arch.moe is not None:
+        moe = arch.moe
+        for k in ("mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"):
+            del per_layer[k]
+        per_layer["mlp.gate.weight"] = (moe.num_experts, h)
+        fe = moe.ffn_hidden_size
+        for e in range(moe.num_experts):
+            per_layer.update({f"mlp.experts.{e}.gate_proj.weight": (fe, h), f"mlp.experts.{e}.up_proj.weight": (fe, h),
+                              f"mlp.experts.{e}.down_proj.weight": (h, fe)})
+        if moe.has_shared_expert:
+            fs = moe.shared_expert_ffn_hidden_size
+            per_layer.update({"mlp.shared_expert.gate_proj.weight": (fs, h), "mlp.shared_expert.up_proj.weight": (fs, h),
+                              "mlp.shared_expert.down_proj.weight": (h, fs), "mlp.shared_expert_gate.weight": (1, h)})
     for i in range(arch.num_layers):
         for s, shape in per_layer.items():
             shapes[f"model.layers.{i}.{s}"] = shape

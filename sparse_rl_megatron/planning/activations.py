@@ -13,6 +13,16 @@ Two kernel sets, chosen by name (``KERNELS``):
 - ``fused``: Transformer Engine (GPU): LayerNormLinear keeps input and normalised input (2h per norm),
   flash attention keeps q, k, v, its output and the softmax statistics (no [s, s] tensor), the fused SwiGLU keeps
   its input (2F / t) and fc2 its input (F / t). An estimate from what those kernels save; not measured here.
+
+A mixture of experts replaces the MLP's terms (``moe_per_token``). Tokens are assumed routed evenly, so each
+expert-parallel rank's experts work on ``top_k`` x its own tokens (an unbalanced router moves that work between
+ranks: plan headroom, or read ``train/moe_load_balancing_loss``, ~1 when balanced). ``local`` (measured on the CPU
+learner, megatron-core's alltoall dispatcher and SequentialMLP): per token the router's logits and routing map
+(E (e + 1) bytes), per routed token-expert pair the permuted input (h), the fc1 output, SiLU output, product and
+the product scaled by the routing weight (6 F_e / t_e) and 24 bytes of routing weights and indices; a shared
+expert as a dense MLP (5 F_s / t) plus its gate and its output (h + 3). ``fused`` (TE grouped GEMM, estimated):
+per pair the permuted input, SwiGLU input and fc2 input (h + 3 F_e / t_e) and the same 24 bytes; a shared expert
+as a fused MLP (3 F_s / t + h + 3).
 """
 from __future__ import annotations
 
@@ -48,30 +58,46 @@ class LayerActivations:
     """Kept bytes per token of the final norm (last stage)."""
 
 
-KERNELS: Registry[Callable[[ModelArch, int, int], LayerActivations]] = Registry("kernel set")
+KERNELS: Registry[Callable[[ModelArch, int, int, int], LayerActivations]] = Registry("kernel set")
+ROUTING_BYTES_PER_PAIR = 24
+"""Per routed token-expert pair: its routing weight (fp32) and the int64 indices of the permutation (measured)."""
+
+
+def moe_per_token(arch: ModelArch, tp: int, etp: int, e: int, expert_terms: float, shared_terms: float) -> float:
+    """Bytes one MoE layer's MLP keeps per token: the router's logits and map, ``top_k`` pairs of
+    ``e (h + expert_terms F_e / etp) + ROUTING_BYTES_PER_PAIR``, and a shared expert's ``e (shared_terms F_s / tp + h
+    + 3)``."""
+    moe, h = arch.moe, arch.hidden_size
+    out = moe.num_experts * (e + 1)
+    out += moe.top_k * (e * (h + expert_terms * moe.ffn_hidden_size / etp) + ROUTING_BYTES_PER_PAIR)
+    if moe.has_shared_expert:
+        out += e * (shared_terms * moe.shared_expert_ffn_hidden_size / tp + h + 3)
+    return out
 
 
 @KERNELS.register("local")
-def _local(arch: ModelArch, tp: int, e: int) -> LayerActivations:
+def _local(arch: ModelArch, tp: int, e: int, etp: int | None = None) -> LayerActivations:
     h, d, f = arch.hidden_size, arch.head_dim, arch.ffn_hidden_size
     a, g = arch.num_attention_heads / tp, arch.num_query_groups / tp
-    per_token = 6 * h + 2 + 4 * a * d + 5 * f / tp
+    per_token = 6 * h + 2 + 4 * a * d + (5 * f / tp if arch.moe is None else 0)
     if arch.qk_norm:  # the fused QKV output (q and k are views of it), q and k normalised, their rstd
         per_token += (a + 2 * g) * d + (a + g) * d + a + g
         if g > 1:  # several KV groups per rank: reshaping q to [heads, d] copies it, and the norm keeps the copy
             per_token += a * d
     # temporaries of one attention: megatron-core's persistent baddbmm input buffer (allocated on GPU; on CPU its
     # pages are never touched), the scores, and the probabilities being built (or in backward two gradients)
-    return LayerActivations(per_token=e * per_token, per_position=e * 4 * d, per_row_square=e * a,
+    mlp = 0.0 if arch.moe is None else moe_per_token(arch, tp, tp if etp is None else etp, e, 6, 5)
+    return LayerActivations(per_token=e * per_token + mlp, per_position=e * 4 * d, per_row_square=e * a,
                             temporary_per_row_square=3 * e * a, mask_per_square=1,
                             final_norm_per_token=e * (2 * h + 1))
 
 
 @KERNELS.register("fused")
-def _fused(arch: ModelArch, tp: int, e: int) -> LayerActivations:
+def _fused(arch: ModelArch, tp: int, e: int, etp: int | None = None) -> LayerActivations:
     h, d, f = arch.hidden_size, arch.head_dim, arch.ffn_hidden_size
     a, g = arch.num_attention_heads / tp, arch.num_query_groups / tp
-    per_token = e * (4 * h + (2 * a + 2 * g) * d + 3 * f / tp) + 4 * (2 + a)  # + fp32 rstd x 2, softmax stats
+    mlp = e * 3 * f / tp if arch.moe is None else moe_per_token(arch, tp, tp if etp is None else etp, e, 3, 3)
+    per_token = e * (4 * h + (2 * a + 2 * g) * d) + mlp + 4 * (2 + a)  # + fp32 rstd x 2, softmax stats
     if arch.qk_norm:
         per_token += e * (a + g) * d
     return LayerActivations(per_token=per_token, per_position=0.0, per_row_square=0.0, temporary_per_row_square=0.0,

@@ -18,6 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (default 1)")
     g.add_argument("--dp", type=int, default=1, help="data-parallel size (default 1; or give --gpus)")
     g.add_argument("--gpus", type=int, default=None, help="total GPUs; sets DP = GPUs / (TP x PP)")
+    g.add_argument("--ep", type=int, default=1, help="expert-parallel size of a mixture of experts (default 1)")
+    g.add_argument("--etp", type=int, default=None, help="expert tensor-parallel size (default: --tp, as the learner)")
     g.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node; TP stays in a node (default 8)")
     g.add_argument("--gpu-memory", type=float, default=80.0, help="GiB per GPU (default 80)")
     g = p.add_argument_group("batch")
@@ -63,7 +65,7 @@ def _inputs(args: argparse.Namespace):
         if args.gpus < 1 or args.gpus % (args.tp * args.pp):
             raise ValueError(f"--gpus {args.gpus} is not a multiple of --tp x --pp = {args.tp * args.pp}")
         dp = args.gpus // (args.tp * args.pp)
-    layout = Layout(args.tp, args.pp, dp, args.gpus_per_node, args.gpu_memory)
+    layout = Layout(args.tp, args.pp, dp, args.gpus_per_node, args.gpu_memory, ep=args.ep, etp=args.etp)
     batch = BatchShape(args.prompts, args.samples, args.prompt_len, args.response_len)
     learner = LearnerSetting(params_dtype=args.params_dtype, distributed_optimizer=not args.no_distributed_optimizer,
                              recompute=args.recompute == "full", kernels=args.kernels,

@@ -18,7 +18,8 @@ def _positive(**values: float) -> None:
 
 @dataclass(frozen=True)
 class Layout:
-    """Where the learner runs: TP x PP x DP GPUs of ``gpu_memory_gib`` each, ``gpus_per_node`` per node."""
+    """Where the learner runs: TP x PP x DP GPUs of ``gpu_memory_gib`` each, ``gpus_per_node`` per node; a mixture of
+    experts' routed experts split over EP x expert-TP of the TP x DP ranks of each stage."""
 
     tp: int
     """Tensor-parallel size (``--tp``)."""
@@ -30,19 +31,38 @@ class Layout:
     """GPUs per node (``--gpus-per-node``): TP stays inside a node."""
     gpu_memory_gib: float = 80.0
     """Memory of one GPU in GiB (``--gpu-memory``)."""
+    ep: int = 1
+    """Expert-parallel size (``--ep``): a mixture of experts' routed experts split over this many ranks."""
+    etp: int | None = None
+    """Expert tensor-parallel size (``--etp``); None: the TP size (as the learner)."""
 
     def __post_init__(self) -> None:
-        _positive(tp=self.tp, pp=self.pp, dp=self.dp, gpus_per_node=self.gpus_per_node, gpu_memory=self.gpu_memory_gib)
+        _positive(tp=self.tp, pp=self.pp, dp=self.dp, gpus_per_node=self.gpus_per_node, gpu_memory=self.gpu_memory_gib,
+                  ep=self.ep, etp=self.expert_tp)
         if self.tp > self.gpus_per_node:
             raise ValueError(f"--tp {self.tp} exceeds --gpus-per-node {self.gpus_per_node}: tensor parallelism "
                              f"across nodes is not planned; valid --tp values are at most {self.gpus_per_node}")
+        if (self.tp * self.dp) % (self.ep * self.expert_tp):
+            raise ValueError(f"--ep {self.ep} x --etp {self.expert_tp} does not divide the TP x DP = "
+                             f"{self.tp * self.dp} GPUs of a pipeline stage")
+
+    @property
+    def expert_tp(self) -> int:
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def expert_dp(self) -> int:
+        """Expert data-parallel size: the stage's GPUs over EP x expert TP (the distributed optimizer's shards of
+        the routed experts)."""
+        return self.tp * self.dp // (self.ep * self.expert_tp)
 
     @property
     def gpus(self) -> int:
         return self.tp * self.pp * self.dp
 
     def describe(self) -> str:
-        return f"TP{self.tp} x PP{self.pp} x DP{self.dp} = {self.gpus} GPUs of {self.gpu_memory_gib:g} GiB"
+        experts = f" (EP{self.ep} x ETP{self.expert_tp})" if self.ep > 1 or self.etp is not None else ""
+        return f"TP{self.tp} x PP{self.pp} x DP{self.dp}{experts} = {self.gpus} GPUs of {self.gpu_memory_gib:g} GiB"
 
 
 @dataclass(frozen=True)

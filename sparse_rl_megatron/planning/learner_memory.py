@@ -2,7 +2,8 @@
 
 Static bytes per parameter (megatron-core mixed precision, the learner's ``grad_reduce_in_fp32=True``): bf16
 parameters 2 + fp32 gradients 4 + fp32 master weights and Adam moments 12 (18 in all; 6 + 12 / DP with the
-distributed optimizer); fp32 parameters 4 + 4 + Adam moments 8 (16; 8 + 8 / DP). Activations: the kernel set's
+distributed optimizer); fp32 parameters 4 + 4 + Adam moments 8 (16; 8 + 8 / DP). A mixture of experts' routed
+experts are sharded over the expert data-parallel ranks (TP x DP / (EP x expert TP)) instead of DP. Activations: the kernel set's
 per-layer figures (``activations.py``) for one micro-batch, times the micro-batches in flight on the stage
 (1F1B: stage k holds min(PP - k, micro-batches) of them); with full recompute only each layer's input
 [tokens, h] is kept and one layer's activations are rebuilt at a time. Temporaries on top, the larger of:
@@ -26,7 +27,7 @@ from sparse_rl_megatron.planning.activations import (
     micro_batches,
 )
 from sparse_rl_megatron.planning.inputs import BatchShape, Layout, LearnerSetting
-from sparse_rl_megatron.planning.params import stage_params
+from sparse_rl_megatron.planning.params import stage_expert_params, stage_params
 
 FP32 = 4
 
@@ -43,7 +44,7 @@ class StageMemory:
     optimizer: float
     """fp32 master weights (bf16 only) + Adam moments, unsharded."""
     optimizer_distributed: float
-    """The same sharded over DP by the distributed optimizer."""
+    """The same sharded over DP by the distributed optimizer (routed experts over the expert DP ranks)."""
     reference: float
     """A frozen KL reference policy's weights (0 without one)."""
     in_flight: int
@@ -91,10 +92,11 @@ class StageActivations:
 
 
 def stage_activations(arch: ModelArch, tp: int, pp: int, stage: int, mb: MicroBatch,
-                      setting: LearnerSetting) -> StageActivations:
-    """The activation bytes of micro-batch ``mb`` on one GPU of ``stage``."""
+                      setting: LearnerSetting, etp: int | None = None) -> StageActivations:
+    """The activation bytes of micro-batch ``mb`` on one GPU of ``stage`` (``etp``: expert TP, default TP)."""
+    etp = tp if etp is None else etp
     e = setting.param_bytes
-    layer = KERNELS.get(setting.kernels)(arch, tp, e)
+    layer = KERNELS.get(setting.kernels)(arch, tp, e, etp)
     per_layer = layer_bytes(layer, mb)
     vocab_local = arch.padded_vocab_size(tp) // tp
     chunked = 0 < setting.logprob_chunk_tokens < mb.scored
@@ -125,13 +127,16 @@ def learner_memory(arch: ModelArch, layout: Layout, batch: BatchShape, setting: 
     e = setting.param_bytes
     mb = learner_micro_batch(batch, layout, setting)
     out = []
-    for stage, n in enumerate(stage_params(arch, layout.tp, layout.pp)):
-        act = stage_activations(arch, layout.tp, layout.pp, stage, mb, setting)
+    experts = stage_expert_params(arch, layout.pp, layout.ep, layout.expert_tp)
+    per_param = 12 if e == 2 else 8
+    for stage, n in enumerate(stage_params(arch, layout.tp, layout.pp, layout.ep, layout.expert_tp)):
+        act = stage_activations(arch, layout.tp, layout.pp, stage, mb, setting, layout.expert_tp)
         in_flight = min(layout.pp - stage, mb.count)
-        opt_bytes = (12 if e == 2 else 8) * n
+        opt_bytes = per_param * n
+        sharded = -(-per_param * (n - experts) // layout.dp) + -(-per_param * experts // layout.expert_dp)
         out.append(StageMemory(
             stage=stage, params=n, weights=e * n, gradients=FP32 * n, optimizer=opt_bytes,
-            optimizer_distributed=-(-opt_bytes // layout.dp), reference=e * n if setting.reference_model else 0,
+            optimizer_distributed=sharded, reference=e * n if setting.reference_model else 0,
             in_flight=in_flight, activations=in_flight * act.kept, activations_recompute=in_flight * act.kept_recompute,
             head_saved=act.head_saved, head_temporary=act.head_temporary, layer_temporary=act.attention_temporary,
             recompute_temporary=act.layer + act.attention_temporary,

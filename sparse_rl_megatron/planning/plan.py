@@ -11,7 +11,7 @@ from sparse_rl_megatron.planning.activations import MicroBatch
 from sparse_rl_megatron.planning.inputs import GIB, BatchShape, Layout, LearnerSetting, RolloutSetting
 from sparse_rl_megatron.planning.kv import RolloutKV, engine_layout, rollout_kv, smallest_rollout_tp
 from sparse_rl_megatron.planning.learner_memory import StageMemory, learner_memory, learner_micro_batch, peak_stage
-from sparse_rl_megatron.planning.params import total_params
+from sparse_rl_megatron.planning.params import activated_params, total_params
 from sparse_rl_megatron.planning.search import Suggestion, check_layout, suggest
 
 if TYPE_CHECKING:
@@ -54,6 +54,11 @@ class Plan:
     @property
     def total_params(self) -> int:
         return total_params(self.arch)
+
+    @property
+    def activated_params(self) -> int:
+        """Parameters a token passes through (a mixture of experts: ``top_k`` of each layer's experts)."""
+        return activated_params(self.arch)
 
 
 def build_plan(model: str, arch: ModelArch, layout: Layout, batch: BatchShape, learner: LearnerSetting,

@@ -25,7 +25,8 @@ def render_learner(plan: Plan) -> list[str]:
         [f"parameters, {s.params_dtype} (count)"] + [f"{_gib(x.weights)} ({x.params / 1e9:.2f}B)" for x in stages],
         ["gradients, fp32"] + [_gib(x.gradients) for x in stages],
         [used(f"optimizer: Adam moments{master}", not s.distributed_optimizer)] + [_gib(x.optimizer) for x in stages],
-        [used(f"same, distributed optimizer over DP={lay.dp}", s.distributed_optimizer)]
+        [used(f"same, distributed optimizer over DP={lay.dp}"
+              + (f" (routed experts over expert DP={lay.expert_dp})" if plan.arch.is_moe else ""), s.distributed_optimizer)]
         + [_gib(x.optimizer_distributed) for x in stages],
     ]
     if s.reference_model:
@@ -78,8 +79,13 @@ def render_rollout(plan: Plan) -> list[str]:
 
 def render(plan: Plan) -> str:
     a, b = plan.arch, plan.batch
+    params = f"{plan.total_params / 1e9:.2f}B parameters"
+    if a.moe is not None:
+        lay = plan.layout
+        params += (f" ({plan.activated_params / 1e9:.2f}B activated), {a.moe.num_experts} experts top-{a.moe.top_k}, "
+                   f"{a.moe.num_experts // lay.ep} per EP rank")
     head = [
-        f"Plan: {plan.model} ({a.family}, {plan.total_params / 1e9:.2f}B parameters, {a.num_layers} layers, "
+        f"Plan: {plan.model} ({a.family}, {params}, {a.num_layers} layers, "
         f"{a.num_attention_heads}/{a.num_query_groups} heads) on {plan.layout.describe()}",
         f"Step: {b.prompts} prompts x {b.samples} samples = {b.rollouts} rollouts of {b.prompt_len} + "
         f"{b.response_len} tokens",

@@ -21,9 +21,21 @@ def check_layout(arch: ModelArch, layout: Layout) -> None:
     """One line naming ``--tp`` / ``--pp`` and the valid values when the model cannot be split so."""
     tps = valid_tp(arch, layout.gpus_per_node)
     if layout.tp not in tps:
+        ffn = (f"intermediate_size={arch.ffn_hidden_size}" if arch.moe is None else
+               f"shared_expert_intermediate_size={arch.moe.shared_expert_ffn_hidden_size}" if arch.moe.has_shared_expert
+               else "")
         raise ValueError(f"--tp {layout.tp} does not divide num_attention_heads={arch.num_attention_heads}, "
-                         f"num_key_value_heads={arch.num_query_groups} and intermediate_size={arch.ffn_hidden_size} "
+                         f"num_key_value_heads={arch.num_query_groups}{' and ' + ffn if ffn else ''} "
                          f"of this model; valid --tp values: {', '.join(map(str, tps))}")
+    if arch.moe is None and (layout.ep > 1 or layout.etp is not None):
+        raise ValueError(f"--ep / --etp split a mixture of experts' routed experts; this {arch.family} model is dense: "
+                         "valid --ep 1, no --etp")
+    if arch.moe is not None and layout.ep not in arch.expert_parallel_sizes():
+        raise ValueError(f"--ep {layout.ep} does not divide num_experts={arch.moe.num_experts} of this model; valid --ep "
+                         f"values: {', '.join(map(str, arch.expert_parallel_sizes()))}")
+    if arch.moe is not None and layout.expert_tp not in arch.expert_tensor_parallel_sizes():
+        raise ValueError(f"--etp {layout.expert_tp} does not divide moe_intermediate_size={arch.moe.ffn_hidden_size}; "
+                         f"valid --etp values: {', '.join(map(str, arch.expert_tensor_parallel_sizes()))}")
     if layout.pp not in arch.pipeline_parallel_sizes():
         raise ValueError(f"--pp {layout.pp} does not divide num_hidden_layers={arch.num_layers}; valid --pp values: "
                          f"{', '.join(map(str, arch.pipeline_parallel_sizes()))}")
@@ -47,7 +59,7 @@ class Suggestion:
 def _candidates(arch: ModelArch, layout: Layout, gpus: int, setting: LearnerSetting):
     for tp in valid_tp(arch, layout.gpus_per_node):
         for pp in arch.pipeline_parallel_sizes():
-            if gpus % (tp * pp):
+            if gpus % (tp * pp) or (gpus // pp) % (layout.ep * (tp if layout.etp is None else layout.etp)):
                 continue
             lay = dataclasses.replace(layout, tp=tp, pp=pp, dp=gpus // (tp * pp))
             for distopt in sorted({setting.distributed_optimizer, True}):

@@ -182,7 +182,9 @@ batched with other rows may get other BLAS kernels; see ``kv_cache.KEY_ALIGN``).
             raise ValueError("generate: budgets were given but the compression is dense (method 'none')")
         return [dataclasses.replace(base, budget=b) for b in budgets]  # validated: B > window, an int
 
-    def teacher_forced(self, prompts: Sequence[str | list[int]], responses: Sequence[Sequence[int]]) -> list[Sample]:
+    def teacher_forced(self, prompts: Sequence[str | list[int]], responses: Sequence[Sequence[int]], *,
+                       compression: CompressionConfig | None = None,
+                       routing: Sequence[torch.Tensor] | None = None) -> list[Sample]:
         """Score given responses exactly as ``generate`` would have produced them: the oracle for other engines.
 
         Each (prompt, response) pair is prefilled and its response fed token by token through the same decode
@@ -193,6 +195,12 @@ batched with other rows may get other BLAS kernels; see ``kv_cache.KEY_ALIGN``).
 
         Returns one :class:`Sample` per pair, in order (``group_id`` = pair index, ``finish_reason`` ``length``,
         ``sampler_logprobs_scaled`` None, ``metadata["teacher_forced"]`` True).
+
+        ``compression`` replaces the engine's for this call. Mixtures of experts: ``metadata["routing"]`` is a
+        ``[len(response) - 1, layers, top_k]`` long tensor, the experts response token j went to in every layer
+        when it was fed (it decides the log-prob of token j + 1; token 0's comes from the prompt, never
+        compressed); ``routing`` (one such tensor per pair) replays those experts instead of the router's choice,
+        with the router's own weights at them: e.g. a compressed replay routed as the dense model routes.
         """
         self._check_resumed("teacher_forced")
         if len(prompts) != len(responses):
@@ -206,16 +214,46 @@ batched with other rows may get other BLAS kernels; see ``kv_cache.KEY_ALIGN``).
                 raise ValueError(f"teacher_forced: response {i} is empty (at least one token is needed)")
             if min(r) < 0 or max(r) >= vocab:
                 raise ValueError(f"teacher_forced: response {i} has token ids outside [0, {vocab})")
+        routes = self._check_routing(routing, forced)
         rows = [(g, 0) for g in range(len(prompt_ids))]
         samples: list[Sample] = []
+        config = compression if compression is not None else self.compression
         for start in range(0, len(rows), self.max_batch_size):
             chunk = rows[start:start + self.max_batch_size]
-            picker = _Forced([forced[g] for g, _ in chunk])
-            samples.extend(self._run_chunk(prompt_ids, prompts, chunk, picker.longest, picker, self.compression))
+            picker = _Forced([forced[g] for g, _ in chunk], None if routes is None else [routes[g] for g, _ in chunk],
+                             self.decoder.top_k, self.decoder.num_layers if self.decoder.moe else 0)
+            chunk_samples = self._run_chunk(prompt_ids, prompts, chunk, picker.longest, picker, config)
+            if self.decoder.moe:
+                for c, sample in enumerate(chunk_samples):
+                    sample.metadata["routing"] = picker.recorded(c)
+            samples.extend(chunk_samples)
         for s in samples:
             s.sampler_logprobs_scaled = None
             s.metadata["teacher_forced"] = True
         return samples
+
+    def _check_routing(self, routing: Sequence[torch.Tensor] | None, forced: list[list[int]]
+                       ) -> list[torch.Tensor] | None:
+        """``teacher_forced``'s ``routing``: one ``[len(response) - 1, layers, top_k]`` tensor of expert ids per pair."""
+        if routing is None:
+            return None
+        d = self.decoder
+        if not d.moe:
+            raise ValueError("teacher_forced: routing was given but the model is not a mixture of experts")
+        if len(routing) != len(forced):
+            raise ValueError(f"teacher_forced: routing must hold one tensor per pair ({len(forced)}); got {len(routing)}")
+        experts = self.model.config.num_experts
+        out = []
+        for i, (r, resp) in enumerate(zip(routing, forced)):
+            r = torch.as_tensor(r, dtype=torch.long)
+            want = (len(resp) - 1, d.num_layers, d.top_k)
+            if tuple(r.shape) != want:
+                raise ValueError(f"teacher_forced: routing[{i}] has shape {tuple(r.shape)}; need {list(want)} "
+                                 "(response length - 1, layers, experts per token)")
+            if r.numel() and (int(r.min()) < 0 or int(r.max()) >= experts):
+                raise ValueError(f"teacher_forced: routing[{i}] names experts outside [0, {experts})")
+            out.append(r)
+        return out
 
     def _check_resumed(self, what: str) -> None:
         if self._released:
@@ -308,7 +346,8 @@ batched with other rows may get other BLAS kernels; see ``kv_cache.KEY_ALIGN``).
                     tok = tok.index_select(0, index)
                     active = [active[row] for row in index.tolist()]
                     finished = [False] * len(active)
-                logits = self.decoder.decode(tok, cache)
+                logits = self.decoder.decode(tok, cache, picker.forced_routing(active, step))
+                picker.record(active, step, self.decoder.last_routing)
                 cache.maybe_compress_after_decode(None if newline is None else newline[tok])
                 if self.show_progress:
                     bar.set_postfix(running=len(active) - sum(finished), kv=int(cache.lens.max()))
@@ -369,13 +408,45 @@ class _Sampler:
     def check(self, c: int, tokens: list[int]) -> str | None:
         return self.stopper.check(tokens)
 
+    def forced_routing(self, active: list[int], step: int) -> None:
+        """Sampling routes every token by the router's choice."""
+        return None
+
+    def record(self, active: list[int], step: int, routing: torch.Tensor | None) -> None:
+        """Sampling keeps no routing."""
+
 
 class _Forced:
-    """``teacher_forced``'s token choice: the given response token of each row; a row stops after its last one."""
+    """``teacher_forced``'s token choice: the given response token of each row; a row stops after its last one.
+    For a mixture of experts it keeps the experts each fed response token went to (``recorded``) and, given
+    ``routing``, replays them."""
 
-    def __init__(self, responses: list[list[int]]):
+    def __init__(self, responses: list[list[int]], routing: list[torch.Tensor] | None = None, top_k: int = 0,
+                 layers: int = 0):
         self.responses = responses
         self.longest = max(len(r) for r in responses)
+        self.routing = routing
+        self.top_k = top_k
+        self._kept = [torch.zeros(len(r) - 1, layers, top_k, dtype=torch.long) for r in responses] if layers else None
+
+    def forced_routing(self, active: list[int], step: int) -> torch.Tensor | None:
+        """``[R, layers, top_k]`` experts of this step's fed tokens (rows already past their response: any)."""
+        if self.routing is None:
+            return None
+        filler = torch.arange(self.top_k).expand(self.routing[0].shape[1], self.top_k)
+        return torch.stack([self.routing[c][step] if step < len(self.routing[c]) else filler for c in active])
+
+    def record(self, active: list[int], step: int, routing: torch.Tensor | None) -> None:
+        if routing is None or self._kept is None:
+            return
+        routing = routing.cpu()
+        for row, c in enumerate(active):
+            if step < len(self._kept[c]):
+                self._kept[c][step] = routing[row]
+
+    def recorded(self, c: int) -> torch.Tensor:
+        """``[len(response) - 1, layers, top_k]``: the experts row ``c``'s fed response tokens went to."""
+        return self._kept[c]
 
     def pick(self, logits: torch.Tensor, active: list[int], step: int):
         tok = torch.tensor([self.responses[c][min(step, len(self.responses[c]) - 1)] for c in active],

@@ -8,7 +8,13 @@ full forward (fp32, <= 1e-5).
 
 Supported (each checked against ``model.generate`` in the tests): the Llama-style families whose attention
 is ``q/k/v/o_proj`` + RoPE with full (not sliding) attention in every layer: ``qwen2``, ``llama``, and
-``qwen3`` (per-head q/k RMSNorm before RoPE).
+``qwen3`` (per-head q/k RMSNorm before RoPE), and the mixtures of experts ``qwen3_moe`` / ``qwen2_moe``.
+
+Mixtures of experts: the MLP is routed here (the model's router weight, softmax, top-k, renormalised when the
+config's ``norm_topk_prob`` says so, as transformers does), then the model's own experts (and Qwen2-MoE's gated
+shared expert) run. A decode step may *replay* given experts instead of the top-k (``forced_routing``: the
+routing weights are then the softmax's at those experts), and the experts each decode step chose are kept
+(``last_routing``): ``HFRolloutEngine.teacher_forced`` uses both to measure what routing adds to the mismatch.
 """
 from __future__ import annotations
 
@@ -17,7 +23,8 @@ import torch.nn.functional as F
 
 from sparse_rl_megatron.rollout.kv_cache import CompressedKVCache
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+MOE_MODEL_TYPES = ("qwen3_moe", "qwen2_moe")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", *MOE_MODEL_TYPES)
 MIN_GEMM_ROWS = 4
 """Linear layers always get at least this many rows (zero rows appended, results dropped): for 1-3 rows CPU
 BLAS (MKL) takes a matrix-vector path that rounds differently from its matrix-matrix one, so a row's logits
@@ -67,6 +74,13 @@ class HFDecoder:
         self.num_kv_heads = config.num_key_value_heads
         self.gqa = self.num_q_heads != self.num_kv_heads
         self.max_positions = getattr(config, "max_position_embeddings", None)
+        self.moe = model_type in MOE_MODEL_TYPES
+        self.top_k = int(config.num_experts_per_tok) if self.moe else 0
+        self.norm_topk_prob = bool(config.norm_topk_prob) if self.moe else False
+        self.shared_expert = model_type == "qwen2_moe"  # Qwen2-MoE: a shared expert scaled by a sigmoid gate
+        self.last_routing: torch.Tensor | None = None
+        """After a decode step of a mixture of experts: ``[R, layers, top_k]`` long, the experts each row's token
+        went to in every layer (the forced ones when replayed); None for a dense model."""
 
     @property
     def num_layers(self) -> int:
@@ -88,6 +102,28 @@ class HFDecoder:
         b, _, q_len, _ = out.shape
         return out.transpose(1, 2).reshape(b, q_len, -1)
 
+    def _mlp(self, layer, h: torch.Tensor, forced: torch.Tensor | None, chosen: list) -> torch.Tensor:
+        """The layer's MLP on ``h`` ``[b, s, H]`` (normalised). A mixture of experts is routed here: ``forced``
+        ``[b * s, top_k]`` replays those experts; the experts used are appended to ``chosen``."""
+        if not self.moe:
+            return _rows(layer.mlp, h)
+        mlp = layer.mlp
+        flat = h.reshape(-1, h.shape[-1])
+        logits = _rows(lambda x: F.linear(x, mlp.gate.weight), flat)                # [T, E]
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float)
+        if forced is None:
+            weights, experts = torch.topk(probs, self.top_k, dim=-1)
+        else:
+            experts = forced.to(device=probs.device, dtype=torch.long)
+            weights = probs.gather(-1, experts)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        out = mlp.experts(flat, experts, weights.to(logits.dtype))
+        if self.shared_expert:
+            out = out + torch.sigmoid(_rows(mlp.shared_expert_gate, flat)) * _rows(mlp.shared_expert, flat)
+        chosen.append(experts)
+        return out.reshape(h.shape)
+
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return _rows(lambda x: self.model.lm_head(self.body.norm(x)), hidden).float()
 
@@ -108,23 +144,30 @@ class HFDecoder:
             q, k, v = self._qkv(attn, layer.input_layernorm(x), cos, sin)
             cache.prefill_write(i, k, v, q, valid)
             x = x + _rows(attn.o_proj, self._attend(q, k, v, mask))
-            x = x + _rows(layer.mlp, layer.post_attention_layernorm(x))
+            x = x + self._mlp(layer, layer.post_attention_layernorm(x), None, [])
         cache.finish_prefill(prompt_lens)
         last = x[torch.arange(rows, device=device), prompt_lens - 1]
         return self._logits(last)
 
     @torch.no_grad()
-    def decode(self, tokens: torch.Tensor, cache: CompressedKVCache) -> torch.Tensor:
-        """Feed one token per row (tokens: [R]) at its logical position. Returns [R, V] float32 logits."""
+    def decode(self, tokens: torch.Tensor, cache: CompressedKVCache,
+               forced_routing: torch.Tensor | None = None) -> torch.Tensor:
+        """Feed one token per row (tokens: [R]) at its logical position. Returns [R, V] float32 logits.
+        ``forced_routing`` (mixtures of experts): ``[R, layers, top_k]`` experts to use instead of the router's."""
+        if forced_routing is not None and not self.moe:
+            raise ValueError("HFDecoder.decode: forced_routing given but the model is not a mixture of experts")
         positions = cache.next_pos[:, None]
         x = self.body.embed_tokens(tokens[:, None])
         cos, sin = self.body.rotary_emb(x, positions)
         mask = cache.decode_mask()
+        chosen: list[torch.Tensor] = []
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             q, k, v = self._qkv(attn, layer.input_layernorm(x), cos, sin)
             keys, values = cache.decode_write(i, k, v, q, mask)
             x = x + _rows(attn.o_proj, self._attend(q, keys, values, mask))
-            x = x + _rows(layer.mlp, layer.post_attention_layernorm(x))
+            forced = None if forced_routing is None else forced_routing[:, i]
+            x = x + self._mlp(layer, layer.post_attention_layernorm(x), forced, chosen)
         cache.finish_decode()
+        self.last_routing = torch.stack(chosen, dim=1) if chosen else None
         return self._logits(x[:, 0])

@@ -7,6 +7,8 @@ from typing import Iterable, Iterator
 
 import torch
 
+from sparse_rl_megatron.rollout.fused_experts import fused_coverage, fused_slice
+
 _MAX_LISTED = 8  # names shown in an error message
 
 
@@ -57,15 +59,22 @@ def copy_named_tensors(model: torch.nn.Module, named_tensors: Iterable[tuple[str
     """Copy tensors into the model's parameters/buffers by HF name (dtype cast to the model's).
 
     ``strict``: every state-dict entry must be given (tied aliases excepted). Unknown names and shape
-    mismatches raise with the offending name. Returns the names loaded.
+    mismatches raise with the offending name. Returns the names loaded. A mixture of experts' per-expert
+    checkpoint tensors go into their slices of the model's fused expert tensors (``fused_experts.py``); a fused
+    tensor counts as given once every slice was.
     """
     state = model.state_dict(keep_vars=True)
     loaded = []
+    parts: dict[str, int] = {}
     for name, tensor in named_tensors:
-        if name not in state:
-            valid = ", ".join(sorted(state)[:_MAX_LISTED])
-            raise KeyError(f"weight '{name}' is not a parameter of the rollout model (e.g. {valid}, ...)")
-        target = state[name]
+        target = state.get(name)
+        if target is None:
+            fused = fused_slice(state, name)
+            if fused is None:
+                valid = ", ".join(sorted(state)[:_MAX_LISTED])
+                raise KeyError(f"weight '{name}' is not a parameter of the rollout model (e.g. {valid}, ...)")
+            parts[fused[0]] = parts.get(fused[0], 0) + 1
+            target = fused[1]
         if tuple(target.shape) != tuple(tensor.shape):
             raise ValueError(
                 f"weight '{name}': shape {tuple(tensor.shape)} does not match the model's {tuple(target.shape)}"
@@ -73,7 +82,8 @@ def copy_named_tensors(model: torch.nn.Module, named_tensors: Iterable[tuple[str
         target.data.copy_(tensor.to(device=target.device, dtype=target.dtype))
         loaded.append(name)
     if strict:
-        missing = sorted(set(state) - set(loaded) - _tied_aliases(model))
+        whole = {f for f, count in parts.items() if count == fused_coverage(state, f)}
+        missing = sorted(set(state) - set(loaded) - whole - _tied_aliases(model))
         if missing:
             raise KeyError(f"state dict is missing {len(missing)} weights: {', '.join(missing[:_MAX_LISTED])}")
     return loaded

@@ -41,6 +41,9 @@ SINGLE_SAMPLE_ESTIMATORS = ("reinforce",)
 (grpo, drgrpo, rloo) give every sample of a one-sample group advantage 0, i.e. nothing to learn."""
 TINY_MODEL = "tiny"
 """``model_path`` value: a random tiny Qwen2 + byte-level tokenizer built in the run directory (no download)."""
+TINY_MODELS = {TINY_MODEL: "qwen2", "tiny-qwen3-moe": "qwen3_moe", "tiny-qwen2-moe": "qwen2_moe"}
+"""``model_path`` values of the random tiny models built in the run directory -> their ``models.tiny`` family:
+``tiny`` (Qwen2), ``tiny-qwen3-moe`` and ``tiny-qwen2-moe`` (4 experts, top-2; the latter with a shared expert)."""
 
 
 @dataclass

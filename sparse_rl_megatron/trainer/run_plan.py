@@ -101,19 +101,26 @@ def check_model(cfg: "TrainConfig", world_size: int) -> dict[str, Any] | None:
     """The model path and the parallel layout (against the model's shape and the world size)."""
     from sparse_rl_megatron.models.arch import arch_from_hf_config
     from sparse_rl_megatron.tasks import is_task_ref
-    from sparse_rl_megatron.trainer.config import TINY_MODEL
+    from sparse_rl_megatron.learner.learner import check_moe_training
+    from sparse_rl_megatron.trainer.config import TINY_MODELS
     from sparse_rl_megatron.utils.file_checks import check_model_dir
 
     tp, pp = cfg.learner.tensor_parallel_size, cfg.learner.pipeline_parallel_size
+    ep, etp = cfg.learner.expert_parallel_size, cfg.learner.expert_tensor_parallel
     if world_size % (tp * pp):
         raise UserError(
             f"learner.tensor_parallel_size x learner.pipeline_parallel_size = {tp} x {pp} = {tp * pp} does not divide "
             f"the world size {world_size} (torchrun --nnodes x --nproc-per-node); valid: a divisor of {world_size}")
+    if world_size % (tp * pp) == 0 and (world_size // pp) % (ep * etp):
+        raise UserError(
+            f"learner.expert_parallel_size x learner.expert_tensor_parallel_size = {ep} x {etp} (null: the TP size) does "
+            f"not divide the ranks of one pipeline stage, world size / learner.pipeline_parallel_size = {world_size} / "
+            f"{pp} = {world_size // pp}")
     hf_config = None
-    if cfg.model_path == TINY_MODEL:
+    if cfg.model_path in TINY_MODELS:
         from sparse_rl_megatron.models.tiny import tiny_config
 
-        hf_config = tiny_config("qwen2").to_dict()
+        hf_config = tiny_config(TINY_MODELS[cfg.model_path]).to_dict()
     elif is_task_ref(cfg.model_path):
         _task(cfg.model_path, "model_path")
         return None
@@ -123,11 +130,20 @@ def check_model(cfg: "TrainConfig", world_size: int) -> dict[str, Any] | None:
         arch = arch_from_hf_config(hf_config)
         arch.check_tensor_parallel(tp)
         arch.check_pipeline_parallel(pp)
+        arch.check_expert_parallel(ep, etp)
+        check_moe_training(arch, cfg.learner, trainable=True)
     except KeyError as err:
         raise UserError(f"model_path: the config of {cfg.model_path} has no {err} field") from None
     except ValueError as err:
         raise UserError(f"learner: {err} (model {cfg.model_path})") from None
-    return None if cfg.model_path == TINY_MODEL else hf_config
+    if cfg.rollout.engine == "sglang":
+        from sglang_ext.refusals import refuse_model
+
+        try:
+            refuse_model(hf_config)
+        except ValueError as err:
+            raise UserError(f"rollout.engine=sglang: {err} (model {cfg.model_path})") from None
+    return None if cfg.model_path in TINY_MODELS else hf_config
 
 
 def check_launch_layout(cfg: "TrainConfig", world_size: int, ranks_per_node: int | None = None) -> None:

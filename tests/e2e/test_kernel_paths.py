@@ -2,9 +2,10 @@
 CPU) is caught in CI: PyTorch's ``ATEN_CPU_CAPABILITY`` and MKL's ``MKL_ENABLE_INSTRUCTIONS`` switch their kernels
 (AVX-512 / AVX2 / SSE), which sum in other orders. A representative subset re-runs in a subprocess on the
 next path down from the one this machine uses: the megatron learner vs HF (logits, log-probs, chunked head,
-export, one training step; TP 1), HF engine shards vs the whole batch, the HF engine vs full-forward oracles,
-the tolerances' seeded defects, and the warm-start check in a fast form (a tiny task's real supervised stage, its
-check, the retry on a miss: the embedded default's warm start landed differently on another CPU, issue 38)."""
+export, one training step; TP 1; the mixtures of experts at EP 1, whose two-rank launch runs its EP 2 checks too),
+HF engine shards vs the whole batch, the HF engine vs full-forward oracles (dense and MoE), the tolerances' seeded
+defects, and the warm-start check in a fast form (a tiny task's real supervised stage, its check, the retry on a
+miss: the embedded default's warm start landed differently on another CPU, issue 38)."""
 from __future__ import annotations
 
 import os
@@ -17,11 +18,14 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 SUBSET = ["tests/megatron/test_parity_and_logprobs.py", "tests/megatron/test_train_step.py",
-          "tests/megatron/test_tolerances.py", "tests/unit/test_rollout_engine_shards.py",
-          "tests/unit/test_rollout_hf_engine.py", "tests/unit/test_task_warm_check.py"]
+          "tests/megatron/test_tolerances.py", "tests/megatron/test_moe_parity.py",
+          "tests/unit/test_rollout_engine_shards.py", "tests/unit/test_rollout_hf_engine.py",
+          "tests/unit/test_rollout_moe.py", "tests/unit/test_task_warm_check.py"]
 # the megatron files: the single-process launch only ("TP1" alone also matched the two-rank launch's "tp1pp2" and
 # "tp1pp1" items, which started a torchrun pair for them)
-SELECT = "(TP1 or shards or hf_engine or tolerances or warm_check) and not pair_launch"
+# the MoE files: their two-rank launch only (its EP 1 and EP 2 items), not the four-rank one (moe_grid, reshard)
+SELECT = ("(TP1 or shards or hf_engine or tolerances or rollout_moe or warm_check) and not pair_launch and not moe_grid "
+          "and not reshard")
 # the path below each one: (ATEN_CPU_CAPABILITY, MKL_ENABLE_INSTRUCTIONS, what torch then reports)
 NEXT_PATH = {"AVX512": ("avx2", "AVX2", "AVX2"), "AVX2": ("default", "SSE4_2", "DEFAULT"),
              "DEFAULT": ("avx2", "AVX2", "AVX2")}

@@ -66,3 +66,45 @@ def grid_launch(mcore_refs, mcore_root, tp1_checkpoint) -> LaunchResult:
     return launch("w_layouts.py", 4, [str(mcore_refs), str(work), "2x2", f"reshard:{tp1_checkpoint}", "distopt",
                                       "fewer_rows:2x1"],
                   mcore_root / "grid_results", timeout=600)
+
+
+# Mixtures of experts (test_moe_parity.py): two launches of their own, one per world size.
+#   moe_pair: torchrun, 2 ranks -> EP = 1 and EP = 2 (DP = 2) checks of both MoE models, the load-balancing step,
+#             uneven micro-batch counts, W11-W13
+#   moe_grid: torchrun, 4 ranks -> TP = 2 x EP = 2 (expert TP 2), PP = 2 x EP = 2, TP1 checkpoint -> PP2 x EP2 -> EP4
+MOE_PAIR_LAYOUTS = "1x1x1,1x1x2"
+MOE_GRID_LAYOUTS = "2x1x2x2:qwen3_moe,1x2x2:qwen2_moe"
+
+
+@pytest.fixture(scope="session")
+def moe_refs(mcore_root) -> Path:
+    """``moe_ref.pt`` with the HF references of the MoE models; their HF checkpoints live next to it."""
+    from moe_reference import build_moe_references
+
+    return build_moe_references(mcore_root / "moe_hf")
+
+
+@pytest.fixture(scope="session")
+def moe_tp1_checkpoint(moe_refs, mcore_root) -> Path:
+    """``sparse-rl convert hf-to-megatron`` of the Qwen3-MoE model (a TP = PP = EP = 1 torch_dist checkpoint)."""
+    out = mcore_root / "moe_tp1_ckpt"
+    proc = run_cli("convert", "hf-to-megatron", "--input", str(moe_refs.parent / "qwen3_moe"), "--output", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
+@pytest.fixture(scope="session")
+def moe_pair_launch(moe_refs, mcore_root) -> LaunchResult:
+    work = mcore_root / "moe_pair_work"
+    work.mkdir()
+    return launch("w_moe.py", 2, [str(moe_refs), str(work), MOE_PAIR_LAYOUTS, "aux_step", "uneven",
+                                 "plan", "cpu_compat"],
+                  mcore_root / "moe_pair_results")
+
+
+@pytest.fixture(scope="session")
+def moe_grid_launch(moe_refs, mcore_root, moe_tp1_checkpoint) -> LaunchResult:
+    work = mcore_root / "moe_grid_work"
+    work.mkdir()
+    return launch("w_moe.py", 4, [str(moe_refs), str(work), MOE_GRID_LAYOUTS, f"reshard:{moe_tp1_checkpoint}"],
+                  mcore_root / "moe_grid_results", timeout=600)

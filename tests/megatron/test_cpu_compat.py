@@ -1,5 +1,6 @@
-"""The CPU compatibility module: applied without CUDA, idempotent, and each patch W1-W10 does what it says
-(W1-W9 checked in a fresh process, ``workers/w_single.py::check_cpu_compat``; W10 in another)."""
+"""The CPU compatibility module: applied without CUDA, idempotent, and each patch W1-W13 does what it says
+(W1-W9 checked in a fresh process, ``workers/w_single.py::check_cpu_compat``; W10 in another; W11-W13, the
+mixture-of-experts ones, in ``test_moe_parity.py::test_cpu_compat_moe_patches``)."""
 import subprocess
 
 from mcore_harness import PYTHON, ROOT

@@ -1,4 +1,5 @@
-"""Qwen2.5 1.5B-72B and Qwen3 8B/32B at cluster layouts, proven on one CPU process without weights.
+"""Qwen2.5 1.5B-72B, Qwen3 8B/32B and the Qwen3 mixtures of experts 30B-A3B / 235B-A22B at cluster layouts (the
+recipes' expert-parallel ones), proven on one CPU process without weights.
 
 ``workers/w_meta.py`` builds every rank's megatron-core stage on the meta device (a fake process group
 reports the rank; see its docstring) from the bundled real configs (``sparse_rl_megatron/models/configs``),
@@ -19,6 +20,11 @@ CASES = [
     ("qwen2.5-72b", "8x4"), ("qwen2.5-72b", "8x2"),
     ("qwen3-8b", "8x1"), ("qwen3-8b", "4x2"),
     ("qwen3-32b", "8x1"), ("qwen3-32b", "8x2"),
+    # TPxPPxEPxETP: the 30B-A3B recipes (one node: EP 8; two nodes: EP 8 x expert DP 2, the same shards per GPU), a
+    # TP 2 x PP 2 x EP 4 layout of it, and
+    # the 235B-A22B on paper (docs/memory-planning.md: 128 GPUs, TP 4 x PP 2 x DP 16, EP 64)
+    ("qwen3-30b-a3b", "1x1x8x1"), ("qwen3-30b-a3b", "2x2x4x1"),
+    ("qwen3-235b-a22b", "4x2x64x1"),
 ]
 MODELS = list(dict.fromkeys(m for m, _ in CASES))
 
@@ -44,5 +50,5 @@ def test_hf_meta_model_matches_weight_map(meta_launch, model):
 
 @pytest.mark.parametrize("model,layout", CASES)
 def test_layout_shards_cover_hf_exactly_once(meta_launch, model, layout):
-    tp, pp = layout.split("x")
-    meta_launch.check(f"{model}_tp{tp}pp{pp}")
+    tp, pp, *experts = layout.split("x")
+    meta_launch.check(f"{model}_tp{tp}pp{pp}" + (f"ep{experts[0]}etp{experts[1]}" if experts else ""))

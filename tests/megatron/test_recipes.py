@@ -13,7 +13,7 @@ from sparse_rl_megatron.utils.config_io import load_config
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("recipe", sorted((ROOT / "configs" / "recipes").glob("qwen2.5-*/*.yaml")),
+@pytest.mark.parametrize("recipe", sorted((ROOT / "configs" / "recipes").glob("qwen*/*.yaml")),
                          ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_recipe_megatron_overrides_are_transformer_config_fields(recipe):
     from megatron.core.transformer.transformer_config import TransformerConfig

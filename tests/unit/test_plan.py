@@ -13,7 +13,7 @@ from sparse_rl_megatron.models.catalog import bundled_config, hf_config, known_m
 from sparse_rl_megatron.planning.inputs import GIB, BatchShape, Layout, LearnerSetting, RolloutSetting
 from sparse_rl_megatron.planning.kv import kv_bytes_per_token
 from sparse_rl_megatron.planning.learner_memory import learner_memory
-from sparse_rl_megatron.planning.params import stage_params, total_params
+from sparse_rl_megatron.planning.params import activated_params, stage_params, total_params
 from sparse_rl_megatron.planning.plan import build_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,6 +90,9 @@ def test_bundled_configs_match_the_model_cards(name):
     card = float(cfg["_model_card_parameters"].rstrip("B")) * 1e9
     arch = arch_from_hf_config(bundled_config(name))
     assert abs(total_params(arch) - card) / card < 0.01, (total_params(arch), card)
+    if arch.is_moe:  # the cards' "activated" parameters: top-k of each layer's experts
+        active = float(cfg["_model_card_activated_parameters"].rstrip("B")) * 1e9
+        assert abs(activated_params(arch) - active) / active < 0.02, (activated_params(arch), active)
     assert "_source" in cfg and not any(k.startswith("_") for k in hf_config(name))
 
 
@@ -100,7 +103,14 @@ def test_hf_directory_is_read(tmp_path):
 
 @pytest.mark.parametrize("argv,message", [
     (["--model", "qwen9-1t"], "unknown model 'qwen9-1t'; valid names: qwen2.5-1.5b, qwen2.5-14b, qwen2.5-32b, "
-                              "qwen2.5-3b, qwen2.5-72b, qwen2.5-7b, qwen3-32b, qwen3-8b"),
+                              "qwen2.5-3b, qwen2.5-72b, qwen2.5-7b, qwen3-235b-a22b, qwen3-30b-a3b, qwen3-32b, "
+                              "qwen3-8b"),
+    (["--model", "qwen3-30b-a3b", "--gpus", "12", "--ep", "3"], "--ep 3 does not divide num_experts=128 of this model; "
+                                                               "valid --ep values: 1, 2, 4, 8, 16, 32, 64, 128"),
+    (["--model", "qwen3-30b-a3b", "--gpus", "8", "--ep", "16"], "--ep 16 x --etp 1 does not divide the TP x DP = 8 "
+                                                               "GPUs of a pipeline stage"),
+    (["--model", "qwen3-8b", "--gpus", "8", "--ep", "2"], "--ep / --etp split a mixture of experts' routed experts; "
+                                                         "this qwen3 model is dense"),
     (["--model", "qwen2.5-7b", "--tp", "3"], "--tp 3 does not divide num_attention_heads=28, num_key_value_heads=4 "
                                              "and intermediate_size=18944 of this model; valid --tp values: 1, 2, 4"),
     (["--model", "qwen2.5-7b", "--pp", "5"], "--pp 5 does not divide num_hidden_layers=28; valid --pp values: "

@@ -168,3 +168,29 @@ def test_a_16_bit_learner_needs_a_gpu(tmp_path):
         preflight(cfg, 1, on_gpu=False)
     assert preflight(cfg, 1, on_gpu=True).train_data  # on GPUs it is the recipes' dtype
     preflight(_train_cfg(tmp_path, overrides=("learner.params_dtype=auto",)), 1, on_gpu=False)
+
+
+def test_the_expert_layout_is_checked_before_any_model_loads(tmp_path):
+    """A mixture of experts (``tiny-qwen3-moe``: 4 experts of width 64): an EP that does not divide the experts, an EP
+    x expert TP that does not divide a stage's ranks, training at TP 2 without sequence parallel, and EP on a dense
+    model are one line each, naming the field and the valid values."""
+    from sparse_rl_megatron.trainer.config import TrainConfig
+    from sparse_rl_megatron.trainer.runtime.run_plan import check_model
+
+    def cfg(*overrides):
+        return load_config(TrainConfig, None, ["model_path=tiny-qwen3-moe", f"run_dir={tmp_path / 'run'}", *overrides])
+
+    with pytest.raises(UserError, match=r"^learner: expert_parallel_size=3 does not divide num_experts=4 of this "
+                                        r"qwen3_moe model; valid expert_parallel_size values: \[1, 2, 4\]"):
+        check_model(cfg("learner.expert_parallel_size=3"), 3)
+    with pytest.raises(UserError, match=r"^learner.expert_parallel_size x learner.expert_tensor_parallel_size = 4 x 1 "
+                                        r"\(null: the TP size\) does not divide the ranks of one pipeline stage, "
+                                        r"world size / learner.pipeline_parallel_size = 4 / 2 = 2"):
+        check_model(cfg("learner.expert_parallel_size=4", "learner.pipeline_parallel_size=2"), 4)
+    with pytest.raises(UserError, match=r"tensor_parallel_size=2 with the mixture of experts of this qwen3_moe model "
+                                        r"trains only with megatron_overrides.sequence_parallel=True"):
+        check_model(cfg("learner.tensor_parallel_size=2", "learner.expert_parallel_size=2"), 4)
+    with pytest.raises(UserError, match=r"expert_parallel_size=2 needs a mixture-of-experts model; this qwen2 model "
+                                        r"is dense"):
+        check_model(cfg("model_path=tiny", "learner.expert_parallel_size=2"), 2)
+    check_model(cfg("learner.expert_parallel_size=2", "learner.pipeline_parallel_size=2"), 4)  # PP 2 x EP 2 is fine

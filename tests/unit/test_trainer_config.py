@@ -178,7 +178,8 @@ def test_paper_recipes_carry_the_reference_settings_and_a_consistent_layout():
     from sparse_rl_megatron.trainer.launch_preflight import LaunchShape, check_gpus
     from sparse_rl_megatron.trainer.run_plan import check_launch_layout, rollout_layout
 
-    recipes = {p.parent.name + "/" + p.stem: load_config(TrainConfig, p) for p in RECIPES if "recipes" in p.parts}
+    recipes = {p.parent.name + "/" + p.stem: load_config(TrainConfig, p) for p in RECIPES
+               if "recipes" in p.parts and p.parent.name.startswith("qwen2.5")}
     assert len(recipes) == 12  # Qwen2.5 1.5B / 3B / 7B x dense, rkv, snapkv, naive
     for name, cfg in recipes.items():
         assert (cfg.rollout.prompts_per_step, cfg.rollout.samples_per_prompt, cfg.global_batch_size) == (128, 8, 256)
@@ -202,6 +203,48 @@ def test_paper_recipes_carry_the_reference_settings_and_a_consistent_layout():
         assert cfg.run_dir == f"runs/{name.replace('/', '-')}"
         sp = cfg.learner.megatron_overrides.get("sequence_parallel", False)
         assert sp == (cfg.learner.tensor_parallel_size > 1), name  # the reference's SP wherever TP allows it
+
+
+def test_qwen3_moe_recipes_use_expert_parallelism_and_say_what_starts():
+    """The Qwen3-30B-A3B recipes (one node, two nodes): the paper's settings, EP 8 inside a node, 2-GPU SGLang engines,
+    a layout line that says what starts, the preflight's layout checks passing, and a plan that fits."""
+    from sparse_rl_megatron.models.arch import arch_from_hf_config
+    from sparse_rl_megatron.models.catalog import bundled_config
+    from sparse_rl_megatron.trainer.runtime.launch_preflight import LaunchShape, check_gpus
+    from sparse_rl_megatron.trainer.runtime.run_plan import check_launch_layout
+
+    arch = arch_from_hf_config(bundled_config("qwen3-30b-a3b"))
+    folder = ROOT / "configs" / "recipes" / "qwen3-30b-a3b"
+    recipes = {p.stem: load_config(TrainConfig, p) for p in sorted(folder.glob("*.yaml"))}
+    assert sorted(recipes) == ["dense", "naive", "rkv", "rkv-2nodes", "snapkv"]
+    for name, cfg in recipes.items():
+        gpus = cfg.launch.gpus
+        assert gpus == (16 if name.endswith("2nodes") else 8) and cfg.run_dir == f"runs/qwen3-30b-a3b-{name}"
+        assert (cfg.rollout.prompts_per_step, cfg.rollout.samples_per_prompt, cfg.global_batch_size) == (128, 8, 256)
+        learner = cfg.learner
+        assert (learner.tensor_parallel_size, learner.expert_parallel_size, learner.expert_tensor_parallel) == (1, 8, 1)
+        arch.check_expert_parallel(learner.expert_parallel_size, learner.expert_tensor_parallel)
+        assert cfg.rollout.gpus_per_engine == 2 and cfg.rollout.sglang.max_running_requests == 1024
+        check_gpus(LaunchShape(gpus // 8, 8), visible=8, tp=1, pp=1, expected=gpus)
+        check_launch_layout(cfg, gpus, ranks_per_node=8)
+        assert "rollout: " in cfg.launch.layout
+
+
+@pytest.mark.parametrize("gpus", [8, 16])
+def test_the_qwen3_moe_recipe_layouts_fit_by_the_plan(gpus):
+    """``sparse-rl plan`` of the recipes' layouts (learner and 2-GPU engines at the paper's batch) fits 80 GiB GPUs."""
+    from sparse_rl_megatron.planning.cli import add_arguments, run
+
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--model", "qwen3-30b-a3b", "--gpus", str(gpus), "--ep", "8", "--etp", "1",
+                              "--prompts", "128", "--samples", "8", "--response-len", "4096",
+                              "--max-tokens-per-device", "8192", "--recompute", "full", "--rollout-tp", "2",
+                              "--mem-fraction", "0.7", "--compression", "rkv", "--budget", "512", "--buffer", "128",
+                              "--max-running-requests", "1024"])
+    assert run(args) == 0
 
 
 def test_a_recipe_layout_that_does_not_say_what_starts_is_refused():

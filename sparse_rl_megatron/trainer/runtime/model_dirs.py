@@ -2,7 +2,8 @@
 
 - an HF directory: the learner loads it and the engine serves it;
 - a sparse-rl Megatron checkpoint: the learner loads it; the engine gets an HF export of it (``model/hf``);
-- ``tiny``: a random tiny Qwen2 + byte-level tokenizer, built once in ``model/init``;
+- ``tiny`` (``tiny-qwen3-moe``, ``tiny-qwen2-moe``): a random tiny Qwen2 (Qwen3-MoE, Qwen2-MoE) + byte-level
+  tokenizer, built once in ``model/init``;
 - ``task:<name>``: the task's model built once in ``model/init``, warm-started once into ``model/warm``.
 Built directories appear atomically (written as ``<dir>.partial``, then renamed), so a re-run or a resumed run
 reuses a complete one and rebuilds an interrupted one.
@@ -47,16 +48,17 @@ def build_once(out: Path, build: Callable[[Path], Any]) -> bool:
 def prepare_model(cfg, task, run_dir: Path) -> ModelDirs:
     """Rank 0: resolve ``cfg.model_path`` to model directories, building what is missing."""
     from sparse_rl_megatron.tasks import is_task_ref
-    from sparse_rl_megatron.trainer.config import TINY_MODEL
+    from sparse_rl_megatron.trainer.config import TINY_MODELS
     from sparse_rl_megatron.utils.file_checks import MEGATRON_META_FILE
 
     root = run_dir / MODEL_DIR
     init = root / "init"
-    if cfg.model_path == TINY_MODEL:
+    if cfg.model_path in TINY_MODELS:
         from sparse_rl_megatron.models.tiny import save_tiny_hf_checkpoint
 
-        built = build_once(init, lambda d: save_tiny_hf_checkpoint(d, seed=cfg.seed, init_std=0.2))
-        return ModelDirs(str(init), str(init), [f"{'built' if built else 'reusing'} tiny random Qwen2 in {init}"])
+        family = TINY_MODELS[cfg.model_path]
+        built = build_once(init, lambda d: save_tiny_hf_checkpoint(d, family, seed=cfg.seed, init_std=0.2))
+        return ModelDirs(str(init), str(init), [f"{'built' if built else 'reusing'} tiny random {family} in {init}"])
     if is_task_ref(cfg.model_path):
         notes = []
         if build_once(init, lambda d: task.build_model(d, seed=cfg.seed)):

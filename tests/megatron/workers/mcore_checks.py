@@ -43,6 +43,7 @@ def full_logits(lrn, ids: torch.Tensor) -> torch.Tensor | None:
     mb = MicroBatch(rows=list(range(b)), input_ids=ids, position_ids=torch.arange(s).expand(b, s).contiguous(),
                     seq_lengths=[s] * b, gather_index=empty, labels=empty, out_row=empty, out_col=empty)
     model = lrn.model
+    model.eval()  # megatron-core's MoE layer refuses TP without sequence parallel in training mode
 
     def head(_, hidden):
         logits, _ = model.output_layer(hidden, weight=model.output_weight())
@@ -271,13 +272,16 @@ SMALL_TERMS = 512
 
 
 def check_plan_matches_learner(ref: dict, tp: int, pp: int, distributed_optimizer: bool = False,
-                               recompute: bool = False) -> None:
+                               recompute: bool = False, ep: int = 1, activations: bool = True, **learner_kw) -> None:
     """``sparse-rl plan`` vs the real learner on this rank: parameters, fp32 grads and Adam state exactly (the
     distributed optimizer's shards: disjoint, summing to all moments, each ~1 / DP), and at PP = 1 the
     activations each micro-batch keeps for backward (recorded with autograd's saved-tensor hooks) within 0.5%
     + ``SMALL_TERMS`` bytes.
     With full recompute only the first micro-batch's forward is compared (the recomputation in backward saves
-    again, interleaved with the next micro-batches)."""
+    again, interleaved with the next micro-batches). A mixture of experts at EP ``ep`` (expert TP 1): its routed
+    experts are sharded over the expert data-parallel ranks by the distributed optimizer; ``activations`` False skips
+    the activation comparison (at EP > 1 a rank's experts work on however many tokens the router sends them, which
+    the plan takes as balanced)."""
     from megatron.core import parallel_state as ps
 
     from sparse_rl_megatron.planning.activations import MicroBatch
@@ -287,15 +291,17 @@ def check_plan_matches_learner(ref: dict, tp: int, pp: int, distributed_optimize
     from sparse_rl_megatron.planning.params import stage_params
 
     overrides = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1) if recompute else {}
+    if ep > 1:
+        learner_kw.update(expert_parallel_size=ep, expert_tensor_parallel_size=1)
     lrn = learner(ref, tp, pp, distributed_optimizer=distributed_optimizer, logprob_chunk_tokens=0,
-                  max_tokens_per_device=40, megatron_overrides=overrides)
+                  max_tokens_per_device=40, megatron_overrides=overrides, **learner_kw)
     setting = LearnerSetting(params_dtype="float32", kernels="local", logprob_chunk_tokens=0, recompute=recompute,
                              max_tokens_per_device=40, distributed_optimizer=distributed_optimizer)
     stage, dp = ps.get_pipeline_model_parallel_rank(), ps.get_data_parallel_world_size()
     tb = train_batch(ref)
     with SavedTensorMeter(lrn.model.parameters()) as meter:
         assert lrn.train_step(tb)["train/skipped"] == 0.0
-    n = stage_params(lrn.arch, tp, pp)[stage]
+    n = stage_params(lrn.arch, tp, pp, ep, 1 if ep > 1 else None)[stage]
     assert sum(p.numel() for p in lrn.model.parameters()) == n
     main_grads = sum(p.main_grad.numel() for p in lrn.model.parameters())
     assert main_grads == n and all(p.main_grad.dtype == torch.float32 for p in lrn.model.parameters())
@@ -304,10 +310,17 @@ def check_plan_matches_learner(ref: dict, tp: int, pp: int, distributed_optimize
     if distributed_optimizer:  # disjoint shards of ~n / DP (bucket padding moves a few elements between ranks)
         total = torch.tensor([moments], dtype=torch.float64)
         dist.all_reduce(total, group=ps.get_data_parallel_group())
-        assert total.item() == 2 * n and abs(moments - 2 * n / dp) <= 0.01 * n / dp, (moments, total.item(), n, dp)
+        if ep == 1:
+            assert total.item() == 2 * n and abs(moments - 2 * n / dp) <= 0.01 * n / dp, (moments, total.item(), n, dp)
+        else:  # the routed experts' state over the expert DP ranks, the rest over DP (the plan's optimizer row)
+            from sparse_rl_megatron.planning.params import stage_expert_params
+
+            experts = stage_expert_params(lrn.arch, pp, ep, 1)
+            want = 2 * ((n - experts) / dp + experts / ps.get_expert_data_parallel_world_size())
+            assert abs(moments - want) <= 0.01 * want, (moments, want, n, experts)
     else:
         assert moments == 2 * n, (moments, n)  # fp32 params: 4 + 4 + 8 bytes per parameter
-    if pp > 1:
+    if pp > 1 or not activations:
         return  # 1F1B interleaves micro-batches: the per-micro-batch phases are not separable here
     mbs = lrn.micro_batches(tb.sequences)
     saved = meter.phases[:1] if recompute else meter.phases

@@ -35,6 +35,19 @@ MODELS = {
     "qwen3": dict(family="qwen3", vocab_size=250, hidden_size=64, num_heads=8, num_kv_heads=2, head_dim=16,
                   intermediate_size=128, tie_word_embeddings=True),
 }
+# Tiny mixtures of experts (test_moe_*.py): 4 routed experts of width 32, top-2. "qwen3_moe" has Qwen3 attention
+# (q/k norms, head_dim 16), renormalised top-k weights and an untied head (as Qwen3-30B-A3B); "qwen2_moe" has Qwen2
+# attention (QKV bias), top-k weights as the softmax gives them, a sigmoid-gated shared expert of width 48 and tied
+# embeddings. TP 2 divides the heads, KV groups and the shared expert; EP 2 and 4 divide the experts.
+MOE_MODELS = {
+    "qwen3_moe": dict(family="qwen3_moe", vocab_size=250, hidden_size=64, num_heads=8, num_kv_heads=2, head_dim=16,
+                      intermediate_size=128, tie_word_embeddings=False, num_experts=4, experts_per_token=2,
+                      moe_intermediate_size=32),
+    "qwen2_moe": dict(family="qwen2_moe", vocab_size=250, hidden_size=64, num_heads=8, num_kv_heads=2,
+                      intermediate_size=128, tie_word_embeddings=True, num_experts=4, experts_per_token=2,
+                      moe_intermediate_size=32, shared_expert_intermediate_size=48),
+}
+MOE_AUX_COEFF = 0.05  # the load-balancing loss's weight in the MoE step check: its gradient is a visible share
 SEED = 0
 NUM_LAYERS = 2  # build_tiny_model's default depth
 NORM_STD = 0.2  # norm weights: 1 + NORM_STD * N(0, 1)
@@ -43,11 +56,21 @@ INIT_STD = 0.2  # peaked next-token distributions (logits of order 10): parity i
 PARITY_SEQ = 24  # tokens per row of ``parity_ids()`` and at most in ``sequences()``: the attention's reduction
 
 
+def model_kwargs(name: str) -> dict:
+    """The ``build_tiny_model`` keyword arguments (with ``family``) of a dense or MoE test model."""
+    return dict(MODELS.get(name) or MOE_MODELS[name])
+
+
 def forward_reductions(name: str) -> list[int]:
     """``numerics.transformer_reductions`` of model ``name``: what two implementations of the same forward, HF's
-    and the learner's at any TP x PP, may sum in other orders (at most ``PARITY_SEQ`` keys)."""
-    m = MODELS[name]
+    and the learner's at any TP x PP (x EP), may sum in other orders (at most ``PARITY_SEQ`` keys)."""
+    m = model_kwargs(name)
     hd = m.get("head_dim", m["hidden_size"] // m["num_heads"])
+    if name in MOE_MODELS:
+        return numerics.moe_transformer_reductions(m["hidden_size"], hd, m["num_heads"], NUM_LAYERS, PARITY_SEQ,
+                                                   m["num_experts"], m["experts_per_token"],
+                                                   m["moe_intermediate_size"],
+                                                   m.get("shared_expert_intermediate_size", 0))
     return numerics.transformer_reductions(m["hidden_size"], hd, m["num_heads"], m["intermediate_size"],
                                            NUM_LAYERS, PARITY_SEQ)
 
@@ -60,7 +83,8 @@ def logits_atol(name: str, max_abs_logit: float) -> float:
 
 def logprob_atol(name: str, max_abs_logit: float) -> float:
     """Learner vs ``log_softmax(HF logits)``: ``numerics.forward_logprob_bound``."""
-    return numerics.forward_logprob_bound(forward_reductions(name), MODELS[name]["vocab_size"], max_abs_logit)
+    return numerics.forward_logprob_bound(forward_reductions(name), model_kwargs(name)["vocab_size"], max_abs_logit)
+
 
 
 def step_rtol(name: str) -> float:
@@ -75,7 +99,7 @@ def chunk_atol(hf: dict[str, torch.Tensor], name: str) -> float:
     """Chunked vs unchunked LM head on the same hidden states (``numerics.logprob_head_bound``), from the
     checkpoint's weights: |h|_2 <= sqrt(H) max|g| after the final RMSNorm (x / rms(x) has norm sqrt(H)), the
     largest row norm of the head, |z| <= |h|_2 max_v |W_v|_2."""
-    m = MODELS[name]
+    m = model_kwargs(name)
     head = hf.get("lm_head.weight", hf["model.embed_tokens.weight"])
     h_norm = m["hidden_size"] ** 0.5 * hf["model.norm.weight"].abs().max().item()
     row = head.norm(dim=1).max().item()

@@ -1,0 +1,98 @@
+"""What routing adds to the rho tail of a mixture of experts, per compressed row of ``sparse-rl mismatch``.
+
+A compressed cache changes the hidden states of every later token, so a MoE sampler routes some tokens to other
+experts than the dense recompute does: its log-probs then differ by more than the attention's own error. This
+splits the two. On the HF reference engine (``HFRolloutEngine.teacher_forced``, the oracle: it replays a sample
+through the same compression schedule and keeps the experts every fed token went to):
+
+- dense replay: the experts the dense model picks for each response token (per layer);
+- compressed replay: the sampler's own experts (replaying sampling reproduces it);
+- compressed replay *routed as the dense model routes*: the attention's mismatch alone.
+
+Statistics (``moe/*``; rho against the learner's dense recompute, as the correction sees it):
+
+==================================  ============================================================================
+``moe/routing_flip_frac``           (fed response token, layer) pairs whose top-k set differs compressed vs dense
+``moe/token_flip_frac``             fed response tokens with a different top-k set in at least one layer
+``moe/contaminated_frac_dense_routing``  ``sparse/contaminated_frac`` with the sampler routed as the dense model
+``moe/routing_contamination``       ``sparse/contaminated_frac`` minus the above: the share routing adds
+``moe/rho_p1_dense_routing``, ``moe/rho_min_dense_routing``  the rho tail without the routing change
+``moe/would_veto_frac_dense_routing``  ``sparse/would_veto_frac`` likewise
+``moe/replay_max_abs_diff``         largest |log-prob| gap between the sampler and its compressed replay (0 for the
+                                    HF engine, which replays itself; SGLang's agreement with the oracle otherwise)
+==================================  ============================================================================
+
+With the SGLang engine the replays run on the HF oracle (the same weights): the split is the oracle's, which the
+SGLang engine is checked against (``tests/sglang``).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from sparse_rl_megatron.algo.diagnostics import CONTAMINATION_THRESHOLD, would_veto
+from sparse_rl_megatron.algo.rejection import sequence_veto
+from sparse_rl_megatron.algo.rho_stats import rho_summary
+
+if TYPE_CHECKING:
+    from sparse_rl_megatron.compression import CompressionConfig
+    from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
+    from sparse_rl_megatron.rollout.sample import Sample
+
+ROUTING_KEYS = ("moe/routing_flip_frac", "moe/token_flip_frac", "moe/contaminated_frac_dense_routing",
+                "moe/routing_contamination", "moe/rho_p1_dense_routing", "moe/rho_min_dense_routing",
+                "moe/would_veto_frac_dense_routing", "moe/replay_max_abs_diff")
+
+
+def routing_flips(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``[T, layers]`` bool: the top-k expert sets of ``a`` and ``b`` (``[T, layers, k]``) differ."""
+    return (a.sort(dim=-1).values != b.sort(dim=-1).values).any(dim=-1)
+
+
+def routing_split(oracle: "HFRolloutEngine", samples: Sequence["Sample"], compression: "CompressionConfig",
+                  old_log_probs: torch.Tensor, response_mask: torch.Tensor, contaminated_frac: float,
+                  veto_threshold: float | None) -> dict[str, float]:
+    """The statistics of the module docstring for one compressed row.
+
+    Args:
+        oracle: an HF reference engine on the learner's weights (a mixture of experts).
+        samples: the row's samples (prompt and response ids), in batch order.
+        compression: the row's KV compression.
+        old_log_probs, response_mask: ``[B, T]`` the learner's dense recompute and the response mask.
+        contaminated_frac: the row's ``sparse/contaminated_frac`` (the sampler's own routing).
+        veto_threshold: the correction's veto threshold (None / 0: the reference's).
+    """
+    from sparse_rl_megatron.algo.ratio import sparsity_log_ratio
+    from sparse_rl_megatron.compression import CompressionConfig
+
+    rows = [i for i, s in enumerate(samples) if s.response_ids]
+    prompts = [samples[i].prompt_ids for i in rows]
+    responses = [samples[i].response_ids for i in rows]
+    dense = oracle.teacher_forced(prompts, responses, compression=CompressionConfig())
+    own = oracle.teacher_forced(prompts, responses, compression=compression)
+    rerouted = oracle.teacher_forced(prompts, responses, compression=compression,
+                                     routing=[d.metadata["routing"] for d in dense])
+    flips = [routing_flips(o.metadata["routing"], d.metadata["routing"]) for o, d in zip(own, dense)]
+    pairs = sum(f.numel() for f in flips)
+    fed = sum(f.shape[0] for f in flips)
+    sampler = torch.zeros_like(old_log_probs)
+    for i, r in zip(rows, rerouted):
+        sampler[i, :len(r.sampler_logprobs)] = r.sampler_logprobs
+    mask = response_mask.to(torch.bool)
+    log_rho = sparsity_log_ratio(old_log_probs, sampler, mask)
+    has = mask.any(dim=-1)
+    n_seq = max(int(has.sum()), 1)
+    contaminated = float((sequence_veto(log_rho, mask, CONTAMINATION_THRESHOLD) & has).sum()) / n_seq
+    tail = rho_summary(log_rho, mask)
+    return {
+        "moe/routing_flip_frac": sum(int(f.sum()) for f in flips) / pairs if pairs else 0.0,
+        "moe/token_flip_frac": sum(int(f.any(dim=-1).sum()) for f in flips) / fed if fed else 0.0,
+        "moe/contaminated_frac_dense_routing": contaminated,
+        "moe/routing_contamination": contaminated_frac - contaminated,
+        "moe/rho_p1_dense_routing": tail["rho/p1"],
+        "moe/rho_min_dense_routing": tail["rho/min"],
+        "moe/would_veto_frac_dense_routing": float((would_veto(log_rho, mask, veto_threshold) & has).sum()) / n_seq,
+        "moe/replay_max_abs_diff": max((float((samples[i].sampler_logprobs - o.sampler_logprobs).abs().max())
+                                        for i, o in zip(rows, own)), default=0.0),
+    }
