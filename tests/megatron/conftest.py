@@ -72,8 +72,7 @@ def grid_launch(mcore_refs, mcore_root, tp1_checkpoint) -> LaunchResult:
 #   moe_pair: torchrun, 2 ranks -> EP = 1 and EP = 2 (DP = 2) checks of both MoE models, the load-balancing step,
 #             uneven micro-batch counts, W11-W13
 #   moe_grid: torchrun, 4 ranks -> TP = 2 x EP = 2 (expert TP 2), PP = 2 x EP = 2, TP1 checkpoint -> PP2 x EP2 -> EP4
-MOE_PAIR_LAYOUTS = "1x1x1,1x1x2"
-MOE_GRID_LAYOUTS = "2x1x2x2:qwen3_moe,1x2x2:qwen2_moe"
+from moe_reference import MOE_GRID_LAYOUTS, MOE_PAIR_LAYOUTS  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -162,3 +162,9 @@ def build_moe_references(root: Path) -> Path:
     out = root / "moe_ref.pt"
     torch.save(refs, out)
     return out
+
+
+MOE_PAIR_LAYOUTS = "1x1x1,1x1x2"
+"""The two-rank MoE launch's layouts (TP x PP x EP): EP 1 and EP 2 (DP 2)."""
+MOE_GRID_LAYOUTS = "2x1x2x2:qwen3_moe,1x2x2:qwen2_moe"
+"""The four-rank MoE launch's layouts: TP 2 x EP 2 (expert TP 2) of Qwen3-MoE, PP 2 x EP 2 of Qwen2-MoE."""

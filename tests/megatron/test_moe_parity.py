@@ -9,7 +9,7 @@ norm weights randomised; every comparison is meaningful only because no routed t
 twice the router-logit bound of a tie (``routing_margin``)."""
 import pytest
 
-from conftest import MOE_GRID_LAYOUTS, MOE_PAIR_LAYOUTS
+from moe_reference import MOE_GRID_LAYOUTS, MOE_PAIR_LAYOUTS
 
 MOE_MODELS = ("qwen3_moe", "qwen2_moe")
 

@@ -175,7 +175,7 @@ def test_the_expert_layout_is_checked_before_any_model_loads(tmp_path):
     x expert TP that does not divide a stage's ranks, training at TP 2 without sequence parallel, and EP on a dense
     model are one line each, naming the field and the valid values."""
     from sparse_rl_megatron.trainer.config import TrainConfig
-    from sparse_rl_megatron.trainer.runtime.run_plan import check_model
+    from sparse_rl_megatron.trainer.run_plan import check_model
 
     def cfg(*overrides):
         return load_config(TrainConfig, None, ["model_path=tiny-qwen3-moe", f"run_dir={tmp_path / 'run'}", *overrides])

@@ -210,8 +210,8 @@ def test_qwen3_moe_recipes_use_expert_parallelism_and_say_what_starts():
     a layout line that says what starts, the preflight's layout checks passing, and a plan that fits."""
     from sparse_rl_megatron.models.arch import arch_from_hf_config
     from sparse_rl_megatron.models.catalog import bundled_config
-    from sparse_rl_megatron.trainer.runtime.launch_preflight import LaunchShape, check_gpus
-    from sparse_rl_megatron.trainer.runtime.run_plan import check_launch_layout
+    from sparse_rl_megatron.trainer.launch_preflight import LaunchShape, check_gpus
+    from sparse_rl_megatron.trainer.run_plan import check_launch_layout
 
     arch = arch_from_hf_config(bundled_config("qwen3-30b-a3b"))
     folder = ROOT / "configs" / "recipes" / "qwen3-30b-a3b"
