@@ -5,7 +5,7 @@ installing the plugin changes nothing for servers that do not select it.
 
 | target | kind | why |
 |---|---|---|
-| ``ServerArgs.resolve_once`` | before | refuse unsupported flags as given (SGLang rewrites or rejects some first) |
+| ``ServerArgs.resolve_once`` | before | refuse flags and models as given (SGLang rewrites some); CPU row default |
 | ``ServerArgs.check_server_args`` | after | validate the config and refuse unsupported resolved settings at start |
 | ``ModelRunner.forward`` | after | compress due rows after the layers ran (outside any graph) |
 | ``ForwardBatch.init_new`` | after | decode batches get ``req_pool_indices_cpu`` too (host rows: no sync) |
@@ -42,6 +42,7 @@ from sglang_ext.admission import KEEP_COMPRESSED, clipped, request_bound, retrac
 from sglang_ext.backend import active_backend
 from sglang_ext.compaction import record_idle
 from sglang_ext.config import FAULT_ENV, REQUEST_KEY, ConfigError
+from sglang_ext.cpu_compat import apply_cpu_server_defaults
 from sglang_ext.memory import reserve_before_kv_pool
 from sglang_ext.refusals import (refuse_before_resolution, refused_beam_message, uses_sparse_kv,
                                  validate_server_args)
@@ -52,6 +53,14 @@ REFUSED_RETRACTION = (
     "requests from being retracted for lack of KV slots (sglang_ext/admission.py); priority preemption "
     "(--enable-priority-scheduling) still can. Resubmit it")
 _REFUSED_ATTR = "_sparse_kv_refused"
+
+
+def _before_resolution(server_args):
+    """``ServerArgs.resolve_once``, before: refuse what the plugin cannot serve, as given; then the CPU defaults."""
+    if not uses_sparse_kv(server_args, resolved=False):
+        return
+    refuse_before_resolution(server_args)
+    apply_cpu_server_defaults(server_args)
 
 
 def _check_server_args(result, server_args):
@@ -291,7 +300,7 @@ def register_hooks() -> None:
 
     after, around = HookType.AFTER, HookType.AROUND
     for target, hook, kind in [
-        ("sglang.srt.server_args.ServerArgs.resolve_once", refuse_before_resolution, HookType.BEFORE),
+        ("sglang.srt.server_args.ServerArgs.resolve_once", _before_resolution, HookType.BEFORE),
         ("sglang.srt.server_args.ServerArgs.check_server_args", _check_server_args, after),
         ("sglang.srt.model_executor.model_runner.ModelRunner.forward", _after_model_forward, after),
         ("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new", _record_host_rows, after),
