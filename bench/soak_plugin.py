@@ -399,7 +399,7 @@ def soak(*, seed: int, minutes: float = 0.0, max_rounds: int = 0, rounds_per_eng
             try:
                 hf_model.load_state_dict(initial)
                 if fault == "no_flush":
-                    engine.client.flush_cache = lambda: None
+                    engine.client.flush_cache = lambda *args, **kwargs: None
                 tally.engines += 1
                 tally.triton_engines += engine_settings.backend == "triton"
                 log(f"engine {tally.engines}: {engine_settings}")
