@@ -27,6 +27,7 @@ installing the plugin changes nothing for servers that do not select it.
 | ``schedule_batch.release_req`` | around | a retracted request that already compressed is refused, not resumed dense |
 | ``ScheduleBatch._get_decode_retraction_order`` | around | dense requests are retracted first, compressed ones last |
 | ``ScheduleBatch.retract_decode`` | around | forced retraction spares an all-compressed batch; the refusal's message |
+| ``Scheduler.pause_generation`` | around | a retract pause holding compressed requests pauses in place (``pause``) |
 | ``SchedulerOutputStreamer.is_request_level_customized_info_key`` | around | provenance sent once per request |
 | ``SchedulerInvariantChecker._check_all_pools`` | after | with ``stats_path``: log the idle pool (tests) |
 """
@@ -44,6 +45,7 @@ from sglang_ext.compaction import record_idle
 from sglang_ext.config import FAULT_ENV, REQUEST_KEY, ConfigError
 from sglang_ext.cpu_compat import apply_cpu_server_defaults
 from sglang_ext.memory import reserve_before_kv_pool
+from sglang_ext.pause import pause_mode
 from sglang_ext.refusals import (refuse_before_resolution, refused_beam_message, uses_sparse_kv,
                                  validate_server_args)
 
@@ -285,6 +287,14 @@ def _retract_decode(original, batch, *args, **kwargs):
     return retracted, ratio, aborted
 
 
+def _pause_generation(original, scheduler, recv_req, *args, **kwargs):
+    """``Scheduler.pause_generation``: a retract pause that would lose compressed requests pauses in place (``pause``)."""
+    backend = active_backend()
+    if backend is not None:
+        recv_req.mode = pause_mode(backend, scheduler, recv_req.mode)
+    return original(scheduler, recv_req, *args, **kwargs)
+
+
 def _request_level_key(original, streamer, key):
     return key == REQUEST_KEY or original(streamer, key)
 
@@ -326,6 +336,7 @@ def register_hooks() -> None:
         ("sglang.srt.managers.schedule_batch.release_req", _release_req, around),
         ("sglang.srt.managers.schedule_batch.ScheduleBatch._get_decode_retraction_order", _retraction_order, around),
         ("sglang.srt.managers.schedule_batch.ScheduleBatch.retract_decode", _retract_decode, around),
+        ("sglang.srt.managers.scheduler.Scheduler.pause_generation", _pause_generation, around),
         ("sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer."
          "is_request_level_customized_info_key", _request_level_key, around),
         ("sglang.srt.managers.scheduler_components.invariant_checker.SchedulerInvariantChecker._check_all_pools",
