@@ -288,7 +288,8 @@ def _retract_decode(original, batch, *args, **kwargs):
 
 
 def _pause_generation(original, scheduler, recv_req, *args, **kwargs):
-    """``Scheduler.pause_generation``: a retract pause that would lose compressed requests pauses in place (``pause``)."""
+    """``Scheduler.pause_generation``: a retract pause that would lose compressed requests pauses in place
+    (``pause``)."""
     backend = active_backend()
     if backend is not None:
         recv_req.mode = pause_mode(backend, scheduler, recv_req.mode)

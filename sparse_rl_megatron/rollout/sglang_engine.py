@@ -35,8 +35,9 @@ Weights: ``update_weights`` takes HF-named full tensors (or the learner's bucket
 them between ``begin/end_weight_update`` (``tensor``, in-process), over a process group (``distributed``,
 gloo on CPU / NCCL on GPU, any node) or through safetensors files (``disk``); then SGLang flushes its prefix
 cache, verified: a flush SGLang could not do (the engine not idle within ``flush_timeout_s``) fails the update in
-one line and blocks sampling until a later flush succeeds, so no KV computed with old weights is reused. ``release_memory`` / ``resume_memory`` map to SGLang's
-``release/resume_memory_occupation`` (they free memory only on CUDA with ``memory_saver``; no-ops on CPU).
+one line and blocks sampling until a later flush succeeds, so no KV computed with old weights is reused.
+``release_memory`` / ``resume_memory`` map to SGLang's ``release/resume_memory_occupation`` (they free memory only
+on CUDA with ``memory_saver``; no-ops on CPU).
 """
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """The differential soak (``bench/soak_plugin.py``) in the suite, on one engine with the soak's packed settings
 (``PRESSURED``: a 300-token pool, the radix cache on, 8-token prefill chunks, SGLang's strict memory checkers on):
 two drawn rounds, then one short round for each event a rollout engine meets between and during batches (aborts,
-a weight update with its cache flush, requests arriving mid-decode, a retract pause). Every finished sample is checked against
-``HFRolloutEngine.teacher_forced`` within the tier's tolerance (``numerics.hf_logprob_tolerance``), with the same
-compression record; a leaked or double-freed slot ends the scheduler (the next call raises).
+a weight update with its cache flush, requests arriving mid-decode, a retract pause). Every finished sample is
+checked against ``HFRolloutEngine.teacher_forced`` within the tier's tolerance (``numerics.hf_logprob_tolerance``),
+with the same compression record; a leaked or double-freed slot ends the scheduler (the next call raises).
 
 Each can fail (measured on this CPU, each with the same test run on an engine with the fault):
 - the two drawn rounds, with the plugin's ``ReqToTokenPool.write`` hook off (``SPARSE_RL_KV_FAULT=stale_tables``,
