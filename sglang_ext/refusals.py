@@ -1,6 +1,7 @@
 """What the ``sparse_kv`` backend refuses before the server serves, each in one line naming the flag or fact.
 
-Two stages, each a table of :class:`Rule` (``REFUSALS`` lists every name, the README's list is checked against it):
+Two stages, each with tables of :class:`Rule` (``refusals()`` lists every name per stage; the README's list is
+checked against it):
 
 - **arguments**, when SGLang resolves the server arguments, before any model loads. ``ARGUMENT_RULES`` (the server
   flags) and ``MODEL_RULES`` (facts of the model's config, read from its ``config.json`` as SGLang reads it) run
@@ -203,7 +204,7 @@ RUNNER_RULES: list[Rule] = [
          "sliding-window attention (the window is over logical positions the plugin's table no longer lists)"),
     Rule("is_cross_attention", _cross_attention, "cross-attention"),
 ]
-"""Facts of the loaded model and its KV pool refused when the backend is built (in ``rule`` order)."""
+"""Facts of the loaded model and its KV pool refused when the backend is built (checked in this order)."""
 ELSEWHERE_AT_MODEL_LOAD = {
     "kv_index_translator": "runner_view.physical_translator: a KV pool that translates its ids",
     "second_backend": "backend._claim_process: a second sparse_kv backend in one process",
@@ -211,9 +212,13 @@ ELSEWHERE_AT_MODEL_LOAD = {
 """Model-load refusals checked where the backend builds what they concern."""
 
 
+BACKEND_MISMATCH = "prefill_attention_backend"
+"""What the refusal of a prefill attention backend other than the decode one names (``validate_server_args``)."""
+
+
 def refusals() -> dict[Stage, set[str]]:
     """Every name refused, per stage (what ``sglang_ext/README.md`` must list)."""
-    return {"arguments": {r.name for r in (*ARGUMENT_RULES, *MODEL_RULES)} | {"prefill_attention_backend"},
+    return {"arguments": {r.name for r in (*ARGUMENT_RULES, *MODEL_RULES)} | {BACKEND_MISMATCH},
             "model load": {r.name for r in RUNNER_RULES} | set(ELSEWHERE_AT_MODEL_LOAD)}
 
 
@@ -290,7 +295,7 @@ def validate_server_args(server_args: Any, config: SparseKVConfig | None = None)
     config = config if config is not None else config_from_env()
     prefill, decode = _backends(server_args, resolved=True)
     if prefill != decode:
-        raise ConfigError(f"prefill_attention_backend={prefill}: prefill and decode must both use the {BACKEND_NAME} "
+        raise ConfigError(f"{BACKEND_MISMATCH}={prefill}: prefill and decode must both use the {BACKEND_NAME} "
                           f"attention backend (got prefill={prefill}, decode={decode}); set attention_backend only")
     refuse_flags(cfg, config)
     refuse_model(model_config_of(server_args))
