@@ -15,7 +15,8 @@ soak). A request the plugin refused after a retraction (already compressed) is r
 Rounds mix in events (``--events``, all by default on the command line, none in ``soak()``'s default; drawn per
 round from its seed, ``EVENTS``): aborts of some requests mid-decode through SGLang's abort path, groups arriving
 while the others decode, a weight update through the trainer's path (``update_weights``, which flushes the radix
-cache) before the round with the reference moved to the same new weights, a bare cache flush. Aborted samples are
+cache) before the round with the reference moved to the same new weights, a bare cache flush, SGLang's retract pause
+mid-decode with a flush and a continue (``pause``: compressed requests held in place). Aborted samples are
 not checked (the others are, and the strict checkers watch the pool); streamed requests (the victims, the one whose
 progress times the arrivals) are checked on their log-probs only: SGLang sends a streamed request's request-level
 custom info, the plugin's record, with its first chunk only.
@@ -103,6 +104,10 @@ class Tally:
     """Rounds whose late groups went in while the request timing them was still decoding (else: after it ended)."""
     weight_updates: int = 0
     flushes: int = 0
+    pauses: int = 0
+    """Rounds paused mid-decode (``pause`` events): ``pause_generation(mode="retract")``, a flush, then continued."""
+    pauses_in_place: int = 0
+    """Pauses that found compressed requests running: held in place (``sglang_ext/pause.py``), the flush refused."""
     max_delta: float = 0.0
     max_delta_over_bound: float = 0.0
     """The largest sample's max |delta log-prob| / its tolerance (``numerics.hf_logprob_tolerance``): < 1 passes."""
@@ -182,12 +187,16 @@ def start_engine(model_dir: Path, settings: Settings, fault: str = ""):
 
 MAX_DRAWS = 50
 """Fresh draws of one request refused after retractions before the round fails (the pool is too small)."""
-EVENTS = ("abort", "arrive", "update", "flush")
+EVENTS = ("abort", "arrive", "update", "flush", "pause")
 """Events a round may mix in (``--events``): ``abort``: some requests are aborted mid-decode through SGLang's abort
 path (``TokenizerManager.abort_request`` by rid, what ``/abort_request`` does); ``arrive``: some groups are submitted
 while the others decode; ``update``: before the round, perturbed weights go through ``SGLangRolloutEngine
 .update_weights`` (the trainer's path: weight-update session, tensor buckets, radix-cache flush) and the reference
-takes the same weights; ``flush``: before the round, the radix cache is flushed (``flush_cache``)."""
+takes the same weights; ``flush``: before the round, the radix cache is flushed (``flush_cache``); ``pause``: once
+the first request has some response tokens, SGLang's retract pause (``pause_generation(mode="retract")``, an RL
+driver's pause before a weight sync), an immediate cache flush, and ``continue_generation``: compressed requests
+running then are held in place (the flush is refused), otherwise SGLang retracts and re-prefills every request
+after the flush (issue 41)."""
 SOAK_FAULTS = ("no_flush",)
 """Faults of the soak itself (not the plugin's ``SPARSE_RL_KV_FAULT``): ``no_flush``: the engine never flushes its
 radix cache (a weight update leaves the old weights' KV in the tree)."""
@@ -207,8 +216,14 @@ class Plan:
     """``{(group, index): n}``: aborted once it has n response tokens."""
     update: bool = False
     flush: bool = False
+    pause_at: int = 0
+    """Pause (retract), flush and continue once the first early request (streamed) has this many response tokens
+    (0: no pause)."""
     arrived_mid_decode: bool = False
     """Set by ``_drive``: the late groups went in while the first early request was still decoding."""
+    paused_in_place: bool | None = None
+    """Set by ``_drive``: the pause held compressed requests in place (its flush was refused: requests hold KV), or
+    retracted every request (False: the flush went through)."""
 
 
 def draw_plan(rng: random.Random, jobs: list[Job], events: frozenset) -> Plan:
@@ -224,6 +239,8 @@ def draw_plan(rng: random.Random, jobs: list[Job], events: frozenset) -> Plan:
         keys = [(g, i) for g, j in enumerate(jobs) for i in range(j.n)]
         for key in rng.sample(keys, min(len(keys), rng.randint(1, 3))):
             plan.victims[key] = rng.randint(1, jobs[key[0]].max_new_tokens - 2)
+    if "pause" in events and rng.random() < 0.3:   # drawn last: the other events' draws stay what they were
+        plan.pause_at = rng.randint(1, 20)
     return plan
 
 
@@ -242,21 +259,37 @@ def perturb_weights(engine, hf_model, seed: int) -> None:
 
 def streamed(requests: list, plan: Plan) -> set:
     """Keys of the requests ``_drive`` streams (to see their progress): the victims, and the first early request
-    when some groups arrive late. SGLang sends a streamed request's request-level custom info (the plugin's
-    record) with its first chunk only, so a streamed sample is checked on its log-probs, not its record."""
+    when some groups arrive late or a pause is planned. SGLang sends a streamed request's request-level custom info
+    (the plugin's record) with its first chunk only, so a streamed sample is checked on its log-probs, not its
+    record."""
     early = [r[0] for r in requests if r[0][0] not in plan.late]
-    return set(plan.victims) | ({early[0]} if plan.late and early else set())
+    return set(plan.victims) | ({early[0]} if (plan.late or plan.pause_at) and early else set())
+
+
+async def pause_flush_continue(tm, plan: Plan) -> None:
+    """SGLang's retract pause, an immediate cache flush (what a driver does before a weight sync; SGLang answers it
+    after it has paused), then ``continue_generation``. The flush goes through only if no request holds KV, i.e. the
+    retract pause really retracted (``plan.paused_in_place`` records which)."""
+    from sglang.srt.managers.io_struct import ContinueGenerationReqInput, PauseGenerationReqInput
+
+    await tm.pause_generation(PauseGenerationReqInput(mode="retract"))
+    flushed = await tm.flush_cache(timeout_s=0)
+    plan.paused_in_place = not flushed.success
+    await tm.continue_generation(ContinueGenerationReqInput())
 
 
 async def _drive(tm, requests: list, plan: Plan) -> dict:
     """Submit ``requests`` (``(key, prompt, params, rid)``) on the engine's loop, all at once but the late groups:
     those once the first early request (streamed) has ``plan.arrive_at`` tokens (or every early one ended); the
-    victims (streamed) aborted by rid once they have their token count. Returns ``{key: final output}``."""
+    victims (streamed) aborted by rid once they have their token count; the pause once the first early request has
+    ``plan.pause_at`` tokens. Returns ``{key: final output}``."""
     import asyncio
 
     from sglang.srt.managers.io_struct import GenerateReqInput
 
     started, results, stream = asyncio.Event(), {}, streamed(requests, plan)
+    early = [r[0] for r in requests if r[0][0] not in plan.late]
+    pauser = early[0] if plan.pause_at and early else None
 
     async def one(key, prompt, params, rid, late):
         if late:
@@ -272,6 +305,9 @@ async def _drive(tm, requests: list, plan: Plan) -> dict:
             if key in plan.victims and not aborted and n >= plan.victims[key]:
                 tm.abort_request(rid=rid)
                 aborted = True
+            if key == pauser and plan.paused_in_place is None and n >= plan.pause_at \
+                    and not out["meta_info"].get("finish_reason"):
+                await pause_flush_continue(tm, plan)
         results[key] = out
 
     first = [asyncio.ensure_future(one(*r, False)) for r in requests if r[0][0] not in plan.late]
@@ -320,6 +356,10 @@ def generate(engine, jobs: list[Job], seed: int, plan: Plan | None = None) -> tu
         todo = retry
         plan = Plan()   # redraws run plainly
     raise RuntimeError(f"{len(todo)} request(s) refused after retractions {MAX_DRAWS} times")
+
+
+def pause_kind(plan: Plan) -> str:
+    return "in place" if plan.paused_in_place else "retracted"
 
 
 def check_round(hf_model, jobs: list[Job], done: dict) -> tuple[float, float, list[str]]:
@@ -399,7 +439,7 @@ def soak(*, seed: int, minutes: float = 0.0, max_rounds: int = 0, rounds_per_eng
             try:
                 hf_model.load_state_dict(initial)
                 if fault == "no_flush":
-                    engine.client.flush_cache = lambda: None
+                    engine.client.flush_cache = lambda *args, **kwargs: None
                 tally.engines += 1
                 tally.triton_engines += engine_settings.backend == "triton"
                 log(f"engine {tally.engines}: {engine_settings}")
@@ -412,6 +452,8 @@ def soak(*, seed: int, minutes: float = 0.0, max_rounds: int = 0, rounds_per_eng
                                                                                plan)
                     tally.weight_updates += plan.update
                     tally.flushes += plan.flush
+                    tally.pauses += plan.paused_in_place is not None
+                    tally.pauses_in_place += bool(plan.paused_in_place)
                     samples = list(done.values())
                     tally.rounds += 1
                     tally.samples += len(samples)
@@ -429,7 +471,8 @@ def soak(*, seed: int, minutes: float = 0.0, max_rounds: int = 0, rounds_per_eng
                         f"{sum(s.metadata['retractions'] > 0 for s in samples)} retracted, {redraws} redraws, "
                         f"{aborted} aborted, {sum(jobs[g].n for g in plan.late)} late"
                         f"{', weights v' + str(engine.weight_version) if plan.update else ''}"
-                        f"{', flushed' if plan.flush else ''}, "
+                        f"{', flushed' if plan.flush else ''}"
+                        f"{'' if plan.paused_in_place is None else ', paused ' + pause_kind(plan)}, "
                         f"max |delta| {worst:.3g} ({ratio:.2g} of its bound)"
                         + (f", {len(failures)} FAILED" if failures else ""))
                     for line in failures:

@@ -24,7 +24,11 @@ from sglang_ext.config import BACKEND_NAME, FAULT_ENV, REQUEST_KEY, ConfigError,
 from sglang_ext.forward_plan import (ForwardPlan, check_tables, follow_rewrite, plan_forward, sglang_host,
                                      written_positions)
 from sglang_ext.host_syncs import counted, not_counted
+<<<<<<< HEAD
 from sglang_ext.refusals import routed_experts_message
+=======
+from sglang_ext.refusals import refuse_at_model_load
+>>>>>>> issue41
 from sglang_ext.row_state import RowInfo, RowState
 from sglang_ext.runner_view import (RunnerView, kv_cache_region, physical_translator, query_groups,
                                     tp_rank)
@@ -60,11 +64,8 @@ class SparseKVBackend(AttentionBackend):
 
         _claim_process(None)
         self.closed = False
-        if getattr(model_runner, "use_mla_backend", False):
-            raise ConfigError(f"{BACKEND_NAME}: MLA models are not supported (per-head K/V slots are needed)")
+        refuse_at_model_load(model_runner)   # before anything reads the pool: the layouts it cannot serve
         pool = model_runner.token_to_kv_pool
-        if not all(hasattr(pool, name) for name in ("get_key_buffer", "get_value_buffer", "head_num", "head_dim")):
-            raise ConfigError(f"{BACKEND_NAME}: KV pool {type(pool).__name__} is not a per-head MHA pool")
         self.config = config
         self.runner = model_runner
         self.device = model_runner.device
@@ -204,18 +205,11 @@ class SparseKVBackend(AttentionBackend):
         ring = self.state.qwin[layer.layer_id - self.layer_ids[0]]
         ring[plan.ring_rows, :, plan.ring_slots] = q[plan.ring_tokens].to(ring.dtype)
 
-    def _check_layer(self, layer) -> None:
-        if layer.is_cross_attention or (layer.sliding_window_size is not None and layer.sliding_window_size > -1):
-            raise ConfigError(f"{BACKEND_NAME}: sliding-window and cross-attention layers are not supported "
-                              f"(layer {layer.layer_id})")
-
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-        self._check_layer(layer)
         self._record_queries(q, layer)
         return self.inner.forward_decode(q, k, v, layer, self.plan.phys_batch, save_kv_cache=save_kv_cache, **kwargs)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-        self._check_layer(layer)
         self._record_queries(q, layer)
         return self.inner.forward_extend(q, k, v, layer, self.plan.phys_batch, save_kv_cache=save_kv_cache, **kwargs)
 

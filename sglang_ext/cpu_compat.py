@@ -56,6 +56,23 @@ def apply(force: bool = False) -> bool:
     return True
 
 
+def runs_on_cpu(server_args) -> bool:
+    """Whether a server with these (unresolved) arguments runs on CPU: ``device`` says so, or is not given on a
+    machine without CUDA (SGLang then picks the CPU)."""
+    device = server_args.device
+    return device == "cpu" if device else not cuda_available()
+
+
+def apply_cpu_server_defaults(server_args) -> None:
+    """The CPU defaults of a ``sparse_kv`` server, set on its arguments before SGLang resolves them (the plugin's
+    ``ServerArgs.resolve_once`` hook), so that a plain ``sglang.Engine(...)`` or ``sglang.launch_server`` gets them
+    too, not only the project's engine and launcher: ``max_running_requests`` =
+    ``CPU_DEFAULT_RUNNING_REQUESTS`` when not given (the plugin reserves its per-row memory for every row SGLang's
+    request pool gets, up to 4097 of them otherwise)."""
+    if runs_on_cpu(server_args) and server_args.max_running_requests is None:
+        server_args.max_running_requests = CPU_DEFAULT_RUNNING_REQUESTS
+
+
 def cpu_engine_kwargs() -> dict:
     """``sglang.Engine`` arguments that work on CPU (see ../shared/reference/sglang-on-cpu.md)."""
     return dict(

@@ -5,7 +5,7 @@ installing the plugin changes nothing for servers that do not select it.
 
 | target | kind | why |
 |---|---|---|
-| ``ServerArgs.resolve_once`` | before | refuse unsupported flags as given (SGLang rewrites or rejects some first) |
+| ``ServerArgs.resolve_once`` | before | refuse flags and models as given (SGLang rewrites some); CPU row default |
 | ``ServerArgs.check_server_args`` | after | validate the config and refuse unsupported resolved settings at start |
 | ``ModelRunner.forward`` | after | compress due rows after the layers ran (outside any graph) |
 | ``ForwardBatch.init_new`` | after | decode batches get ``req_pool_indices_cpu`` too (host rows: no sync) |
@@ -27,6 +27,7 @@ installing the plugin changes nothing for servers that do not select it.
 | ``schedule_batch.release_req`` | around | a retracted request that already compressed is refused, not resumed dense |
 | ``ScheduleBatch._get_decode_retraction_order`` | around | dense requests are retracted first, compressed ones last |
 | ``ScheduleBatch.retract_decode`` | around | forced retraction spares an all-compressed batch; the refusal's message |
+| ``Scheduler.pause_generation`` | around | a retract pause holding compressed requests pauses in place (``pause``) |
 | ``SchedulerOutputStreamer.is_request_level_customized_info_key`` | around | provenance sent once per request |
 | ``SchedulerInvariantChecker._check_all_pools`` | after | with ``stats_path``: log the idle pool (tests) |
 """
@@ -42,7 +43,9 @@ from sglang_ext.admission import KEEP_COMPRESSED, clipped, request_bound, retrac
 from sglang_ext.backend import active_backend
 from sglang_ext.compaction import record_idle
 from sglang_ext.config import FAULT_ENV, REQUEST_KEY, ConfigError
+from sglang_ext.cpu_compat import apply_cpu_server_defaults
 from sglang_ext.memory import reserve_before_kv_pool
+from sglang_ext.pause import pause_mode
 from sglang_ext.refusals import (refuse_before_resolution, refused_beam_message, uses_sparse_kv,
                                  validate_server_args)
 
@@ -52,6 +55,14 @@ REFUSED_RETRACTION = (
     "requests from being retracted for lack of KV slots (sglang_ext/admission.py); priority preemption "
     "(--enable-priority-scheduling) still can. Resubmit it")
 _REFUSED_ATTR = "_sparse_kv_refused"
+
+
+def _before_resolution(server_args):
+    """``ServerArgs.resolve_once``, before: refuse what the plugin cannot serve, as given; then the CPU defaults."""
+    if not uses_sparse_kv(server_args, resolved=False):
+        return
+    refuse_before_resolution(server_args)
+    apply_cpu_server_defaults(server_args)
 
 
 def _check_server_args(result, server_args):
@@ -276,6 +287,15 @@ def _retract_decode(original, batch, *args, **kwargs):
     return retracted, ratio, aborted
 
 
+def _pause_generation(original, scheduler, recv_req, *args, **kwargs):
+    """``Scheduler.pause_generation``: a retract pause that would lose compressed requests pauses in place
+    (``pause``)."""
+    backend = active_backend()
+    if backend is not None:
+        recv_req.mode = pause_mode(backend, scheduler, recv_req.mode)
+    return original(scheduler, recv_req, *args, **kwargs)
+
+
 def _request_level_key(original, streamer, key):
     return key == REQUEST_KEY or original(streamer, key)
 
@@ -291,7 +311,7 @@ def register_hooks() -> None:
 
     after, around = HookType.AFTER, HookType.AROUND
     for target, hook, kind in [
-        ("sglang.srt.server_args.ServerArgs.resolve_once", refuse_before_resolution, HookType.BEFORE),
+        ("sglang.srt.server_args.ServerArgs.resolve_once", _before_resolution, HookType.BEFORE),
         ("sglang.srt.server_args.ServerArgs.check_server_args", _check_server_args, after),
         ("sglang.srt.model_executor.model_runner.ModelRunner.forward", _after_model_forward, after),
         ("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new", _record_host_rows, after),
@@ -317,6 +337,7 @@ def register_hooks() -> None:
         ("sglang.srt.managers.schedule_batch.release_req", _release_req, around),
         ("sglang.srt.managers.schedule_batch.ScheduleBatch._get_decode_retraction_order", _retraction_order, around),
         ("sglang.srt.managers.schedule_batch.ScheduleBatch.retract_decode", _retract_decode, around),
+        ("sglang.srt.managers.scheduler.Scheduler.pause_generation", _pause_generation, around),
         ("sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer."
          "is_request_level_customized_info_key", _request_level_key, around),
         ("sglang.srt.managers.scheduler_components.invariant_checker.SchedulerInvariantChecker._check_all_pools",

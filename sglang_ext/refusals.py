@@ -1,28 +1,70 @@
-"""The SGLang settings the ``sparse_kv`` backend refuses, each in one line naming the flag, when the server starts.
+"""What the ``sparse_kv`` backend refuses before the server serves, each in one line naming the flag or fact.
 
-Checked twice, on the same rules:
+Two stages, each with tables of :class:`Rule` (``refusals()`` lists every name per stage; the README's list is
+checked against it):
 
-- before SGLang resolves its arguments (``ServerArgs.resolve_once``, on the fields as given): SGLang's own
-  resolution rewrites some of them (``--enable-dp-attention`` becomes ``attn_dp_size`` and is cleared) or
-  rejects them first with a message about something else (unified memory, PD multiplexing, two-batch overlap);
-- after ``ServerArgs.check_server_args``, on the resolved values (what the scheduler will run with).
+- **arguments**, when SGLang resolves the server arguments, before any model loads. ``ARGUMENT_RULES`` (the server
+  flags) and ``MODEL_RULES`` (facts of the model's config, read from its ``config.json`` as SGLang reads it) run
+  twice: before SGLang resolves its arguments (``ServerArgs.resolve_once``, on the fields as given: SGLang's own
+  resolution rewrites some of them, ``--enable-dp-attention`` becomes ``attn_dp_size`` and is cleared, or rejects
+  them first with a message about something else: unified memory, PD multiplexing, two-batch overlap, a hybrid
+  linear-attention model on CPU), and after ``ServerArgs.check_server_args``, on the resolved values (what the
+  scheduler will run with);
+- **model load**, when the scheduler builds the backend on its model runner (``RUNNER_RULES``, from
+  ``SparseKVBackend.__init__``; before the server serves): what only the loaded model and its KV pool show (a
+  sliding window set by the model's code, the pool class SGLang picked); plus the index translator
+  (``runner_view.physical_translator``) and one backend per process (``backend._claim_process``).
 
-Why each is refused: the plugin keeps one physical table per request row and one attention backend per
-process; it reads and writes the KV pool by the slot ids SGLang's allocator hands out, in the process that
-owns the pool, one token per page, eagerly.
+Why each is refused: the plugin keeps one physical table per request row and one attention backend per process; it
+reads and writes the KV pool by the slot ids SGLang's allocator hands out, in the process that owns the pool, one
+token per page, eagerly; it zeroes and frees the slots of evicted positions in SGLang's ``req_to_token`` rows, so
+nothing may read those rows' past positions as one token per position.
 
 Also refused, though not the plugin's doing: a mixture-of-experts checkpoint with tied embeddings
-(``refuse_model``): SGLang 0.5.23's Qwen3-MoE and Qwen2-MoE models never tie their LM head to the embedding, so
-it would stay unloaded and every log-prob would be garbage. And per request (``routed_experts_message``): the
-experts a compressed request's tokens went to, which SGLang reads back through the request's row of
-``req_to_token``, the row the plugin rewrites as it compresses.
+(``tie_word_embeddings`` in ``MODEL_RULES``; ``refuse_tied_moe_head`` for ``sparse-rl train``'s preflight): SGLang
+0.5.23's Qwen3-MoE and Qwen2-MoE models never tie their LM head to the embedding, so it would stay unloaded and every
+log-prob would be garbage. And per request (``routed_experts_message``): the experts a compressed request's tokens
+went to, which SGLang reads back through the request's row of ``req_to_token``, the row the plugin rewrites as it
+compresses; a dense request's are right, so ``--enable-return-routed-experts`` itself is not refused.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Literal
 
 from sglang_ext.config import BACKEND_NAME, SparseKVConfig, config_from_env
 from sparse_rl_megatron.utils.config_io import ConfigError
+
+Stage = Literal["arguments", "model load"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One refused setting: ``found(subject, ...)`` returns the refused value (shown in the message), or None."""
+
+    name: str
+    """What the one-line message names: a ``ServerArgs`` field, a model-config fact, a model-runner fact."""
+    found: Callable[..., Any]
+    why: str
+    """The feature, in words: ``"<name>=<value>: <why> is not supported by sparse_kv"``."""
+    template: str = ""
+    """A message of its own instead, with ``{value}``."""
+    resolved_only: bool = False
+    """Read only from the resolved arguments (a field SGLang derives)."""
+
+    def message(self, value: Any) -> str:
+        if self.template:
+            return self.template.format(value=value)
+        return f"{self.name}={value}: {self.why} is not supported by {BACKEND_NAME}"
+
+
+def _flag(name: str, refused: Callable[[Any], bool], why: str) -> Rule:
+    """A rule on one server flag: refused when ``refused(value)``."""
+    def found(cfg: Any, config: SparseKVConfig) -> Any:
+        value = getattr(cfg, name, None)
+        return value if refused(value) else None
+
+    return Rule(name, found, why)
 
 
 def _on(value: Any) -> bool:
@@ -37,25 +79,173 @@ def _set(value: Any) -> bool:
     return value not in (None, "", "none", "null", "auto")
 
 
-# (field, is_refused(value), why): the message is "<field>=<value>: <why>; not supported by sparse_kv"
-FLAG_RULES: list[tuple[str, Callable[[Any], bool], str]] = [
-    ("attn_dp_size", _wider_than_one, "attention data parallelism (batches padded and gathered across DP ranks)"),
-    ("enable_dp_attention", _on, "attention data parallelism (--attn-dp-size)"),
-    ("dcp_size", _wider_than_one, "decode context parallelism (each rank reads a share of every row's KV)"),
-    ("attn_cp_size", _wider_than_one, "attention context parallelism (rows split across ranks)"),
-    ("enable_prefill_cp", _on, "prefill context parallelism (rows split across ranks)"),
-    ("enable_unified_memory", _on, "unified memory (virtual KV ids, which the plugin's physical table bypasses)"),
-    ("enable_two_batch_overlap", _on, "two-batch overlap (one attention backend per micro-batch)"),
-    ("enable_pdmux", _on, "PD multiplexing (one attention backend per SM group)"),
-    ("moe_a2a_backend", _set, "an MoE all-to-all backend (batches padded for MLP sync)"),
-    ("moe_dense_tp_size", lambda v: v is not None, "a separate MoE dense TP size (batches padded for MLP sync)"),
-    ("pp_size", _wider_than_one, "pipeline parallelism"),
-    ("speculative_algorithm", _set, "speculative decoding (a draft model with attention backends of its own)"),
-    ("enable_mixed_chunk", _on, "mixed prefill/decode chunks"),
-    ("enable_hierarchical_cache", _on, "the hierarchical KV cache (host copies of pool slots)"),
-    ("enable_hisparse", _on, "hierarchical sparse attention"),
-    ("disaggregation_mode", _set, "prefill/decode disaggregation (KV transferred by slot)"),
+def _page_size(cfg: Any, config: SparseKVConfig) -> Any:
+    value = getattr(cfg, "page_size", None)
+    return value if value not in (None, 1) else None
+
+
+def _kv_dtype(cfg: Any, config: SparseKVConfig) -> Any:
+    value = getattr(cfg, "kv_cache_dtype", None)
+    return value if value not in (None, "auto") else None
+
+
+def _digest_tp(cfg: Any, config: SparseKVConfig) -> Any:
+    tp = getattr(cfg, "tp_size", None) or 1
+    return tp if config.kept_digest and tp > 1 else None
+
+
+def _graphs(cfg: Any, config: SparseKVConfig) -> Any:
+    """Both phases' resolved graph backends must be ``disabled``. SGLang resolves ``cuda_graph_config`` from the JSON
+    config, the per-phase flags and the legacy ``disable_cuda_graph``, in that precedence: the legacy flag alone
+    proves nothing (``--cuda-graph-backend-decode full`` wins over it)."""
+    graphs = getattr(cfg, "cuda_graph_config", None)
+    if graphs is None:   # not resolved (a published context without the field): the legacy flag
+        return None if getattr(cfg, "disable_cuda_graph", False) else ""
+    if all(getattr(graphs, phase).backend == "disabled" for phase in ("decode", "prefill")):
+        return None
+    return f"; resolved: decode {graphs.decode.backend}, prefill {graphs.prefill.backend}"
+
+
+ARGUMENT_RULES: list[Rule] = [
+    _flag("attn_dp_size", _wider_than_one, "attention data parallelism (batches padded and gathered across DP ranks)"),
+    _flag("enable_dp_attention", _on, "attention data parallelism (--attn-dp-size)"),
+    _flag("dcp_size", _wider_than_one, "decode context parallelism (each rank reads a share of every row's KV)"),
+    _flag("attn_cp_size", _wider_than_one, "attention context parallelism (rows split across ranks)"),
+    _flag("enable_prefill_cp", _on, "prefill context parallelism (rows split across ranks)"),
+    _flag("enable_unified_memory", _on, "unified memory (virtual KV ids, which the plugin's physical table bypasses)"),
+    _flag("enable_two_batch_overlap", _on, "two-batch overlap (one attention backend per micro-batch)"),
+    _flag("enable_pdmux", _on, "PD multiplexing (one attention backend per SM group)"),
+    _flag("moe_a2a_backend", _set, "an MoE all-to-all backend (batches padded for MLP sync)"),
+    _flag("moe_dense_tp_size", lambda v: v is not None, "a separate MoE dense TP size (batches padded for MLP sync)"),
+    _flag("pp_size", _wider_than_one, "pipeline parallelism"),
+    _flag("speculative_algorithm", _set, "speculative decoding (a draft model with attention backends of its own)"),
+    _flag("enable_mixed_chunk", _on, "mixed prefill/decode chunks"),
+    _flag("enable_hierarchical_cache", _on, "the hierarchical KV cache (host copies of pool slots)"),
+    _flag("enable_hisparse", _on, "hierarchical sparse attention"),
+    _flag("disaggregation_mode", _set, "prefill/decode disaggregation (KV transferred by slot)"),
+    _flag("enable_streaming_session", _on,
+          "streaming sessions (a finished request's row is lent to the session's next turn as it stands, and freed "
+          "at release_session: a compressed row's zeroed and reused entries would be read as its KV and freed)"),
+    _flag("enable_return_indexer_topk", _on,
+          "returning indexer top-k (read from req_to_token at finish, whose entries a compressed request has "
+          "zeroed or reused)"),
+    _flag("enable_torch_compile", _on,
+          "torch.compile (SGLang compiles the captured decode graph: CPU graphs on CPU, CUDA graphs on GPU; the "
+          "plugin runs its bookkeeping eagerly)"),
+    Rule("page_size", _page_size, "pages of more than one token",
+         template=f"page_size={{value}}: {BACKEND_NAME} needs page_size 1 (a page would mix kept and evicted tokens)"),
+    Rule("kv_cache_dtype", _kv_dtype, "a KV cache dtype other than the model's",
+         template=f"kv_cache_dtype={{value}}: {BACKEND_NAME} needs the model dtype (auto) for the KV cache"),
+    Rule("kept_digest", _digest_tp, "kept digests with TP > 1",
+         template="kept_digest needs tp_size 1 (each TP rank holds only its KV heads); got tp_size={value}"),
+    Rule("cuda_graph_config", _graphs, "CUDA graphs", resolved_only=True,
+         template=f"{BACKEND_NAME} runs its bookkeeping and compaction eagerly and does not support CUDA graphs "
+                  "(breakable ones included{value}): pass disable_cuda_graph=True and no per-phase graph backend or "
+                  "cuda_graph_config (CLI: --cuda-graph-backend-decode disabled --cuda-graph-backend-prefill "
+                  "disabled)"),
 ]
+"""The server flags refused, in the order they are checked."""
+
+
+def _ssm_state(model_config: Any) -> Any:
+    from sglang.srt.mem_cache.kv_cache_builder import uses_ssm_state
+
+    return model_config.hf_config.architectures[0] if uses_ssm_state(model_config) else None
+
+
+def _attention_arch(model_config: Any) -> Any:
+    from sglang.srt.configs.model_config import AttentionArch
+
+    arch = model_config.attention_arch
+    return arch.name if arch != AttentionArch.MHA else None
+
+
+UNTIED_HEAD_MODEL_TYPES = ("qwen3_moe", "qwen2_moe")
+"""Model types whose SGLang 0.5.23 implementation ignores ``tie_word_embeddings`` (no tied LM head)."""
+TIED_MOE_HEAD = ("tie_word_embeddings=true: SGLang 0.5.23's {value} model never ties its LM head to the embedding (it "
+                 "would stay unloaded); valid for a mixture of experts: untied checkpoints (every published Qwen MoE), "
+                 "or the hf rollout engine")
+
+
+def tied_moe_head(hf_config: dict[str, Any]) -> str | None:
+    """The model type of a Qwen MoE config with tied embeddings (refused), else None."""
+    model_type = hf_config.get("model_type")
+    return model_type if model_type in UNTIED_HEAD_MODEL_TYPES and hf_config.get("tie_word_embeddings") else None
+
+
+def refuse_tied_moe_head(hf_config: dict[str, Any]) -> None:
+    """ConfigError (one line) for a Qwen MoE config dict with tied embeddings (``sparse-rl train``'s preflight)."""
+    model_type = tied_moe_head(hf_config)
+    if model_type is not None:
+        raise ConfigError(TIED_MOE_HEAD.format(value=model_type))
+
+
+MODEL_RULES: list[Rule] = [
+    Rule("attention_arch", _attention_arch, "MLA or state-space attention (per-head K/V slots are needed)"),
+    Rule("is_hybrid_swa", lambda mc: True if mc.is_hybrid_swa else None,
+         "a hybrid sliding-window model (its window layers keep a KV pool of their own, SWAKVPool)"),
+    Rule("ssm_state", _ssm_state,
+         "a hybrid linear-attention / state-space model (recurrent state beside the KV pool, HybridLinearKVPool)"),
+    Rule("attention_chunk_size", lambda mc: mc.attention_chunk_size,
+         "chunked local attention (a window over the logical positions the plugin's table no longer lists)"),
+    Rule("is_encoder_decoder", lambda mc: True if mc.is_encoder_decoder else None, "cross-attention (encoder-decoder)"),
+    Rule("tie_word_embeddings", lambda mc: tied_moe_head(mc.hf_config.to_dict()), "a tied LM head of a Qwen MoE",
+         template=TIED_MOE_HEAD),
+]
+"""Facts of the model's config refused when the arguments are resolved (``ModelConfig``, before the model loads)."""
+
+
+def _pool(runner: Any) -> Any:
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    pool = runner.token_to_kv_pool
+    return None if isinstance(pool, MHATokenToKVPool) else type(pool).__name__
+
+
+def _window_layers(runner: Any) -> Any:
+    if runner.sliding_window_size is not None:
+        return runner.sliding_window_size
+    windows = sorted({layer.sliding_window_size for layer in _attention_layers(runner)
+                      if layer.sliding_window_size is not None and layer.sliding_window_size > -1})
+    return windows[0] if windows else None
+
+
+def _cross_attention(runner: Any) -> Any:
+    layers = [layer.layer_id for layer in _attention_layers(runner) if layer.is_cross_attention]
+    return f"layer {layers[0]}" if layers else None
+
+
+def _attention_layers(runner: Any) -> list:
+    from sglang.srt.layers.radix_attention import RadixAttention
+
+    return [m for m in runner.model.modules() if isinstance(m, RadixAttention)]
+
+
+RUNNER_RULES: list[Rule] = [
+    Rule("use_mla_backend", lambda r: True if r.use_mla_backend else None, "MLA (per-head K/V slots are needed)"),
+    Rule("token_to_kv_pool", _pool,
+         "a KV pool other than SGLang's per-head MHATokenToKVPool (sliding-window, hybrid linear-attention or MLA "
+         "pools keep other slot layouts)"),
+    Rule("sliding_window_size", _window_layers,
+         "sliding-window attention (the window is over logical positions the plugin's table no longer lists)"),
+    Rule("is_cross_attention", _cross_attention, "cross-attention"),
+]
+"""Facts of the loaded model and its KV pool refused when the backend is built (checked in this order)."""
+ELSEWHERE_AT_MODEL_LOAD = {
+    "kv_index_translator": "runner_view.physical_translator: a KV pool that translates its ids",
+    "second_backend": "backend._claim_process: a second sparse_kv backend in one process",
+}
+"""Model-load refusals checked where the backend builds what they concern."""
+
+
+BACKEND_MISMATCH = "prefill_attention_backend"
+"""What the refusal of a prefill attention backend other than the decode one names (``validate_server_args``)."""
+
+
+def refusals() -> dict[Stage, set[str]]:
+    """Every name refused, per stage (what ``sglang_ext/README.md`` must list)."""
+    return {"arguments": {r.name for r in (*ARGUMENT_RULES, *MODEL_RULES)} | {BACKEND_MISMATCH},
+            "model load": {r.name for r in RUNNER_RULES} | set(ELSEWHERE_AT_MODEL_LOAD)}
 
 
 def _backends(args: Any, resolved: bool) -> tuple[Any, Any]:
@@ -72,87 +262,70 @@ def uses_sparse_kv(args: Any, *, resolved: bool = True) -> bool:
     return BACKEND_NAME in _backends(args, resolved)
 
 
-def refuse_flags(cfg: Any, config: SparseKVConfig) -> None:
-    """Raise ConfigError (one line) for the first refused setting of ``cfg`` (raw ServerArgs or a resolved view)."""
-    for name, refused, why in FLAG_RULES:
-        value = getattr(cfg, name, None)
-        if refused(value):
-            raise ConfigError(f"{name}={value}: {why} is not supported by {BACKEND_NAME}")
-    page_size = getattr(cfg, "page_size", None)
-    if page_size not in (None, 1):
-        raise ConfigError(f"page_size={page_size}: {BACKEND_NAME} needs page_size 1 (a page would mix kept and "
-                          "evicted tokens)")
-    kv_dtype = getattr(cfg, "kv_cache_dtype", None)
-    if kv_dtype not in (None, "auto"):
-        raise ConfigError(f"kv_cache_dtype={kv_dtype}: {BACKEND_NAME} needs the model dtype (auto) for the KV cache")
-    tp = getattr(cfg, "tp_size", None) or 1
-    if config.kept_digest and tp > 1:
-        raise ConfigError(f"kept_digest needs tp_size 1 (each TP rank holds only its KV heads); got tp_size={tp}")
+def refuse_flags(cfg: Any, config: SparseKVConfig, *, resolved: bool = True) -> None:
+    """Raise ConfigError (one line) for the first refused flag of ``cfg`` (raw ServerArgs or a resolved view)."""
+    for rule in ARGUMENT_RULES:
+        if rule.resolved_only and not resolved:
+            continue
+        value = rule.found(cfg, config)
+        if value is not None:
+            raise ConfigError(rule.message(value))
+
+
+def refuse_model(model_config: Any) -> None:
+    """Raise ConfigError (one line) for the first refused fact of the model's config (``MODEL_RULES``)."""
+    for rule in MODEL_RULES:
+        value = rule.found(model_config)
+        if value is not None:
+            raise ConfigError(f"model {model_config.model_path}: {rule.message(value)}")
+
+
+def refuse_at_model_load(model_runner: Any) -> None:
+    """``SparseKVBackend.__init__``, first: raise ConfigError (one line) for the first refused fact of the loaded
+    model and its KV pool (``RUNNER_RULES``), before the backend reads the pool."""
+    for rule in RUNNER_RULES:
+        value = rule.found(model_runner)
+        if value is not None:
+            raise ConfigError(f"{BACKEND_NAME} at model load: {rule.message(value)}")
+
+
+def _raw_model_config(server_args: Any):
+    """The model's config as SGLang will read it, from the arguments as given (not memoized on them: SGLang's own
+    resolution builds its own), or None when SGLang cannot read it yet (its resolution reports why)."""
+    from sglang.srt.configs.model_config import ModelConfig
+
+    try:
+        return ModelConfig.from_server_args(server_args)
+    except Exception:  # noqa: BLE001 - a bad model path or config is SGLang's to report, in its own words
+        return None
 
 
 def refuse_before_resolution(server_args: Any) -> None:
-    """``ServerArgs.resolve_once`` BEFORE hook: the raw flags, before SGLang rewrites or rejects them."""
+    """``ServerArgs.resolve_once`` BEFORE hook: the raw flags and the model's config, before SGLang rewrites or
+    rejects them."""
     if not uses_sparse_kv(server_args, resolved=False):
         return None
-    refuse_flags(server_args, config_from_env())
+    refuse_flags(server_args, config_from_env(), resolved=False)
+    model_config = _raw_model_config(server_args)
+    if model_config is not None:
+        refuse_model(model_config)
     return None
 
 
 def validate_server_args(server_args: Any, config: SparseKVConfig | None = None) -> SparseKVConfig:
     """``ServerArgs.check_server_args`` AFTER hook: the resolved settings. Returns the config."""
+    from sglang.srt.arg_groups.model_override_base import model_config_of
     from sglang.srt.arg_groups.overrides import resolved_view
 
     cfg = resolved_view(server_args)
     config = config if config is not None else config_from_env()
     prefill, decode = _backends(server_args, resolved=True)
     if prefill != decode:
-        raise ConfigError(f"{BACKEND_NAME}: prefill and decode must both use the {BACKEND_NAME} attention "
-                          f"backend (got prefill={prefill}, decode={decode}); set attention_backend only")
+        raise ConfigError(f"{BACKEND_MISMATCH}={prefill}: prefill and decode must both use the {BACKEND_NAME} "
+                          f"attention backend (got prefill={prefill}, decode={decode}); set attention_backend only")
     refuse_flags(cfg, config)
-    refuse_model_dir(str(getattr(cfg, "model_path", "") or ""))
-    if not _graphs_disabled(cfg):
-        graphs = getattr(cfg, "cuda_graph_config", None)
-        resolved = ("" if graphs is None else
-                    f"; resolved: decode {graphs.decode.backend}, prefill {graphs.prefill.backend}")
-        raise ConfigError(f"{BACKEND_NAME} runs its bookkeeping and compaction eagerly and does not support CUDA "
-                          f"graphs (breakable ones included{resolved}): pass disable_cuda_graph=True and no "
-                          "per-phase graph backend or cuda_graph_config (CLI: --cuda-graph-backend-decode disabled "
-                          "--cuda-graph-backend-prefill disabled)")
+    refuse_model(model_config_of(server_args))
     return config
-
-
-def _graphs_disabled(cfg: Any) -> bool:
-    """Both phases' resolved graph backends are ``disabled``. SGLang resolves ``cuda_graph_config`` from the JSON
-    config, the per-phase flags and the legacy ``disable_cuda_graph``, in that precedence: the legacy flag alone
-    proves nothing (``--cuda-graph-backend-decode full`` wins over it)."""
-    graphs = getattr(cfg, "cuda_graph_config", None)
-    if graphs is None:   # not resolved (a published context without the field): the legacy flag
-        return bool(getattr(cfg, "disable_cuda_graph", False))
-    return all(getattr(graphs, phase).backend == "disabled" for phase in ("decode", "prefill"))
-
-
-UNTIED_HEAD_MODEL_TYPES = ("qwen3_moe", "qwen2_moe")
-"""Model types whose SGLang 0.5.23 implementation ignores ``tie_word_embeddings`` (no tied LM head)."""
-
-
-def refuse_model(hf_config: dict[str, Any]) -> None:
-    """Raise ConfigError (one line) for a model SGLang would serve wrongly: a Qwen MoE with tied embeddings."""
-    model_type = hf_config.get("model_type")
-    if model_type in UNTIED_HEAD_MODEL_TYPES and hf_config.get("tie_word_embeddings"):
-        raise ConfigError(f"tie_word_embeddings=true: SGLang 0.5.23's {model_type} model never ties its LM head to the "
-                          "embedding (it would stay unloaded); valid for a mixture of experts: untied checkpoints "
-                          "(every published Qwen MoE), or the hf rollout engine")
-
-
-def refuse_model_dir(model_path: str) -> None:
-    """``refuse_model`` on a local HF directory's ``config.json`` (a hub id or a directory without one: nothing to
-    check here; SGLang reads it itself)."""
-    import json
-    from pathlib import Path
-
-    config = Path(model_path) / "config.json"
-    if config.is_file():
-        refuse_model(json.loads(config.read_text()))
 
 
 def routed_experts_message() -> str:

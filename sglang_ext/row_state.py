@@ -83,9 +83,14 @@ class RowState:
         self.max_cand = zeros()
         """B + W of the row's compression (dense rows: never reached)."""
         self.config_id = zeros()
-        """Index of the row's compression in ``configs`` (rows with one id compress together)."""
-        self.configs: list[CompressionConfig] = []
+        """Id of the row's compression in ``configs`` (rows with one id compress together)."""
+        self.configs: dict[int, CompressionConfig] = {}
+        """The compressions bound rows use, by id: interned (one id per distinct config) and dropped with the last
+        row that uses it, so at most one per row however many per-request overrides (the adaptive budget's) come."""
         self._config_ids: dict[str, int] = {}
+        self._config_rows: dict[int, int] = {}
+        """Bound rows per config id."""
+        self._next_config_id = 0
         # ``meta``'s per-forward fields, kept here and written into the dict at release (``sync_meta``):
         self.meta_peak, self.peak_before, self.events_before = zeros(), zeros(), zeros()
         """The recorded peak (across a retracted request's attempts), and peak / events before the latest forward."""
@@ -122,16 +127,14 @@ class RowState:
 
     def set_info(self, row: int, info: RowInfo | None) -> None:
         """Bind ``info`` to ``row`` (its facts copied into the per-row arrays)."""
+        if self.bound[row]:
+            self._drop_config(int(self.config_id[row]))
         self.info[row] = info
         self.bound[row] = info is not None
         if info is None:
             return
         c = info.config
-        key = repr(c)
-        if key not in self._config_ids:
-            self._config_ids[key] = len(self.configs)
-            self.configs.append(c)
-        self.config_id[row] = self._config_ids[key]
+        self.config_id[row] = self._intern_config(c)
         self.dense[row] = c.is_dense
         self.alpha[row] = 0 if c.is_dense else c.window
         self.prompt_len[row] = info.prompt_len
@@ -139,6 +142,24 @@ class RowState:
         self.max_cand[row] = np.iinfo(np.int64).max if c.is_dense else c.max_candidates
         self.meta_peak[row] = self.peak_before[row] = int(info.meta.get("peak_kv_tokens", 0) or 0)
         self.events_before[row] = 0
+
+    def _intern_config(self, config: CompressionConfig) -> int:
+        """The id of ``config`` (a new one for a config no bound row uses), counting one more row on it."""
+        key = repr(config)
+        cid = self._config_ids.get(key)
+        if cid is None:
+            cid, self._next_config_id = self._next_config_id, self._next_config_id + 1
+            self._config_ids[key] = cid
+            self.configs[cid] = config
+            self._config_rows[cid] = 0
+        self._config_rows[cid] += 1
+        return cid
+
+    def _drop_config(self, cid: int) -> None:
+        """One row less on config ``cid``; the config goes with its last row."""
+        self._config_rows[cid] -= 1
+        if self._config_rows[cid] == 0:
+            del self._config_rows[cid], self._config_ids[repr(self.configs.pop(cid))]
 
     def before_forward(self, rows: np.ndarray) -> None:
         """``rows`` go into a forward: what ``meta`` would hold without it (``sync_meta(last_forward=False)``)."""

@@ -17,6 +17,9 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from sparse_rl_megatron.rollout.sglang_config import FLUSH_TIMEOUT_S
+from sparse_rl_megatron.utils.errors import RunFailed
+
 # The io_struct request class of every call the engine makes (in-process calls build these objects).
 _REQUEST_CLASSES = {
     "begin_weight_update": "BeginWeightUpdateReqInput",
@@ -39,6 +42,25 @@ def _check(call: str, result: Any) -> Any:
     if not ok:
         raise RuntimeError(f"SGLang {call} failed: {message}")
     return result
+
+
+class CacheNotFlushed(RunFailed):
+    """SGLang did not flush its radix cache: the engine did not go idle within the flush's timeout. The message is
+    one line naming the server and why."""
+
+
+class HttpRefused(ValueError):
+    """An SGLang server answered HTTP 400: the request itself was refused (``detail``: what the server said)."""
+
+    def __init__(self, message: str, detail: str):
+        super().__init__(message)
+        self.detail = detail
+
+
+def _not_flushed(where: str, timeout_s: float, detail: str) -> CacheNotFlushed:
+    reason = " ".join(detail.split()).rstrip(".") or "requests still queued or running"
+    return CacheNotFlushed(f"{where} did not flush its radix cache within {timeout_s:g} s ({reason}): the engine was "
+                           "not idle (requests still queued or running, e.g. an abort not yet processed)")
 
 
 class EngineProcessFailed(RuntimeError):
@@ -258,8 +280,13 @@ class InProcessClient:
         coro = self.engine.tokenizer_manager.update_weights_from_tensor(obj, None)
         _check("update_weights_from_tensor", self._wait(coro))
 
-    def flush_cache(self) -> None:
-        self._wait(self.engine.tokenizer_manager.flush_cache())
+    def flush_cache(self, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
+        """Flush SGLang's radix cache once the engine is idle: SGLang defers the flush while requests are queued or
+        running and retries it at every scheduler step, for ``timeout_s`` at most. ``CacheNotFlushed`` if it could
+        not."""
+        result = self._wait(self.engine.tokenizer_manager.flush_cache(timeout_s=timeout_s))
+        if not result.success:
+            raise _not_flushed("the in-process SGLang engine", timeout_s, result.message)
 
     def release_memory(self) -> None:
         from sglang.srt.managers.io_struct import ReleaseMemoryOccupationReqInput
@@ -299,8 +326,8 @@ class HttpClient:
     def _request(self, url: str, path: str, body: dict | None, *, method: str = "POST") -> Any:
         from sparse_rl_megatron.rollout.server_liveness import with_retries
 
-        return with_retries(url, f"{method} {path}", lambda: self._request_once(url, path, body, method),
-                            self.retries)
+        call = f"{method} {path.split('?')[0]}"   # what the messages name: the endpoint
+        return with_retries(url, call, lambda: self._request_once(url, path, body, method), self.retries)
 
     def _request_once(self, url: str, path: str, body: dict | None, method: str) -> Any:
         from sparse_rl_megatron.rollout.server_liveness import EngineUnreachable, NoAnswer, no_answer_reason
@@ -321,8 +348,10 @@ class HttpClient:
             if not isinstance(err, urllib.error.HTTPError):
                 raise
             detail = err.read().decode(errors="replace")[:500]
-            kind = ValueError if err.code == 400 else RuntimeError  # 400: the request itself was refused
-            raise kind(f"SGLang server {url}{path} answered HTTP {err.code}: {detail}") from None
+            message = f"SGLang server {url}{path} answered HTTP {err.code}: {detail}"
+            if err.code == 400:   # the request itself was refused
+                raise HttpRefused(message, detail) from None
+            raise RuntimeError(message) from None
         try:
             return json.loads(text) if text.strip() else None
         except json.JSONDecodeError:
@@ -390,9 +419,15 @@ class HttpClient:
         return [self._pool.submit(lambda u, b: _check(name, self._request(u, f"/{name}", b)), url, body)
                 for url, body in zip(self.urls, per_server)]
 
-    def flush_cache(self) -> None:
+    def flush_cache(self, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
+        """Flush every server's radix cache once it is idle (``/flush_cache?timeout=``: SGLang defers the flush while
+        requests are queued or running, for ``timeout_s`` at most, and answers HTTP 400 if it could not).
+        ``CacheNotFlushed`` naming the first server that did not."""
         for url in self.urls:
-            self._request(url, "/flush_cache", {})
+            try:
+                self._request(url, f"/flush_cache?timeout={timeout_s:g}", {})
+            except HttpRefused as err:
+                raise _not_flushed(f"SGLang server {url}", timeout_s, err.detail) from None
 
     def release_memory(self) -> None:
         for url in self.urls:

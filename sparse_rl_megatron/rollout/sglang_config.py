@@ -10,6 +10,11 @@ WeightSync = Literal["tensor", "distributed", "disk"]
 WEIGHT_SYNCS: tuple[str, ...] = get_args(WeightSync)
 DistributedBackend = Literal["gloo", "nccl"]
 DISTRIBUTED_BACKENDS: tuple[str, ...] = get_args(DistributedBackend)
+FLUSH_TIMEOUT_S = 120.0
+"""Longest a radix-cache flush after a weight update waits for the engine to go idle. SGLang flushes only an idle
+scheduler: a request still queued or running (another client's, one whose abort is not yet processed) defers the
+flush, which SGLang retries at every scheduler step until the engine is idle (then it flushes) or this passes (then
+the update fails: prompt KV of the old weights would stay in the tree)."""
 
 
 @dataclass
@@ -65,6 +70,9 @@ class SGLangOptions:
     the scheduler's RNG: ``random_seed``). None: on for an in-process engine on CPU, off otherwise."""
     request_timeout_s: float = 3600.0
     """Longest an HTTP call may take."""
+    flush_timeout_s: float = FLUSH_TIMEOUT_S
+    """Longest the radix-cache flush after a weight update waits for the engine to go idle (``FLUSH_TIMEOUT_S``);
+    then the update fails in one line, and the engine samples nothing until a later flush succeeds."""
     startup_timeout_s: float = 900.0
     """Longest to wait for HTTP servers to answer ``/health_generate``."""
     request_retries: int = 3
@@ -104,6 +112,9 @@ class SGLangOptions:
         for name in ("max_resubmits", "request_retries"):
             if getattr(self, name) < 0:
                 raise ValueError(f"SGLangEngineConfig.{name} is out of range: {getattr(self, name)}")
+        if not 0 < self.flush_timeout_s < self.request_timeout_s:
+            raise ValueError(f"SGLangEngineConfig.flush_timeout_s must be > 0 seconds and below request_timeout_s "
+                             f"({self.request_timeout_s:g}); got {self.flush_timeout_s}")
         if not self.health_check_s > 0:
             raise ValueError(f"SGLangEngineConfig.health_check_s must be > 0 seconds; got {self.health_check_s}")
         if self.max_total_tokens is not None and self.max_total_tokens < 1:

@@ -33,9 +33,11 @@ returns the same :class:`Sample` fields, so the trainer and the evaluator take e
 
 Weights: ``update_weights`` takes HF-named full tensors (or the learner's buckets, lists of them) and sends
 them between ``begin/end_weight_update`` (``tensor``, in-process), over a process group (``distributed``,
-gloo on CPU / NCCL on GPU, any node) or through safetensors files (``disk``); SGLang flushes its prefix
-cache, so no KV computed with old weights survives. ``release_memory`` / ``resume_memory`` map to SGLang's
-``release/resume_memory_occupation`` (they free memory only on CUDA with ``memory_saver``; no-ops on CPU).
+gloo on CPU / NCCL on GPU, any node) or through safetensors files (``disk``); then SGLang flushes its prefix
+cache, verified: a flush SGLang could not do (the engine not idle within ``flush_timeout_s``) fails the update in
+one line and blocks sampling until a later flush succeeds, so no KV computed with old weights is reused.
+``release_memory`` / ``resume_memory`` map to SGLang's ``release/resume_memory_occupation`` (they free memory only
+on CUDA with ``memory_saver``; no-ops on CPU).
 """
 from __future__ import annotations
 
@@ -85,6 +87,8 @@ class SGLangRolloutEngine:
         self.weight_version = weight_version
         self.tokenizer = self._load_tokenizer()
         self._released = False
+        self._cache_stale = False
+        """Weights changed and the radix caches were not flushed yet (``_weights_loaded``)."""
         self.resubmitted = 0
         """Requests resubmitted after a refused retraction, over this engine's life."""
         if config.urls:
@@ -153,6 +157,7 @@ class SGLangRolloutEngine:
             raise ValueError(f"generate: n must be >= 1; got {n}")
         if sampling.stop and self.tokenizer is None:
             raise ValueError("SamplingParams.stop needs a tokenizer (the engine has none); pass token ids only")
+        self._flush_stale_cache()
         gids = check_group_ids(group_ids, len(prompts))
         prompt_ids = dict(zip(gids, (encode_prompt(p, i, self.tokenizer) for i, p in enumerate(prompts))))
         texts = dict(zip(gids, prompts))
@@ -209,6 +214,7 @@ class SGLangRolloutEngine:
         ids = [list(map(int, p)) + list(map(int, r)) for p, r in zip(prompts, responses)]
         if any(len(p) < 1 for p in prompts):
             raise ValueError("dense_logprobs: every prompt needs at least one token")
+        self._flush_stale_cache()
         params = self._sampling(SamplingParams(temperature=1.0, max_new_tokens=1), 0, 0, 0,
                                 to_dict(CompressionConfig()))
         outs = self.client.generate(ids, [dict(params) for _ in ids], groups=list(range(len(ids))),
@@ -308,8 +314,7 @@ class SGLangRolloutEngine:
         from sparse_rl_megatron.rollout.weights import iter_buckets
 
         self.weights.push(iter_buckets(named_tensors), str(version))
-        self.client.flush_cache()
-        self.weight_version = version
+        self._weights_loaded(version)
 
     @property
     def takes_payloads(self) -> bool:
@@ -324,13 +329,36 @@ class SGLangRolloutEngine:
         if not self.takes_payloads:
             raise RuntimeError("update_weights_from_payloads needs the in-process engine with weight_sync 'tensor'")
         self.weights.push_payloads(payloads, str(version))
-        self.client.flush_cache()
-        self.weight_version = version
+        self._weights_loaded(version)
 
     def update_weights_from_disk(self, model_path: str, version: int) -> None:
         """Reload every server from an HF directory visible to it."""
         self.weights.reload(model_path, str(version))
+        self._weights_loaded(version)
+
+    def _weights_loaded(self, version: int) -> None:
+        """Every server runs ``version`` now: flush the prompt KV the old weights computed out of their radix trees
+        before anything is sampled. SGLang flushes only an idle engine (a request still queued or running defers
+        it, e.g. one whose abort is not yet processed) and retries the flush at every scheduler step for
+        ``flush_timeout_s``; if the engine never went idle the update fails here in one line, and ``generate`` tries
+        the flush again before it samples (so no sample reuses prompt KV of the old weights). Before issue 41 a
+        flush refused that way went unnoticed: the next step reused the old weights' prompt KV (off-policy samples)."""
         self.weight_version = version
+        self._cache_stale = True
+        self._flush_stale_cache()
+
+    def _flush_stale_cache(self) -> None:
+        from sparse_rl_megatron.rollout.sglang_client import CacheNotFlushed
+
+        if not self._cache_stale:
+            return
+        try:
+            self.client.flush_cache(self.config.flush_timeout_s)
+        except CacheNotFlushed as err:
+            raise CacheNotFlushed(f"weight version {self.weight_version}: {err}; nothing is sampled until a flush "
+                                  "succeeds, or prompt KV of the old weights would be reused "
+                                  "(rollout.sglang.flush_timeout_s)") from None
+        self._cache_stale = False
 
     # ------------------------------------------------------------------------------------------- memory
     def release_memory(self) -> None:

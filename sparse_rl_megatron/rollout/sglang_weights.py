@@ -136,9 +136,10 @@ class SGLangWeightTransport:
                 self.client.update_weights_from_payloads(list(per_rank), version)
 
     def reload(self, path, version: str) -> None:
-        """Every server reloads the HF directory ``path`` (visible to it) and takes weight version ``version``."""
-        self.client.call_each("update_weights_from_disk", [{"model_path": str(path), "weight_version": version}]
-                              * self.client.num_servers)
+        """Every server reloads the HF directory ``path`` (visible to it) and takes weight version ``version``. The
+        radix-cache flush is the engine's, after the update (``SGLangRolloutEngine``: waited for, verified)."""
+        self.client.call_each("update_weights_from_disk", [{"model_path": str(path), "weight_version": version,
+                                                            "flush_cache": False}] * self.client.num_servers)
 
     def _process_group(self):
         """The process group with every server's TP ranks (created on first use, named after its port)."""

@@ -137,10 +137,10 @@ def check_model(cfg: "TrainConfig", world_size: int) -> dict[str, Any] | None:
     except ValueError as err:
         raise UserError(f"learner: {err} (model {cfg.model_path})") from None
     if cfg.rollout.engine == "sglang":
-        from sglang_ext.refusals import refuse_model
+        from sglang_ext.refusals import refuse_tied_moe_head
 
         try:
-            refuse_model(hf_config)
+            refuse_tied_moe_head(hf_config)
         except ValueError as err:
             raise UserError(f"rollout.engine=sglang: {err} (model {cfg.model_path})") from None
     return None if cfg.model_path in TINY_MODELS else hf_config

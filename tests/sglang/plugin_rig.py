@@ -30,6 +30,8 @@ class RunnerAttributes:
         self.device, self.dtype, self.page_size, self.gpu_id = "cpu", torch.float32, 1, 0
         self.is_draft_worker = self.use_mla_backend = False
         self.sliding_window_size = None
+        self.model = torch.nn.Module()
+        """The loaded model (the backend reads its attention layers' windows at model load)."""
         self.req_to_token_pool = ReqToTokenPool(size=rows, max_context_len=context, device="cpu",
                                                 enable_memory_saver=False)
         self.token_to_kv_pool = MHATokenToKVPool(pool_tokens, page_size=1, dtype=torch.float32, head_num=KV_HEADS,

@@ -3,9 +3,13 @@ the AttentionBackend base class leaves raising is implemented by the plugin or b
 from __future__ import annotations
 
 import inspect
+import json
+import re
+import shutil
+from pathlib import Path
 
 import pytest
-from sglang_helpers import resolved_server_args
+from sglang_helpers import resolved_server_args, scheduler_env
 
 from sparse_rl_megatron.utils.config_io import ConfigError
 
@@ -34,6 +38,12 @@ FEATURES = {   # a setting that turns the feature on -> the flag the refusal nam
                                  "resolved: decode full, prefill disabled"),
     "pipeline parallelism": ({"pp_size": 2}, "pp_size=2: pipeline parallelism"),
     "MoE all-to-all": ({"moe_a2a_backend": "deepep"}, "moe_a2a_backend=deepep"),
+    # issue 41: accepted before, then wrong (sessions, returned indexer top-k) or a failure at model load (torch.compile);
+    # returned routed experts are refused per compressed request (tests/sglang/test_sglang_moe.py)
+    "streaming sessions": ({"enable_streaming_session": True}, "enable_streaming_session=True: streaming sessions"),
+    "returned indexer top-k": ({"enable_return_indexer_topk": True},
+                               "enable_return_indexer_topk=True: returning indexer top-k"),
+    "torch.compile": ({"enable_torch_compile": True}, "enable_torch_compile=True: torch.compile"),
 }
 
 
@@ -108,3 +118,126 @@ def test_fill_values_and_one_backend_per_process():
     finally:
         rig.close()
     PluginRig(SparseKVConfig()).close()   # once the first is closed, another may be built
+
+
+def _model_dir(tiny_model_dir, tmp_path, name: str, **config) -> str:
+    """The tiny model's directory with its ``config.json`` changed (SGLang reads only the config at this stage)."""
+    out = tmp_path / name
+    shutil.copytree(tiny_model_dir, out)
+    data = json.loads((out / "config.json").read_text())
+    data.update(config)
+    (out / "config.json").write_text(json.dumps(data))
+    return str(out)
+
+
+HYBRID_LINEAR = dict(   # a Qwen3-Next config: linear-attention (gated delta net) layers beside full attention
+    architectures=["Qwen3NextForCausalLM"], model_type="qwen3_next", head_dim=16, num_experts=0,
+    layer_types=["linear_attention", "full_attention"], full_attention_interval=2, linear_num_value_heads=2,
+    linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4)
+
+
+@pytest.mark.parametrize("model,message", [
+    ({"is_hybrid_swa": True}, "is_hybrid_swa=True: a hybrid sliding-window model"),
+    (HYBRID_LINEAR, "ssm_state=Qwen3NextForCausalLM: a hybrid linear-attention / state-space model"),
+])
+def test_sliding_window_and_hybrid_models_are_refused_when_the_arguments_are_resolved(tiny_model_dir, tmp_path,
+                                                                                       model, message):
+    """Read from the model's config before any model loads (before issue 41: at the first forward, or an
+    AttributeError at model load; on CPU SGLang's own resolution rejects the hybrid linear model first, with a
+    message about Mamba cache snapshots)."""
+    path = _model_dir(tiny_model_dir, tmp_path, "model", **model)
+    with pytest.raises(ConfigError) as err:
+        resolved_server_args(tiny_model_dir, {"compression": RKV}, model_path=path)
+    assert message in str(err.value) and str(err.value).startswith(f"model {path}: ") and "\n" not in str(err.value)
+
+
+def _runner_with(**facts):
+    """The plugin rig's model runner with some of its facts replaced (what a loaded model would show)."""
+    from plugin_rig import RunnerAttributes
+
+    runner = RunnerAttributes(rows=4, context=64, pool_tokens=128)
+    for name, value in facts.items():
+        setattr(runner, name, value)
+    return runner
+
+
+def _swa_pool():
+    import torch
+    from plugin_rig import HEAD_DIM, KV_HEADS
+    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+
+    return SWAKVPool(size=128, size_swa=64, page_size=1, dtype=torch.float32, head_num=KV_HEADS, head_dim=HEAD_DIM,
+                     swa_attention_layer_ids=[0], full_attention_layer_ids=[1], device="cpu",
+                     enable_memory_saver=False)
+
+
+def _layers(**kwargs):
+    import torch
+    from plugin_rig import HEAD_DIM, KV_HEADS, Q_HEADS
+    from sglang.srt.layers.radix_attention import RadixAttention
+
+    return torch.nn.ModuleList([RadixAttention(Q_HEADS, HEAD_DIM, HEAD_DIM ** -0.5, KV_HEADS, layer_id=0),
+                                RadixAttention(Q_HEADS, HEAD_DIM, HEAD_DIM ** -0.5, KV_HEADS, layer_id=1, **kwargs)])
+
+
+@pytest.mark.parametrize("facts,message", [
+    (lambda: {"token_to_kv_pool": _swa_pool()}, "token_to_kv_pool=SWAKVPool: a KV pool other than SGLang's"),
+    (lambda: {"sliding_window_size": 4095}, "sliding_window_size=4095: sliding-window attention"),
+    (lambda: {"model": _layers(sliding_window_size=511)}, "sliding_window_size=511: sliding-window attention"),
+    (lambda: {"model": _layers(is_cross_attention=True)}, "is_cross_attention=layer 1: cross-attention"),
+])
+def test_what_only_the_loaded_model_shows_is_refused_when_the_backend_is_built(facts, message):
+    """Model load (the scheduler builds the backend, before the server serves): a window set by the model's code, a
+    pool SGLang picked. Before issue 41 the backend was built on any of them (an SWAKVPool passed its attribute
+    check) and the layers were refused at their first forward, taking the serving scheduler down."""
+    from plugin_rig import published_parallel
+
+    from sglang_ext.backend import SparseKVBackend
+    from sglang_ext.config import SparseKVConfig
+
+    with pytest.raises(ConfigError) as err, published_parallel():
+        SparseKVBackend(_runner_with(**facts()), SparseKVConfig()).close()
+    assert str(err.value).startswith("sparse_kv at model load: ") and message in str(err.value), str(err.value)
+
+
+def test_a_plain_sglang_server_on_cpu_gets_the_cpu_row_default(tiny_model_dir):
+    """``sglang.Engine(...)`` and ``python -m sglang.launch_server`` with the plugin on CPU (not only the project's
+    engine and launcher): ``max_running_requests`` = ``CPU_DEFAULT_RUNNING_REQUESTS`` unless given (before issue 41
+    SGLang's request pool got 4097 rows, and the plugin its per-row memory for each)."""
+    from sglang.srt.arg_groups.overrides import resolved_view
+    from sglang.srt.server_args import prepare_server_args
+
+    from sglang_ext.config import CONFIG_ENV
+    from sglang_ext.cpu_compat import CPU_DEFAULT_RUNNING_REQUESTS
+
+    engine_args = resolved_server_args(tiny_model_dir, {"compression": RKV})
+    assert resolved_view(engine_args).max_running_requests == CPU_DEFAULT_RUNNING_REQUESTS
+    given = resolved_server_args(tiny_model_dir, {"compression": RKV}, max_running_requests=8)
+    assert resolved_view(given).max_running_requests == 8
+    other = resolved_server_args(tiny_model_dir, None, attention_backend="torch_native")
+    assert resolved_view(other).max_running_requests is None   # not the plugin's: SGLang's own default
+    with scheduler_env(**{CONFIG_ENV: json.dumps({"compression": RKV})}):   # SGLang's own launcher's command line
+        cli = prepare_server_args(["--model-path", str(tiny_model_dir), "--attention-backend", "sparse_kv",
+                                   "--device", "cpu", "--page-size", "1", "--sampling-backend", "pytorch"])
+        cli.resolve_once()
+    assert resolved_view(cli).max_running_requests == CPU_DEFAULT_RUNNING_REQUESTS
+
+
+README = Path(__file__).resolve().parents[2] / "sglang_ext" / "README.md"
+README_LIST = re.compile(r"<!-- refusals: (?P<stage>[a-z ]+) -->\n(?P<body>.*?)<!-- /refusals -->", re.S)
+
+
+def test_the_readme_lists_what_the_code_refuses():
+    """``sglang_ext/README.md``'s two lists of refused settings (one bullet per name, the name first) hold exactly
+    the names of ``refusals``' tables, per stage."""
+    from sglang_ext.refusals import refusals
+
+    listed = {m["stage"]: re.findall(r"^- `([a-z0-9_]+)`", m["body"], re.M)
+              for m in README_LIST.finditer(README.read_text())}
+    for stage, names in listed.items():
+        assert len(names) == len(set(names)), f"{stage}: listed twice: {sorted(n for n in names if names.count(n) > 1)}"
+    code = refusals()
+    assert set(listed) == set(code)
+    for stage in code:
+        assert set(listed[stage]) == code[stage], (f"{stage}: in the README only: {set(listed[stage]) - code[stage]}; "
+                                                   f"in the code only: {code[stage] - set(listed[stage])}")

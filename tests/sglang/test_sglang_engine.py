@@ -181,3 +181,86 @@ def test_mixed_budgets_in_one_call_match_the_reference_per_budget(engine, hf_mod
         assert_matches_reference(mine, teacher_forced(hf_model, at_b, mine), hf_model)
     with pytest.raises(ValueError, match=r"budget 16 \+ buffer 4 exceeds the server's B \+ W \(16\)"):
         engine.generate(PROMPTS[:1], 1, SamplingParams(max_new_tokens=4), budgets=[16])
+
+
+LONG = 400
+"""Response tokens of the request left running across a weight update: seconds of decoding, far longer than the
+short flush timeout below."""
+
+
+def _leave_a_request_running(engine, stats: Path):
+    """Submit a long request and return (its task on the engine's loop, its rid) once the scheduler decodes it: it
+    stays queued/running in the scheduler while the caller goes on (its answer is awaited later)."""
+    import asyncio
+
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    from sglang_helpers import FAULT_BOUND_S
+
+    tm = engine.client.engine.tokenizer_manager
+    rid = f"held-{time.monotonic_ns()}"
+    obj = GenerateReqInput(input_ids=[7, 8, 9], rid=rid,
+                           sampling_params={"max_new_tokens": LONG, "ignore_eos": True, "temperature": 1.0})
+    mark = len(read_stats(stats))
+
+    async def answer():   # to its end: the generator holds SGLang's model-update reader lock until it is exhausted
+        return [out async for out in tm.generate_request(obj, None)][-1]
+
+    async def start():
+        task = asyncio.ensure_future(answer())
+        deadline = time.monotonic() + FAULT_BOUND_S
+        while not any(x.get("decode") for x in read_stats(stats)[mark:]):   # the scheduler decodes it
+            assert not task.done() and time.monotonic() < deadline, "the held request never decoded"
+            await asyncio.sleep(0.02)
+        return task
+
+    return engine.client._wait(start()), rid
+
+
+def test_a_weight_update_waits_for_the_engine_to_go_idle_before_it_flushes(engine, hf_model, monkeypatch):
+    """Issue 41: SGLang flushes its radix cache only when the engine is idle. A request is left running in the scheduler
+    between the weight push and the flush (another client's, or one whose abort is not processed yet). The update
+    waits until it ends and then flushes: the next samples of prompts the tree held under the old weights match the
+    new weights. With a flush timeout shorter than the request the update fails in one line, and so does sampling,
+    until a flush succeeds (here once the request is aborted). Before issue 41 the refused flush went unnoticed and the
+    next samples reused the old weights' prompt KV (off by far more than the tolerance)."""
+    import asyncio
+
+    from sparse_rl_megatron.models.tiny import build_tiny_model
+
+    stats = Path(engine.config.stats_path)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=8, seed=4)
+    engine.generate(PROMPTS, 1, sampling)          # the prompts go into the tree, computed with the current weights
+    push, held = engine.weights.push, {}
+
+    def push_then_leave_a_request_running(*args, **kwargs):
+        push(*args, **kwargs)
+        held["task"], held["rid"] = _leave_a_request_running(engine, stats)
+
+    monkeypatch.setattr(engine.weights, "push", push_then_leave_a_request_running)
+    other = build_tiny_model(seed=12, init_std=0.2)
+    version = engine.weight_version + 1
+    engine.update_weights(other.state_dict().items(), version=version)
+    assert held["task"].done(), "the update returned before the request it waited for ended"
+    samples = engine.generate(PROMPTS, 1, sampling)
+    assert_matches_reference(samples, teacher_forced(other, SERVER, samples), other)
+
+    from sparse_rl_megatron.rollout.sglang_client import CacheNotFlushed
+
+    monkeypatch.setattr(engine.config, "flush_timeout_s", 0.05)
+    with pytest.raises(CacheNotFlushed) as err:
+        engine.update_weights(hf_model.state_dict().items(), version=version + 1)
+    assert str(err.value).startswith(f"weight version {version + 1}: the in-process SGLang engine did not flush its "
+                                     "radix cache within 0.05 s") and "\n" not in str(err.value), err.value
+    with pytest.raises(CacheNotFlushed):
+        engine.generate(PROMPTS, 1, sampling)      # nothing is sampled on the stale tree
+    engine.client.engine.tokenizer_manager.abort_request(rid=held["rid"])
+    engine.client._wait(asyncio.wait_for(held["task"], FAULT_BOUND_S_ENGINE))
+    monkeypatch.undo()                             # the default timeout: the abort is processed, the flush goes
+    samples = engine.generate(PROMPTS, 1, sampling)
+    assert all(s.weight_version == version + 1 for s in samples)
+    assert_matches_reference(samples, teacher_forced(hf_model, SERVER, samples), hf_model)
+
+
+FAULT_BOUND_S_ENGINE = 120.0
+"""Bound on waiting for the aborted held request's answer (it comes within a scheduler step)."""

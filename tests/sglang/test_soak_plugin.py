@@ -1,9 +1,9 @@
 """The differential soak (``bench/soak_plugin.py``) in the suite, on one engine with the soak's packed settings
 (``PRESSURED``: a 300-token pool, the radix cache on, 8-token prefill chunks, SGLang's strict memory checkers on):
 two drawn rounds, then one short round for each event a rollout engine meets between and during batches (aborts,
-a weight update with its cache flush, requests arriving mid-decode). Every finished sample is checked against
-``HFRolloutEngine.teacher_forced`` within the tier's tolerance (``numerics.hf_logprob_tolerance``), with the same
-compression record; a leaked or double-freed slot ends the scheduler (the next call raises).
+a weight update with its cache flush, requests arriving mid-decode, a retract pause). Every finished sample is
+checked against ``HFRolloutEngine.teacher_forced`` within the tier's tolerance (``numerics.hf_logprob_tolerance``),
+with the same compression record; a leaked or double-freed slot ends the scheduler (the next call raises).
 
 Each can fail (measured on this CPU, each with the same test run on an engine with the fault):
 - the two drawn rounds, with the plugin's ``ReqToTokenPool.write`` hook off (``SPARSE_RL_KV_FAULT=stale_tables``,
@@ -14,7 +14,9 @@ Each can fail (measured on this CPU, each with the same test run on an engine wi
 - the weight update with the flush skipped (the soak's ``no_flush``): the round after the update off by up to
   1.21 nats from the first response token (the tree's KV of the old weights);
 - arrivals, with ``stale_tables``: off by up to 6.44 nats from response token 13. That fault is not specific to
-  arrivals (the same jobs sent at once fail with it too, 5.47 nats); no arrival-only defect is seeded.
+  arrivals (the same jobs sent at once fail with it too, 5.47 nats); no arrival-only defect is seeded;
+- SGLang's retract pause, on the plugin before issue 41 (no ``pause.py``): the retracted compressed requests were
+  re-prefilled before their refusal took effect, and the scheduler ended on the plugin's guard (``ProcessDied``).
 """
 from __future__ import annotations
 
@@ -113,6 +115,29 @@ def test_requests_arriving_mid_decode_match_the_reference(rig):
     assert plan.arrived_mid_decode
 
 
+def test_a_retract_pause_loses_no_compressed_request(rig):
+    """Issue 41: SGLang's retract pause (an RL driver's before a weight sync), a flush, then continue, once the first
+    request (a long one: still decoding when the pause lands, however far the stream lags) has 14 response tokens.
+    Compressed requests are running: the pause holds them in place (``sglang_ext/pause.py``; the flush is refused, they
+    hold KV), and every sample finishes and matches the reference, none redrawn. Before issue 41 each compressed
+    request was retracted, re-prefilled densely and aborted by the plugin (redrawn here: redraws > 0). With no
+    compressed request (dense ones) the pause is SGLang's own: every request is retracted, the flush goes through,
+    and the re-prefilled samples match too."""
+    held = [Job(prompt=STEM[:6] + [77, 310], n=1, compression=RKV, max_new_tokens=LONG), *jobs()]
+    plan = Plan(pause_at=14)
+    done, aborted = run(rig, held, 41, plan)
+    assert plan.paused_in_place is True and aborted == 0 and len(done) == 10
+    dense = [Job(prompt=STEM[:4] + [420], n=1, compression={"method": "none"}, max_new_tokens=LONG),
+             Job(prompt=STEM, n=2, compression={"method": "none"}, max_new_tokens=12)]
+    plan = Plan(pause_at=1)
+    run(rig, dense, 42, plan)
+    assert plan.paused_in_place is False   # flushed during the pause: the long request had been retracted
+
+
+LONG = 160
+"""Response tokens of the request timing a pause: it is still decoding when the pause lands."""
+
+
 def test_a_triton_share_moves_engines_to_triton_and_leaves_the_seeds_draws_alone():
     """``--triton-share``: engines drawn onto the triton backend from a generator of their own, so a seed's settings,
     workloads and events (what recorded soaks name) are the same with and without it."""
@@ -131,7 +156,7 @@ def test_a_triton_share_moves_engines_to_triton_and_leaves_the_seeds_draws_alone
     (["--triton-share", "2"], "--triton-share must be in [0, 1], got 2.0"),
     (["--fault", "bogus"], "--fault must be one of no_flush, skip_free, stale_tables, abort_insert, no_refusal, got "
                            "'bogus'"),
-    (["--events", "abort,foo"], "--events: unknown foo; choose from abort, arrive, update, flush"),
+    (["--events", "abort,foo"], "--events: unknown foo; choose from abort, arrive, update, flush, pause"),
     (["--minutes", "-1"], "--minutes must be >= 0, got -1.0"),
     (["--rounds-per-engine", "0"], "--rounds-per-engine must be >= 1, got 0"),
     (["--json", "/nonexistent/soak/x.json"], "--json: the folder /nonexistent/soak does not exist"),
