@@ -24,11 +24,7 @@ from sglang_ext.config import BACKEND_NAME, FAULT_ENV, REQUEST_KEY, ConfigError,
 from sglang_ext.forward_plan import (ForwardPlan, check_tables, follow_rewrite, plan_forward, sglang_host,
                                      written_positions)
 from sglang_ext.host_syncs import counted, not_counted
-<<<<<<< HEAD
-from sglang_ext.refusals import routed_experts_message
-=======
-from sglang_ext.refusals import refuse_at_model_load
->>>>>>> issue41
+from sglang_ext.refusals import refuse_at_model_load, routed_experts_message
 from sglang_ext.row_state import RowInfo, RowState
 from sglang_ext.runner_view import (RunnerView, kv_cache_region, physical_translator, query_groups,
                                     tp_rank)
