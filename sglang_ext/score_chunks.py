@@ -22,11 +22,3 @@ def score_chunks(rows: int, heads: int, *, pair_bytes: int, row_bytes: int,
     per_row = max(1, budget // max(row_bytes + per_head * pair_bytes, 1))
     head_slices = [slice(h, min(h + per_head, heads)) for h in range(0, heads, per_head)]
     return [(slice(r, min(r + per_row, rows)), head_slices) for r in range(0, rows, per_row)]
-
-
-def chunk_peak_bytes(rows: int, heads: int, *, pair_bytes: int, row_bytes: int,
-                     budget: int = SCORE_CHUNK_BYTES) -> int:
-    """The largest transient of :func:`score_chunks`' chunks (what a compressing step adds at its peak)."""
-    chunks = score_chunks(rows, heads, pair_bytes=pair_bytes, row_bytes=row_bytes, budget=budget)
-    rs, hs = chunks[0]
-    return (rs.stop - rs.start) * (row_bytes + (hs[0].stop - hs[0].start) * pair_bytes)

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from sparse_rl_megatron.learner import checkpoint as ckpt
+from sparse_rl_megatron.learner import cpu_compat
 from sparse_rl_megatron.learner.batch import (
     MicroBatch, SequenceBatch, build_micro_batch, padding_micro_batch, plan_micro_batches, split_rows,
 )
@@ -261,6 +262,8 @@ class Learner:
         extras = [f"{k}={getattr(cfg, k)}" for k in ("sequence_parallel", "recompute_granularity") if getattr(cfg, k)]
         experts = (f" experts={self.arch.moe.num_experts} top-{self.arch.moe.top_k} EP={lay.ep} ETP={lay.etp}"
                    if self.arch.is_moe else "")
+        patches = cpu_compat.applied_patches()  # megatron-core's CPU workarounds in this process (learner/cpu_compat.py)
+        compat = f" cpu_compat={patches[0]}..{patches[-1]}" if patches else ""
         return (f"{self.arch.family} L={self.arch.num_layers} H={self.arch.hidden_size} TP={lay.tp} PP={lay.pp} "
-                f"DP={lay.dp}{experts} dtype={self.params_dtype} spec={self.spec} "
+                f"DP={lay.dp}{experts} dtype={self.params_dtype}{compat} spec={self.spec} "
                 f"fusions={','.join(fused) or 'none'}" + "".join(f" {e}" for e in extras))

@@ -41,14 +41,6 @@ class ParallelLayout:
     ep_rank: int = 0
     etp_rank: int = 0
 
-    @property
-    def is_first_stage(self) -> bool:
-        return self.pp_rank == 0
-
-    @property
-    def is_last_stage(self) -> bool:
-        return self.pp_rank == self.pp - 1
-
 
 def free_port() -> int:
     """A TCP port that was free a moment ago on localhost."""

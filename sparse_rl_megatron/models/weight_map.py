@@ -269,16 +269,6 @@ def mcore_to_hf(arch: ModelArch, name: str, shards: list[torch.Tensor]) -> dict[
     raise AssertionError(kind)
 
 
-def hf_tensor_names(arch: ModelArch) -> list[str]:
-    """Every tensor name an HF checkpoint of ``arch`` holds (``lm_head`` only when untied)."""
-    names: list[str] = []
-    for n in mcore_param_names(arch):
-        if n == OUTPUT_LAYER and arch.tie_word_embeddings:
-            continue
-        names.extend(hf_names(arch, n))
-    return names
-
-
 def check_hf_tensors(arch: ModelArch, shapes: Mapping[str, tuple[int, ...]]) -> None:
     """Refuse an HF checkpoint whose tensors do not fit ``arch``: names the missing/unexpected/mismatched ones."""
     expected = expected_hf_shapes(arch)

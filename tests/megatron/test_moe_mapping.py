@@ -8,6 +8,7 @@ import torch
 from sparse_rl_megatron.models import weight_map as wm
 from sparse_rl_megatron.models.arch import ModelArch, MoEArch, arch_from_hf_config
 from sparse_rl_megatron.models.catalog import bundled_config
+from weight_names import hf_tensor_names
 
 QWEN15_MOE = {  # the fields of Qwen/Qwen1.5-MoE-A2.7B's config.json that ModelArch reads (model_type qwen2_moe)
     "model_type": "qwen2_moe", "hidden_size": 2048, "intermediate_size": 5632, "moe_intermediate_size": 1408,
@@ -93,7 +94,7 @@ def test_names_and_shapes_are_the_ones_transformers_saves(family, tmp_path):
 
     a = arch_from_hf_config(json.loads((tmp_path / "config.json").read_text()))
     assert shapes == wm.expected_hf_shapes(a)
-    assert sorted(wm.hf_tensor_names(a)) == sorted(shapes)
+    assert sorted(hf_tensor_names(a)) == sorted(shapes)
     assert a.moe.has_shared_expert is (family == "qwen2_moe")
 
 
@@ -157,7 +158,7 @@ def test_export_plan_finds_every_experts_owner():
     stage0 = [n for n in seen if n == wm.EMBEDDING or n.startswith("decoder.layers.0.")]
     stage1 = [n for n in seen if n not in stage0]
     items = _plan(a, [stage0, stage1], ep=2)
-    assert [h for it in items for h, _ in it.hf] == wm.hf_tensor_names(a)
+    assert [h for it in items for h, _ in it.hf] == hf_tensor_names(a)
     owners = {it.name: (it.owner_stage, it.owner_ep) for it in items}
     assert owners["decoder.layers.1.mlp.experts.local_experts.3.linear_fc1.weight"] == (1, 1)
     assert owners["decoder.layers.0.mlp.experts.local_experts.1.linear_fc2.weight"] == (0, 0)

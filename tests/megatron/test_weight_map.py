@@ -4,6 +4,7 @@ import torch
 
 from sparse_rl_megatron.models import weight_map as wm
 from sparse_rl_megatron.models.arch import ModelArch
+from weight_names import hf_tensor_names
 
 
 def arch(**kw) -> ModelArch:
@@ -75,7 +76,7 @@ def test_random_round_trip_bit_identical(tp, tied, bias, qk_norm):
                   for r in range(tp)]
         back.update(wm.mcore_to_hf(a, name, shards))
     assert sorted(back) == sorted(hf) and all(torch.equal(back[k], hf[k]) for k in hf)
-    assert ("lm_head.weight" in wm.hf_tensor_names(a)) is (not tied)
+    assert ("lm_head.weight" in hf_tensor_names(a)) is (not tied)
 
 
 def test_canonical_names_fold_te_aliases_and_layer_offsets():
@@ -118,8 +119,8 @@ def test_export_buckets_respect_size_and_stage_boundaries():
     stage0 = [n for n in names if n == wm.EMBEDDING or n.startswith(("decoder.layers.0.", "decoder.layers.1."))]
     stage1 = [n for n in names if n not in stage0]
     items = _plan(a, [stage0, stage1])
-    assert [h for it in items for h, _ in it.hf] == wm.hf_tensor_names(a)
-    assert "lm_head.weight" not in wm.hf_tensor_names(a)
+    assert [h for it in items for h, _ in it.hf] == hf_tensor_names(a)
+    assert "lm_head.weight" not in hf_tensor_names(a)
     budget = 3000
     buckets = _buckets(items, budget, itemsize=4)
     for b in buckets:

@@ -43,10 +43,6 @@ def test_bad_settings_are_refused_at_start_in_one_line(tiny_model_dir, config, o
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
-def test_good_settings_pass(tiny_model_dir):
-    resolved_server_args(tiny_model_dir, {"compression": RKV, "kept_digest": True})
-
-
 _PROBE = textwrap.dedent("""
     import sys
 

@@ -14,6 +14,13 @@ from sglang_ext.config import SparseKVConfig
 from sglang_ext.memory import plugin_memory
 from sparse_rl_megatron.compression import CompressionConfig
 
+
+def chunk_peak_bytes(rows: int, heads: int, *, pair_bytes: int, row_bytes: int,
+                     budget: int = chunking.SCORE_CHUNK_BYTES) -> int:
+    """The largest transient of ``score_chunks``' chunks (what a compressing step adds at its peak)."""
+    rs, hs = chunking.score_chunks(rows, heads, pair_bytes=pair_bytes, row_bytes=row_bytes, budget=budget)[0]
+    return (rs.stop - rs.start) * (row_bytes + (hs[0].stop - hs[0].start) * pair_bytes)
+
 RKV = CompressionConfig(method="rkv", budget=6, window=2, buffer=2)
 
 
@@ -75,11 +82,11 @@ def test_chunks_cover_the_grid_within_the_bound():
         cells = [(r, h) for rs, hss in chunks for r in range(rs.start, rs.stop) for hs in hss
                  for h in range(hs.start, hs.stop)]
         assert sorted(cells) == [(r, h) for r in range(rows) for h in range(heads)]
-        peak = chunking.chunk_peak_bytes(rows, heads, pair_bytes=pair, row_bytes=row, budget=budget)
+        peak = chunk_peak_bytes(rows, heads, pair_bytes=pair, row_bytes=row, budget=budget)
         assert peak <= max(budget, row + pair)              # one (row, head) pair is the least there is
     # the peak does not grow with how many rows compress at once
-    assert chunking.chunk_peak_bytes(4, 4, pair_bytes=500, row_bytes=100, budget=4000) == \
-        chunking.chunk_peak_bytes(4000, 4, pair_bytes=500, row_bytes=100, budget=4000)
+    assert chunk_peak_bytes(4, 4, pair_bytes=500, row_bytes=100, budget=4000) == \
+        chunk_peak_bytes(4000, 4, pair_bytes=500, row_bytes=100, budget=4000)
 
 
 def _run(config, chunk_bytes, monkeypatch):

@@ -70,10 +70,18 @@ def test_resolved_values_are_checked_too(tiny_model_dir):
         validate_server_args(args, SparseKVConfig())
 
 
-def test_good_settings_pass(tiny_model_dir):
-    resolved_server_args(tiny_model_dir, {"compression": RKV, "kept_digest": True})
+def test_good_settings_resolve_to_what_the_backend_runs_with(tiny_model_dir):
+    from sglang_ext.config import CONFIG_ENV, config_from_env
+    from sglang_ext.refusals import validate_server_args
+
+    args = resolved_server_args(tiny_model_dir, {"compression": RKV, "kept_digest": True})
+    assert (args.attention_backend, args.page_size, args.kv_cache_dtype) == ("sparse_kv", 1, "auto")
+    with scheduler_env(**{CONFIG_ENV: json.dumps({"compression": RKV, "kept_digest": True})}):
+        config = validate_server_args(args, config_from_env())
+    assert config.kept_digest and config.compression.method == RKV["method"]
+    assert config.compression.budget == RKV["budget"]
     # plain DP: a scheduler (and a backend) per replica
-    resolved_server_args(tiny_model_dir, {"compression": RKV}, dp_size=2)
+    assert resolved_server_args(tiny_model_dir, {"compression": RKV}, dp_size=2).dp_size == 2
 
 
 def _raising_methods(cls) -> list[str]:
