@@ -111,14 +111,10 @@ class RolloutEngine(Protocol):
         sync): there one call carries every weight."""
         ...
 
-    @property
-    def takes_payloads(self) -> bool:
-        """Whether ``update_weights_from_payloads`` applies (SGLang in process with ``tensor`` sync)."""
-        ...
-
     def update_weights_from_payloads(self, payloads: Iterable[list], version: int) -> None:
         """Load buckets serialized once per TP rank (per bucket, one payload per TP rank) and set the version;
-        only where ``takes_payloads``."""
+        called only for an engine whose ``EngineSpec.payload_sync`` says so of its build (SGLang in process with
+        ``tensor`` sync); other engines refuse it."""
         ...
 
     def release_memory(self) -> None:

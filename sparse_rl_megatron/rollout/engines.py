@@ -114,7 +114,7 @@ def _sglang(build: EngineBuild) -> "RolloutEngine":
 
 
 def _sglang_payload_sync(build: EngineBuild) -> bool:
-    return build.sglang is not None and not build.sglang.urls and build.sglang.weight_sync == "tensor"
+    return build.sglang is not None and build.sglang.takes_payloads
 
 
 ENGINES.add("hf", EngineSpec(build=_hf))

@@ -195,6 +195,8 @@ class InProcessClient:
     """
 
     num_servers = 1
+    in_process = True
+    """The engine runs in this process (its GPUs are this process's): NCCL weight sync from here cannot work."""
 
     def __init__(self, engine_kwargs: dict[str, Any]):
         import sglang
@@ -280,6 +282,10 @@ class InProcessClient:
         coro = self.engine.tokenizer_manager.update_weights_from_tensor(obj, None)
         _check("update_weights_from_tensor", self._wait(coro))
 
+    def server_infos(self) -> list[dict]:
+        """The engine's resolved arguments (SGLang's server info), one entry."""
+        return [self.engine.get_server_info()]
+
     def flush_cache(self, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
         """Flush SGLang's radix cache once the engine is idle: SGLang defers the flush while requests are queued or
         running and retries it at every scheduler step, for ``timeout_s`` at most. ``CacheNotFlushed`` if it could
@@ -310,6 +316,9 @@ class HttpClient:
     A server that stops answering fails the call after bounded retries with one line naming its URL
     (``server_liveness.py``): ``retries`` more tries of a call that found no server, and ``/health`` checks every
     ``health_check_s`` seconds while a call waits for it."""
+
+    in_process = False
+    """The servers run in processes of their own (anywhere)."""
 
     def __init__(self, urls: list[str], *, timeout_s: float, startup_timeout_s: float, retries: int = 3,
                  health_check_s: float = 30.0):
@@ -418,6 +427,10 @@ class HttpClient:
         """Like :meth:`call_each` without waiting (collective calls must run while this process joins in)."""
         return [self._pool.submit(lambda u, b: _check(name, self._request(u, f"/{name}", b)), url, body)
                 for url, body in zip(self.urls, per_server)]
+
+    def server_infos(self) -> list[dict]:
+        """Each server's resolved arguments (SGLang's server info), in ``urls`` order."""
+        return [self._request(url, "/server_info", None, method="GET") for url in self.urls]
 
     def flush_cache(self, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
         """Flush every server's radix cache once it is idle (``/flush_cache?timeout=``: SGLang defers the flush while

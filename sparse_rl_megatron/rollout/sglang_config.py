@@ -147,6 +147,13 @@ class SGLangEngineConfig(SGLangOptions):
                 raise ValueError(f"SGLangEngineConfig.{name} is out of range: {getattr(self, name)}")
         check_plugin_compression(self.compression)
 
+    @property
+    def takes_payloads(self) -> bool:
+        """Whether its weights arrive as buckets serialized once per TP rank (``update_weights_from_payloads``): an
+        in-process engine with ``tensor`` sync. The one answer: the run's pool asks it of the build
+        (``EngineSpec.payload_sync``) on every rank, the engine before it loads payloads."""
+        return not self.urls and self.weight_sync == "tensor"
+
     def plugin_config(self):
         """The ``sparse_kv`` backend settings of an in-process engine."""
         from sglang_ext.config import SparseKVConfig

@@ -316,17 +316,12 @@ class SGLangRolloutEngine:
         self.weights.push(iter_buckets(named_tensors), str(version))
         self._weights_loaded(version)
 
-    @property
-    def takes_payloads(self) -> bool:
-        """Whether ``update_weights_from_payloads`` applies: an in-process engine with ``tensor`` sync."""
-        return not self.config.urls and self.config.weight_sync == "tensor"
-
     def update_weights_from_payloads(self, payloads: Iterable[list], version: int) -> None:
         """In-process engine: load buckets serialized once per TP rank (``payloads``: per bucket, a list of
         ``tp_size`` payloads from ``sglang_weights.serialize_bucket``; TP rank r opens only the r-th). A colocated
         engine on several GPUs gets each TP rank's payload from the learner rank on that GPU (CUDA IPC: no copy
         through the host, none across GPUs). Lazy streams are consumed bucket by bucket."""
-        if not self.takes_payloads:
+        if not self.config.takes_payloads:
             raise RuntimeError("update_weights_from_payloads needs the in-process engine with weight_sync 'tensor'")
         self.weights.push_payloads(payloads, str(version))
         self._weights_loaded(version)
@@ -397,10 +392,6 @@ class CompressionView:
     @property
     def weight_version(self) -> int:
         return self.engine.weight_version
-
-    @property
-    def takes_payloads(self) -> bool:
-        return self.engine.takes_payloads
 
     def generate(self, prompts: Sequence[str | list[int]], n: int, sampling: SamplingParams, *,
                  group_ids: Sequence[int] | None = None, compression: CompressionConfig | None = None,

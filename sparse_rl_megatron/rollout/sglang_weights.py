@@ -27,6 +27,7 @@ import torch
 from sparse_rl_megatron.utils.device import cuda_present
 
 if TYPE_CHECKING:
+    from sparse_rl_megatron.rollout.sglang_client import HttpClient, InProcessClient
     from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
 
 GROUP_PREFIX = "sparse_rl_weight_sync"
@@ -50,13 +51,6 @@ def rank_layout(sizes: list[tuple[int, int, int]]) -> tuple[list[int], int]:
     return offsets, rank
 
 
-def server_infos(client) -> list[dict]:
-    """Each server's resolved arguments (SGLang's server info)."""
-    if hasattr(client, "engine"):   # in-process
-        return [client.engine.get_server_info()]
-    return [client._request(url, "/server_info", None, method="GET") for url in client.urls]
-
-
 def widths(info: dict) -> tuple[int, int, int]:
     return int(info.get("tp_size") or 1), int(info.get("dp_size") or 1), int(info.get("pp_size") or 1)
 
@@ -71,7 +65,7 @@ def shares_gpu(info: dict, device: int) -> bool:
 
 def _check_distributed(transport, infos: list[dict]) -> None:
     """Refuse before any collective what cannot work: NCCL with an in-process engine on this process's GPU."""
-    if transport.config.distributed_backend != "nccl" or not hasattr(transport.client, "engine"):
+    if transport.config.distributed_backend != "nccl" or not transport.client.in_process:
         return
     if cuda_present() and shares_gpu(infos[0], torch.cuda.current_device()):
         raise RuntimeError(f"weight_sync 'distributed' (nccl): the in-process engine runs on this process's GPU "
@@ -93,7 +87,7 @@ class SGLangWeightTransport:
     and owns what that needs between updates: the ``distributed`` process group (made on first use, left by
     ``close``) and the directory of the last ``disk`` update (one model copy on disk at a time)."""
 
-    def __init__(self, config: "SGLangEngineConfig", client):
+    def __init__(self, config: "SGLangEngineConfig", client: "InProcessClient | HttpClient"):
         self.config, self.client = config, client
         self._group = None
         self._group_name = ""
@@ -151,7 +145,7 @@ class SGLangWeightTransport:
         port = c.master_port or _free_port()
         address = c.master_address or (route_address(c.urls[0]) if c.urls else "127.0.0.1")  # in process: this host
         name = f"{GROUP_PREFIX}_{port}"
-        infos = server_infos(client)
+        infos = client.server_infos()
         _check_distributed(self, infos)
         offsets, world = rank_layout([widths(i) for i in infos])
         bodies = [{"master_address": address, "master_port": port, "rank_offset": offsets[i],

@@ -33,7 +33,7 @@ def test_gpus_of_an_in_process_engine():
 
 
 def test_nccl_to_a_colocated_in_process_engine_is_refused(monkeypatch):
-    engine = SimpleNamespace(config=SimpleNamespace(distributed_backend="nccl"), client=SimpleNamespace(engine=None))
+    engine = SimpleNamespace(config=SimpleNamespace(distributed_backend="nccl"), client=SimpleNamespace(in_process=True))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     with pytest.raises(RuntimeError, match="runs on this process's GPU 0; NCCL refuses two ranks .* 'tensor'"):

@@ -187,7 +187,7 @@ def test_engines_implement_the_whole_rollout_engine_protocol():
     from sparse_rl_megatron.rollout.sglang_engine import CompressionView, SGLangRolloutEngine
 
     members = {n for n in vars(RolloutEngine) if not n.startswith("_")} | set(RolloutEngine.__annotations__)
-    assert {"tokenizer", "generate", "dense_logprobs", "with_compression", "update_weights", "takes_payloads",
+    assert {"tokenizer", "generate", "dense_logprobs", "with_compression", "update_weights",
             "update_weights_from_payloads", "release_memory", "resume_memory", "shutdown",
             "weight_version"} <= members
     instance_attributes = {"tokenizer", "weight_version"}  # set in __init__ by the engines
@@ -203,7 +203,7 @@ def test_an_engine_lacking_part_of_the_protocol_is_refused_when_built_naming_wha
     from sparse_rl_megatron.rollout.engine import PROTOCOL_MEMBERS, missing_members
     from sparse_rl_megatron.rollout.engines import EngineBuild, EngineSpec
 
-    assert set(PROTOCOL_MEMBERS) >= {"weight_version", "tokenizer", "generate", "shutdown", "takes_payloads"}
+    assert set(PROTOCOL_MEMBERS) >= {"weight_version", "tokenizer", "generate", "shutdown"}
     stopped = []
 
     class Partial:  # a plugin's engine that only samples
