@@ -1,7 +1,7 @@
 """Typed configuration of the SGLang rollout engine (in-process ``sglang.Engine`` or HTTP servers)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal, get_args
 
 from sparse_rl_megatron.compression import CompressionConfig
@@ -146,6 +146,12 @@ class SGLangEngineConfig(SGLangOptions):
             if getattr(self, name) < (1 if name == "tp_size" else 0):
                 raise ValueError(f"SGLangEngineConfig.{name} is out of range: {getattr(self, name)}")
         check_plugin_compression(self.compression)
+
+    @classmethod
+    def of(cls, options: SGLangOptions, **run_fields: Any) -> "SGLangEngineConfig":
+        """``options`` with what the run fills in (``model_path``, ``compression``, ``dtype``, placement; any option
+        may be overridden too, e.g. one server's ``urls``)."""
+        return cls(**{**{f.name: getattr(options, f.name) for f in fields(SGLangOptions)}, **run_fields})
 
     @property
     def takes_payloads(self) -> bool:
