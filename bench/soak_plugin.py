@@ -323,6 +323,7 @@ def generate(engine, jobs: list[Job], seed: int, plan: Plan | None = None) -> tu
     """One batch of every job's samples (streamed, with the plan's arrivals and aborts); refused retractions are
     redrawn (plainly). Returns ``{(job, index): Sample}`` of the samples that finished (aborted ones are left
     out), the number of redraws and the number of aborted samples."""
+    from sparse_rl_megatron.compression import CompressionConfig
     from sparse_rl_megatron.rollout.engine import SamplingParams
 
     plan = plan or Plan()
@@ -333,7 +334,8 @@ def generate(engine, jobs: list[Job], seed: int, plan: Plan | None = None) -> tu
     tm = engine.client.engine.tokenizer_manager
     for attempt in range(MAX_DRAWS):
         # rids end with "." so that none is a prefix of another (SGLang's abort matches rid prefixes)
-        requests = [((g, i), jobs[g].prompt, engine._sampling(sampling[g], g, i, attempt, jobs[g].compression),
+        requests = [((g, i), jobs[g].prompt,
+                     engine._sampling(sampling[g], g, i, attempt, CompressionConfig(**jobs[g].compression)),
                      f"soak{seed}-{g}-{i}-{attempt}.") for g, i in todo]
         outs = engine.client._wait(_drive(tm, requests, plan))
         stream = streamed(requests, plan)

@@ -142,6 +142,12 @@ def config_from_env() -> SparseKVConfig:
     return parse_config(text) if text.strip() else SparseKVConfig()
 
 
+def request_params(compression: CompressionConfig) -> dict[str, Any]:
+    """A request's ``custom_params`` carrying its own compression (the one conversion of a client's
+    ``CompressionConfig`` into what the plugin reads back with ``request_compression``)."""
+    return {REQUEST_KEY: to_dict(compression)}
+
+
 def request_compression(base: CompressionConfig, overrides: Any) -> CompressionConfig:
     """A request's compression: the server's, with the fields of ``custom_params['sparse_kv']`` replaced."""
     if overrides is None:

@@ -54,7 +54,6 @@ from sparse_rl_megatron.rollout.sample import CompressionInfo, Sample
 from sparse_rl_megatron.rollout.sampling import sample_seed
 from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
 from sparse_rl_megatron.rollout.sglang_weights import SGLangWeightTransport
-from sparse_rl_megatron.utils.config_io import to_dict
 
 _SEED_MOD = 2**31 - 1  # SGLang's sampling_seed is a 32-bit signed int
 TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
@@ -98,7 +97,7 @@ class SGLangRolloutEngine:
                                      startup_timeout_s=config.startup_timeout_s, retries=config.request_retries,
                                      health_check_s=config.health_check_s)
             self.client.align_weight_version(str(weight_version))
-            self._per_request = to_dict(config.compression)
+            self._per_request = config.compression
             on_cpu = False
         else:
             self.client, on_cpu = self._start_in_process()
@@ -161,7 +160,7 @@ class SGLangRolloutEngine:
         gids = check_group_ids(group_ids, len(prompts))
         prompt_ids = dict(zip(gids, (encode_prompt(p, i, self.tokenizer) for i, p in enumerate(prompts))))
         texts = dict(zip(gids, prompts))
-        overrides = to_dict(compression) if compression is not None else self._per_request
+        overrides = compression if compression is not None else self._per_request
         per_group = self._budget_overrides(compression or self.config.compression, budgets, gids, overrides)
         todo = [(g, i) for g in gids for i in range(n)]
         done: dict[tuple[int, int], Sample] = {}
@@ -186,8 +185,8 @@ class SGLangRolloutEngine:
         return [done[(g, i)] for g in gids for i in range(n)]
 
     def _budget_overrides(self, base: CompressionConfig, budgets: Sequence[int] | None, gids: list[int],
-                          overrides) -> dict[int, Any]:
-        """Each group's request overrides: ``overrides``, or ``base`` with the group's budget from ``budgets``."""
+                          overrides: CompressionConfig | None) -> dict[int, CompressionConfig | None]:
+        """Each group's request compression: ``overrides``, or ``base`` with the group's budget from ``budgets``."""
         if budgets is None:
             return {g: overrides for g in gids}
         if len(budgets) != len(gids):
@@ -201,7 +200,7 @@ class SGLangRolloutEngine:
             if not server.is_dense and config.max_candidates > server.max_candidates:
                 raise ValueError(f"generate: budget {b} + buffer {config.buffer} exceeds the server's B + W "
                                  f"({server.max_candidates}), which sizes its tables")
-            per_group[g] = to_dict(config)
+            per_group[g] = config
         return per_group
 
     def dense_logprobs(self, prompts: Sequence[Sequence[int]],
@@ -216,7 +215,7 @@ class SGLangRolloutEngine:
             raise ValueError("dense_logprobs: every prompt needs at least one token")
         self._flush_stale_cache()
         params = self._sampling(SamplingParams(temperature=1.0, max_new_tokens=1), 0, 0, 0,
-                                to_dict(CompressionConfig()))
+                                CompressionConfig())
         outs = self.client.generate(ids, [dict(params) for _ in ids], groups=list(range(len(ids))),
                                     logprob_start_len=[len(p) - 1 for p in prompts])
         result = []
@@ -232,7 +231,10 @@ class SGLangRolloutEngine:
         """This engine (same servers, same live weights) sampling with another KV compression per request."""
         return CompressionView(self, compression)
 
-    def _sampling(self, s: SamplingParams, group: int, index: int, attempt: int, overrides) -> dict:
+    def _sampling(self, s: SamplingParams, group: int, index: int, attempt: int,
+                  compression: CompressionConfig | None) -> dict:
+        """SGLang's sampling parameters of one request; ``compression``: the request's own (None: the in-process
+        server's default)."""
         params: dict[str, Any] = {"temperature": s.temperature, "top_p": s.top_p,
                                   "top_k": s.top_k if s.top_k > 0 else -1, "max_new_tokens": s.max_new_tokens,
                                   "ignore_eos": s.ignore_eos, "no_stop_trim": True}
@@ -240,10 +242,10 @@ class SGLangRolloutEngine:
             params["stop"] = list(s.stop)
         if s.seed is not None and self.request_seeds:
             params["sampling_seed"] = (sample_seed(s.seed, group, index) + attempt) % _SEED_MOD
-        if overrides is not None:
-            from sglang_ext.config import REQUEST_KEY
+        if compression is not None:
+            from sglang_ext.config import request_params
 
-            params["custom_params"] = {REQUEST_KEY: overrides}
+            params["custom_params"] = request_params(compression)
         return params
 
     @staticmethod

@@ -55,7 +55,7 @@ def _loop(cfg: TrainConfig, run: Run) -> dict[str, float]:
         batch = rollout_step(learner=run.learner, pool=run.pool, records=records, template=run.plan.template,
                              n=cfg.rollout.samples_per_prompt, sampling=cfg.rollout.sampling,
                              correction=cfg.correction, seed=cfg.seed, step=step, ref_learner=run.ref_learner,
-                             compression=None if budget is None else cfg.rollout.budget_compression(budget))
+                             budget=budget)
         if run.budget is not None:  # the next step's budget, from this step's mismatch (same on every rank)
             batch.metrics.update(run.budget.metrics())
             run.budget.update_from_metrics(batch.metrics)

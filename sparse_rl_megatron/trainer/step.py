@@ -18,7 +18,6 @@ from sparse_rl_megatron.trainer.engines.pool import EngineError, EnginePool, rol
 
 if TYPE_CHECKING:
     from sparse_rl_megatron.algo import CorrectionConfig, PreparedBatch
-    from sparse_rl_megatron.compression import CompressionConfig
     from sparse_rl_megatron.data.record import MathRecord
     from sparse_rl_megatron.learner import Learner
     from sparse_rl_megatron.learner.batch import SequenceBatch
@@ -80,13 +79,13 @@ def prepare_batch(learner, samples: list["Sample"], correction: "CorrectionConfi
 
 def rollout_step(*, learner: "Learner", pool: "EnginePool", records: "list[MathRecord] | None", template: str,
                  n: int, sampling: "SamplingParams", correction: "CorrectionConfig", seed: int, step: int,
-                 ref_learner: "Learner | None" = None, compression: "CompressionConfig | None" = None) -> RolloutBatch:
+                 ref_learner: "Learner | None" = None, budget: int | None = None) -> RolloutBatch:
     """Rollout and reward on every engine of ``pool`` (each scores its own samples) -> recompute and correction
-    (every rank) for rollout step ``step``. ``records`` are rank 0's (None elsewhere); ``compression``: this step's
-    KV compression instead of the engines' own (the adaptive budget's). One engine a caller built itself:
+    (every rank) for rollout step ``step``. ``records`` are rank 0's (None elsewhere); ``budget``: this step's KV
+    budget B (the adaptive budget's; None: the engines' own). One engine a caller built itself:
     ``with EnginePool.single(engine, reward, name) as pool``."""
     sampling = dataclasses.replace(sampling, seed=step_seed(seed, step))
-    samples, metrics = pool.generate(records, template, n, sampling, step, compression)
+    samples, metrics = pool.generate(records, template, n, sampling, step, budget)
     batch = prepare_batch(learner, samples, correction, ref_learner)
     batch.metrics = {**metrics, **batch.metrics}
     return batch

@@ -79,11 +79,9 @@ def full_forward_logprobs(model, prompt_ids, response_ids) -> torch.Tensor:
 def generate_mixed(engine, jobs: dict):
     """One batch of requests with a compression each: ``jobs = {name: (prompt_ids, n, CompressionConfig,
     SamplingParams)}`` -> ``{name: [Sample] * n}`` (sent together, so they decode side by side)."""
-    from sparse_rl_megatron.utils.config_io import to_dict
-
     order = [(name, g, i) for g, name in enumerate(jobs) for i in range(jobs[name][1])]
     prompts = [jobs[name][0] for name, _, _ in order]
-    params = [engine._sampling(jobs[name][3], g, i, 0, to_dict(jobs[name][2])) for name, g, i in order]
+    params = [engine._sampling(jobs[name][3], g, i, 0, jobs[name][2]) for name, g, i in order]
     outs = engine.client.generate(prompts, params, groups=[g for _, g, _ in order])
     result: dict = {name: [] for name in jobs}
     for (name, g, i), out in zip(order, outs):

@@ -23,7 +23,7 @@ from sglang_helpers import (assert_logprobs_match, assert_matches_reference, ful
 from sparse_rl_megatron.compression import CompressionConfig
 from sparse_rl_megatron.rollout.engine import SamplingParams
 from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
-from sparse_rl_megatron.utils.config_io import ConfigError, to_dict
+from sparse_rl_megatron.utils.config_io import ConfigError
 
 RKV = {"method": "rkv", "budget": 8, "window": 2, "buffer": 4}
 
@@ -124,7 +124,7 @@ def test_forced_retraction_spares_compressed_requests_resumes_the_others_and_kee
         assert_matches_reference(samples, teacher_forced(hf_model, compression, samples), hf_model)
         engine.client.flush_cache()  # phase 2 starts from an empty tree (phase 1's prompts are not A's)
         prompts = [list(range(100, 108)), [5, 17, 42]]
-        params = [engine._sampling(sampling, g, 0, 0, to_dict(late)) for g in range(2)]
+        params = [engine._sampling(sampling, g, 0, 0, late) for g in range(2)]
         params[1]["max_new_tokens"] = 6
         outs = engine.client.generate(prompts, params)
         a = engine._sample(outs[0], prompts[0], prompts[0], 0, 0, sampling)

@@ -102,7 +102,7 @@ def test_a_pool_that_forces_retraction_retracts_no_compressed_request(engine, hf
     # the dense requests first: admitted first, then counted at SGLang's ratio while the compressed ones are admitted
     jobs = [(DENSE_PROMPT, CompressionConfig())] + [(p, SERVER) for p in PROMPTS]
     order = [(g, i) for g in range(len(jobs)) for i in range(N)]
-    params = [engine._sampling(SAMPLING, g, i, 0, to_dict(jobs[g][1])) for g, i in order]
+    params = [engine._sampling(SAMPLING, g, i, 0, jobs[g][1]) for g, i in order]
     outs = engine.client.generate([jobs[g][0] for g, _ in order], params, groups=[g for g, _ in order])
     refused = [(g, i) for (g, i), out in zip(order, outs) if engine._refused(out)]
     assert refused == [], f"{len(refused)} compressed request(s) retracted after a compression, refused: {refused}"

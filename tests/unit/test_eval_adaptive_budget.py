@@ -65,8 +65,10 @@ def test_run_evaluates_with_the_controllers_current_budget(tmp_path, monkeypatch
     controller = BudgetController(AdaptiveBudgetConfig(**ADAPTIVE, gain=2.0, deadband=0.0), START)
     controller.update(1.0)   # far above the target: the budget grows
     assert controller.budget > START
+    unused = dict.fromkeys(("stack", "console", "learner", "ref_learner", "pool", "probe", "heartbeat", "stop",
+                            "prompts"))  # parts of a run this method does not touch
     run = Run(cfg=_cfg(tmp_path), plan=SimpleNamespace(eval_data={"x": None}, template="t"), run_dir=tmp_path,
-              stack=None, budget=controller)
+              budget=controller, **unused)
     run.evaluate(STEP)
     assert seen == {"controller_budget": controller.budget}
 
@@ -86,12 +88,9 @@ def _evaluate(cfg: TrainConfig, model_dir: Path, work: Path, controller_budget: 
     plan = preflight(cfg, 1, lengths=("eval",))
     engine = ENGINES.get(cfg.rollout.engine).build(cfg.rollout.engine_build(str(model_dir)))
     with make_reward(cfg, plan) as reward:
-        pool = EnginePool.single(engine, reward, cfg.rollout.engine)
-        try:
+        with EnginePool.single(engine, reward, cfg.rollout.engine) as pool:
             return evaluate_pool(pool, plan.eval_data, cfg, plan.template, STEP, work,
                                  controller_budget=controller_budget)
-        finally:
-            pool.close()
 
 
 def _record(work: Path, mode: str) -> dict:

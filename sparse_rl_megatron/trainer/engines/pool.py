@@ -32,6 +32,7 @@ from sparse_rl_megatron.utils.errors import UserError
 
 if TYPE_CHECKING:
     from sparse_rl_megatron.compression import CompressionConfig
+    from sparse_rl_megatron.data.record import MathRecord
     from sparse_rl_megatron.rollout.engine import RolloutEngine, SamplingParams
     from sparse_rl_megatron.rollout.layout import EngineSlot, RolloutLayout
     from sparse_rl_megatron.learner.batch import SequenceBatch
@@ -211,11 +212,11 @@ class EnginePool:
         self.on_engines(lambda engine, slot: engine.resume_memory(), "taking its memory back after training")
 
     # ---------------------------------------------------------------------------------------- generate
-    def generate(self, records, template: str, n: int, sampling: "SamplingParams", step: int,
-                 compression: "CompressionConfig | None" = None) -> tuple[list["Sample"], dict[str, float]]:
+    def generate(self, records: "list[MathRecord] | None", template: str, n: int, sampling: "SamplingParams",
+                 step: int, budget: int | None = None) -> tuple[list["Sample"], dict[str, float]]:
         """``n`` scored samples per record of rank 0's ``records`` (None elsewhere), from every engine; the same
-        group-major list and metrics on every rank. ``compression``: this step's KV compression instead of the
-        engines' own (the adaptive budget's). Collective."""
+        group-major list and metrics on every rank. ``budget``: this step's KV budget B instead of the engines' own
+        (the adaptive budget's; each engine's compression otherwise as built). Collective."""
         from sparse_rl_megatron.data.templates import render_prompt
         from sparse_rl_megatron.rollout.repetition import repetition_metrics
         from sparse_rl_megatron.rollout.work_split import group_cost, split_groups
@@ -237,7 +238,7 @@ class EnginePool:
                 return [], 0.0, 0.0
             t_gen = time.perf_counter()
             samples = engine.generate([prompts[g] for g in share], n, sampling, group_ids=share,
-                                      compression=compression)
+                                      budgets=None if budget is None else [budget] * len(share))
             t_reward = time.perf_counter()
             if sorted((s.group_id, s.index_in_group) for s in samples) != [(g, i) for g in share for i in range(n)]:
                 raise RuntimeError(f"it returned {len(samples)} samples, not the n={n} samples of each of its "
