@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from sparse_rl_megatron.tasks.base import HELDOUT_SEED, SPLITS, Task
 from sparse_rl_megatron.tasks.modchain import ModChainSpec, ModChainTask
-from sparse_rl_megatron.tasks.modchain_problems import ChainFamily, answer_tokens
+from sparse_rl_megatron.tasks.modchain_problems import ChainFamily
 from sparse_rl_megatron.tasks.modchain_teacher import EarlyStopTeacher
 from sparse_rl_megatron.tasks.warm_check import WarmStartExpectations
 from sparse_rl_megatron.utils.registry import Registry
@@ -38,7 +38,7 @@ TASKS.add("modchain31_weak", ModChainTask(ModChainSpec(
     # ones never dropped, and the answer's queries keep the state they copy: with 16 sequences and the 4 most recent
     # kept, 2 of 8 seeds missed the first step, 5 of 10 draws boxed wrong digits, and with 6 kept 4 of 8 lost the
     # chain under the R-KV cache (docs/embedded-default.md, "Every draw")
-    warm_start={"batch_size": 32, "key_dropout_keep_recent": 3, "key_dropout_answer_tail": answer_tokens(31) + 1},
+    warm_start={"batch_size": 32, "key_dropout_keep_recent": 3, "key_dropout_answer_anchor": True},
     warm_check=WarmStartExpectations(max_loss=0.02, min_taught_accuracy=0.9, min_taught_full_chains=0.9,
                                      min_boxes_right=0.95, min_sparse_taught_accuracy=0.9)), name="modchain31_weak"))
 TASKS.add("modchain100_weak", ModChainTask(ModChainSpec(

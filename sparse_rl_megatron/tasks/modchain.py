@@ -214,6 +214,18 @@ class ModChainTask(Task):
             out.append((prompt, full[len(prompt):] + [tokenizer.eos_token_id]))
         return out
 
+    def answer_starts(self, tokenizer, examples: list[tuple[list[int], list[int]]]) -> list[int]:
+        """Where each example's boxed answer starts in its response (its last ``\\`` token): the key before it is
+        the state the answer copies (``SFTConfig.key_dropout_answer_anchor``)."""
+        box = tokenizer(" " + answer_text(0), add_special_tokens=False)["input_ids"][0]
+        starts = []
+        for _, response in examples:
+            at = [i for i, t in enumerate(response) if t == box]
+            if not at:
+                raise ValueError(f"{self.name}: a demonstration has no boxed answer")
+            starts.append(at[-1])
+        return starts
+
     def warm_start(self, model_dir: str | os.PathLike, out_dir: str | os.PathLike, *, seed: int = 0,
                    **options: Any) -> dict[str, float]:
         """Supervised stage on the training problems' worked solutions: ``SFTConfig`` fields as options (defaults
@@ -228,7 +240,9 @@ class ModChainTask(Task):
                                        **options}, "warm_start")
         check_output_free(out_dir)
         tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-        metrics = supervised_finetune(model_dir, out_dir, self.sft_examples(tok, seed), config, seed=seed)
+        examples = self.sft_examples(tok, seed)
+        metrics = supervised_finetune(model_dir, out_dir, examples, config, seed=seed,
+                                      answer_starts=self.answer_starts(tok, examples))
         if eval_problems > 0:
             from sparse_rl_megatron.tasks.accuracy import heldout_accuracy
 

@@ -56,12 +56,11 @@ class SFTConfig:
     key_dropout_keep_offsets: tuple[int, ...] = ()
     """Keys at these distances before the query are never dropped either: the positions every step of a task reads
     (a lagged chain's state L steps back), so the model learns to find them among whatever else a cache kept."""
-    key_dropout_answer_tail: int = 0
-    """Queries at the last this-many positions of each response (its final answer and EOS) never lose the key just
-    before them: the answer copies the chain's last state, which the dropout would hide from its later tokens (a
-    two-digit answer's second digit is 4 positions after the state), leaving a digit to chance
-    (docs/embedded-default.md). Their other keys drop as any query's, so the answer does not come to lean on
-    keys a compressed cache may not keep."""
+    key_dropout_answer_anchor: bool = False
+    """The final answer's queries never lose the key just before the answer (each example's ``answer_start``): the
+    answer copies the chain's last state, which the dropout would hide from its later tokens (a two-digit answer's
+    second digit is 4 positions after the state), leaving a digit to chance (docs/embedded-default.md). Their other
+    keys drop as any query's, so the answer does not come to lean on keys a compressed cache may not keep."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size"):
@@ -84,8 +83,6 @@ class SFTConfig:
                              f"got {self.key_dropout_keep_recent}")
         if any(o < 1 for o in self.key_dropout_keep_offsets):
             raise ValueError(f"SFTConfig.key_dropout_keep_offsets must be distances >= 1, got {self.key_dropout_keep_offsets}")
-        if self.key_dropout_answer_tail < 0:
-            raise ValueError(f"SFTConfig.key_dropout_answer_tail must be >= 0, got {self.key_dropout_answer_tail}")
 
     def lr_at(self, step: int) -> float:
         """Learning rate of optimizer step ``step`` (0-based)."""
@@ -174,9 +171,11 @@ def supervised_finetune(
     *,
     seed: int = 0,
     log: Callable[[str], None] | None = print,
+    answer_starts: Sequence[int] | None = None,
 ) -> dict[str, float]:
     """Train the HF model of ``model_dir`` on ``examples`` (``(prompt_ids, response_ids)``, EOS included in the
-    response) and write it, with ``model_dir``'s tokenizer, to ``out_dir``.
+    response) and write it, with ``model_dir``'s tokenizer, to ``out_dir``. ``answer_starts[i]``: where example i's
+    final answer starts in its response (needed by ``key_dropout_answer_anchor``).
 
     Returns ``sft/loss_first`` (mean of the first 10 steps), ``sft/loss_last`` (mean of the last 10),
     ``sft/steps``, ``sft/seconds`` (wall), ``sft/cpu_seconds`` (this process), ``sft/seconds_per_step``.
@@ -185,6 +184,8 @@ def supervised_finetune(
 
     if not examples:
         raise ValueError("supervised_finetune: no examples")
+    if config.key_dropout_answer_anchor and (answer_starts is None or len(answer_starts) != len(examples)):
+        raise ValueError("supervised_finetune: key_dropout_answer_anchor needs answer_starts, one per example")
     check_output_free(out_dir)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, local_files_only=True)
     pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
@@ -203,14 +204,16 @@ def supervised_finetune(
         for step in range(config.steps):
             for group in optimizer.param_groups:
                 group["lr"] = config.lr_at(step)
-            batch = [examples[rng.randrange(len(examples))] for _ in range(config.batch_size)]
+            picked = [rng.randrange(len(examples)) for _ in range(config.batch_size)]
+            batch = [examples[k] for k in picked]
             ids, labels = collate(batch, pad_id)
             mask = None
             if config.key_dropout > 0 or config.key_dropout_prompt > 0:
-                answer = torch.tensor([len(p) + len(r) - config.key_dropout_answer_tail for p, r in batch])
+                answer = (torch.tensor([len(examples[k][0]) + answer_starts[k] for k in picked])
+                          if config.key_dropout_answer_anchor else None)
                 mask = key_dropout_mask(torch.tensor([len(p) for p, _ in batch]), ids.shape[1], config.key_dropout,
                                         config.key_dropout_prompt, config.key_dropout_keep_recent,
-                                        answer_from=answer if config.key_dropout_answer_tail else None,
+                                        answer_from=answer,
                                         keep_offsets=tuple(config.key_dropout_keep_offsets))
             loss = response_loss(model, ids, labels, mask)
             optimizer.zero_grad(set_to_none=True)

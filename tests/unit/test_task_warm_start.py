@@ -107,6 +107,27 @@ def test_key_dropout_keeps_the_state_the_answer_copies_and_the_offsets_a_step_re
     assert dropped > 0  # the answer's other keys still drop
 
 
+def test_the_answer_anchor_is_the_state_each_answer_copies_one_digit_or_two():
+    from sparse_rl_megatron.tasks import get_task
+    from sparse_rl_megatron.tasks.modchain_problems import digit_word
+
+    task = get_task("modchain31_weak")
+    tok = task.tokenizer()
+    examples = task.sft_examples(tok)[:400]
+    starts = task.answer_starts(tok, examples)
+    digits = set()
+    for (_, response), start in zip(examples, starts):
+        answer = tok.decode(response[start:-1]).strip()
+        value = int(answer.removeprefix("\\boxed{").removesuffix("}"))
+        assert tok.decode(response[start - 1]).strip() == digit_word(value)  # the state the box copies
+        digits.add(len(str(value)))
+    assert digits == {1, 2}
+    with pytest.raises(ValueError, match="needs answer_starts"):
+        from sparse_rl_megatron.tasks.sft import SFTConfig, supervised_finetune
+
+        supervised_finetune("unused", "unused", examples, SFTConfig(key_dropout_answer_anchor=True))
+
+
 def test_warm_start_with_key_dropout_learns(init_dir, tmp_path):
     task = ModChainTask(TINY)
     m = task.warm_start(init_dir, tmp_path / "kd", seed=0, steps=30, lr=1e-2, batch_size=8, log_every=0,
