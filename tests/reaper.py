@@ -66,11 +66,40 @@ def marked(token: str, skip: set[int]) -> list[int]:
     return found
 
 
+def parents() -> dict[int, int]:
+    """``pid -> parent pid`` of every process (``/proc/<pid>/stat``; those gone meanwhile are passed over)."""
+    out = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()  # the name before ")" may hold spaces
+            except (OSError, IndexError):
+                continue
+            out[int(entry.name)] = int(fields[1])
+    return out
+
+
+def with_descendants(pids: list[int], skip: set[int]) -> list[int]:
+    """``pids`` and every process below one of them (not ``skip``)."""
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents().items():
+        children.setdefault(parent, []).append(pid)
+    found, todo = set(), list(pids)
+    while todo:
+        pid = todo.pop()
+        if pid in found or pid in skip:
+            continue
+        found.add(pid)
+        todo += children.get(pid, [])
+    return sorted(found)
+
+
 def reap(token: str) -> int:
     """SIGKILL every process of the run until none is left (or ``MAX_SCANS``); returns how many were killed."""
     killed: set[int] = set()
     for _ in range(MAX_SCANS):
-        pids = marked(token, skip={os.getpid()})
+        pids = with_descendants(marked(token, skip={os.getpid()}), skip={os.getpid()})
         if not pids:
             break
         for pid in pids:

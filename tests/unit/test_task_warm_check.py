@@ -139,22 +139,29 @@ def test_a_missed_warm_start_is_retried_with_the_next_seed_and_recorded(tmp_path
     warm = json.loads((model / "warm" / "warm_start.json").read_text())
     assert warm["sft/seed"] == 1005 and warm["check/passed"] == 1.0 and warm["sft/steps"] == 40
     assert warm["check/loss_last"] == warm["sft/loss_last"] < LOOSE.max_loss
-    again = _prepare(tmp_path, task)  # a re-run or a resume reuses the checked model
-    assert task.seeds == [5, 1005] and "reusing the warm-started model" in again.notes[-1]
+    again = _prepare(tmp_path, task)  # a re-run or a resume reuses the checked model, saying how it passed
+    assert task.seeds == [5, 1005]
+    assert again.notes[-1].endswith("(check passed at attempt 2, warm-start seed 1005)"), again.notes[-1]
+    other = _prepare(tmp_path, task, attempts=4)  # other settings: said, not silently reused
+    assert "this run asks" in other.notes[-1] and "'attempts': 4" in other.notes[-1] and task.seeds == [5, 1005]
 
 
 def test_a_warm_start_that_misses_on_every_attempt_stops_the_run_in_one_line(tmp_path):
-    from sparse_rl_megatron.utils.errors import UserError
+    from sparse_rl_megatron.utils.errors import RunFailed
 
     task = LotteryTask(miss_seeds={5, 1005})
-    with pytest.raises(UserError) as err:
+    with pytest.raises(RunFailed) as err:
         _prepare(tmp_path, task, attempts=2)
     message = str(err.value)
     assert "\n" not in message and "missed its check on all 2 attempts (last: supervised loss 6." in message
     assert "warm_start.steps=" in message and "warm_check.enabled=false" in message
     assert task.seeds == [5, 1005] and not (tmp_path / "model" / "warm").exists()
-    verdicts = json.loads((tmp_path / "model" / "warm_check.json").read_text())
+    verdicts = json.loads((tmp_path / "model" / "warm_check.json").read_text())  # valid JSON: no NaN
     assert verdicts["verdict"] == "missed" and len(verdicts["attempts"]) == 2
+    assert verdicts["attempts"][0]["measured"]["boxes_right"] is None  # no full chain: a share over nothing
+    with pytest.raises(RunFailed, match="on all 2 attempts already, with these settings"):
+        _prepare(tmp_path, task, attempts=2)  # the same seeds would miss the same way: said at once
+    assert task.seeds == [5, 1005]
 
 
 def test_without_the_check_the_first_warm_start_is_used_as_it_is(tmp_path):

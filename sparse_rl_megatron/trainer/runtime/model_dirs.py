@@ -64,9 +64,10 @@ def prepare_model(cfg, task, run_dir: Path) -> ModelDirs:
         if build_once(init, lambda d: task.build_model(d, seed=cfg.seed)):
             notes.append(f"built the {task.name} model in {init}")
         warm = root / "warm"
+        checked = cfg.warm_check.enabled and task.warm_expectations is not None
         if warm.is_dir():
-            notes.append(f"reusing the warm-started model in {warm}")
-        elif cfg.warm_check.enabled and task.warm_expectations is not None:
+            notes.append(f"reusing the warm-started model in {warm}{_recorded_verdict(cfg, root)}")
+        elif checked:
             notes += checked_warm_start(cfg, task, init, warm)
         else:
             build_once(warm, lambda d: _warm_start(cfg, task, init, d))
@@ -84,21 +85,49 @@ def _warm_start(cfg, task, init: Path, out: Path) -> None:
     (out / WARM_METRICS).write_text(json.dumps(metrics, indent=2) + "\n")
 
 
+def _settings(cfg) -> dict[str, Any]:
+    """What a warm start is built from, recorded with its verdicts: a re-run with other settings is told."""
+    return {"seed": cfg.seed, "warm_start": dict(cfg.warm_start), "attempts": cfg.warm_check.attempts}
+
+
+def _recorded_verdict(cfg, root: Path) -> str:
+    """For the reuse note: the recorded check of the warm start, and whether it was built with other settings."""
+    record = _read_record(root)
+    if record is None:
+        return " (built without its check)"
+    attempt = next((a for a in record["attempts"] if a["passed"]), None)
+    note = (f" (check passed at attempt {attempt['attempt']}, warm-start seed {attempt['seed']})" if attempt
+            else " (its check did not pass)")
+    if record.get("settings") != _settings(cfg):
+        note += (f"; built with {record.get('settings')}, this run asks {_settings(cfg)}: remove {root / 'warm'} "
+                 f"to build it again")
+    return note
+
+
+def _read_record(root: Path) -> dict[str, Any] | None:
+    path = root / WARM_CHECK
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
 def checked_warm_start(cfg, task, init: Path, warm: Path) -> list[str]:
     """Warm-start ``init`` into ``warm`` and check it against the task's expectations (``tasks/warm_check.py``: dense,
-    and with the compressed cache the run samples with, ``rollout.compression``); on a
-    miss, again with the next seed (``WarmCheckConfig.seed``), up to ``cfg.warm_check.attempts`` in all. Every attempt's
-    verdict goes to ``model/warm_check.json``; a missed model is kept as ``warm.missed-<attempt>`` (and said at once).
-    Raises ``UserError`` when every attempt missed. Returns the notes to print."""
+    and with the compressed cache the run samples with, ``rollout.compression``); on a miss, again with the next seed
+    (``WarmCheckConfig.seed``), up to ``cfg.warm_check.attempts`` in all. Every attempt's verdict goes to
+    ``model/warm_check.json`` with the settings it was built with; a missed model is kept as ``warm.missed-<attempt>``
+    (and said at once). Raises ``RunFailed`` when every attempt missed, at once when a run with the same settings
+    already found that (the same seeds miss the same way). Returns the notes to print."""
     from sparse_rl_megatron.tasks import HELDOUT_SEED
     from sparse_rl_megatron.tasks.warm_check import check_warm_start
     from sparse_rl_megatron.utils.atomic_write import write_json_atomic
-    from sparse_rl_megatron.utils.errors import UserError
+    from sparse_rl_megatron.utils.errors import RunFailed
 
-    expected, attempts = task.warm_expectations, cfg.warm_check.attempts
+    expected, attempts, settings = task.warm_expectations, cfg.warm_check.attempts, _settings(cfg)
+    earlier = _read_record(warm.parent)
+    if earlier is not None and earlier.get("verdict") == "missed" and earlier.get("settings") == settings:
+        raise RunFailed(_all_missed(task, earlier, warm.parent, "already, with these settings"))
     options = dict(cfg.warm_start)
     options.setdefault("eval_problems", 0)  # the check scores the held-out records itself
-    record: dict[str, Any] = {"task": task.name, "attempts": [], "rule": (
+    record: dict[str, Any] = {"task": task.name, "settings": settings, "attempts": [], "rule": (
         f"warm start again with seed + {cfg.warm_check.seed(0, 1)} x attempt on a miss, {attempts} attempts in all, "
         "then stop")}
     for attempt in range(attempts):
@@ -110,8 +139,8 @@ def checked_warm_start(cfg, task, init: Path, warm: Path) -> list[str]:
                                  compression=cfg.rollout.compression)
         metrics.update({"sft/heldout_acc": check.measured["heldout_accuracy"], "sft/seed": float(seed),
                         **{f"check/{k}": v for k, v in check.measured.items()}, "check/passed": float(check.passed)})
-        (partial / WARM_METRICS).write_text(json.dumps(metrics, indent=2) + "\n")
-        record["attempts"].append({"attempt": attempt + 1, "seed": seed, **check.to_json()})
+        write_json_atomic(partial / WARM_METRICS, _finite(metrics))
+        record["attempts"].append({"attempt": attempt + 1, "seed": seed, **_finite(check.to_json())})
         record["verdict"] = "passed" if check.passed else ("missed" if attempt + 1 == attempts else "retrying")
         write_json_atomic(warm.parent / WARM_CHECK, record)
         where = f"attempt {attempt + 1} of {attempts}, warm-start seed {seed}"
@@ -123,10 +152,26 @@ def checked_warm_start(cfg, task, init: Path, warm: Path) -> list[str]:
         partial.rename(missed)
         # said now, not with the notes: the next attempt takes minutes
         print(f"warm start {where} {check.summary()}; kept as {missed}", flush=True)
-    raise UserError(f"the warm start of {task.name} missed its check on all {attempts} attempts (last: "
-                    f"{'; '.join(check.missed)}); verdicts in {warm.parent / WARM_CHECK}. Try more supervised steps "
-                    f"(warm_start.steps=...), more attempts (warm_check.attempts=...), or no check "
-                    f"(warm_check.enabled=false)")
+    raise RunFailed(_all_missed(task, record, warm.parent, ""))
+
+
+def _all_missed(task, record: dict[str, Any], root: Path, when: str) -> str:
+    last = record["attempts"][-1]
+    return (f"the warm start of {task.name} missed its check on all {len(record['attempts'])} attempts"
+            f"{' ' + when if when else ''} (last: {'; '.join(last['missed'])}); verdicts in {root / WARM_CHECK}. "
+            f"Try more supervised steps (warm_start.steps=...), more attempts (warm_check.attempts=...), or no check "
+            f"(warm_check.enabled=false)")
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every nan float as None (JSON has no NaN: a share over no records is written as null)."""
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 def export_for_engine(learner, run_dir: Path) -> str:
