@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, get_args
 
 from sparse_rl_megatron.algo.config import CorrectionConfig
-from sparse_rl_megatron.compression.budget_controller import AdaptiveBudgetConfig
 from sparse_rl_megatron.compression.config import CompressionConfig
 from sparse_rl_megatron.learner.config import LearnerConfig, LearnerSettings
 from sparse_rl_megatron.rewards.pool import VerifierPoolConfig

@@ -53,7 +53,6 @@ class Run:
     cfg: TrainConfig
     plan: RunPlan
     run_dir: Path
-    stack: contextlib.ExitStack
     console: "Console"
     learner: "Learner"
     ref_learner: "Learner | None"
@@ -170,7 +169,7 @@ def _build_models(cfg: TrainConfig, plan: RunPlan, run_dir: Path, stack: context
     hf_dir = dirs.engine_hf or export_for_engine(learner, run_dir)
     probe = probe_sequence(learner.arch.vocab_size, cfg.sync.probe_tokens, cfg.seed)
     say(plan.layout.describe())
-    pool = EnginePool.start(cfg, plan, hf_dir, stack, lambda: make_reward(cfg, plan))
+    pool = EnginePool.start(cfg, plan.layout, hf_dir, stack, lambda: make_reward(cfg, plan))
     return _Models(learner, ref_learner, pool, probe)
 
 
@@ -218,7 +217,7 @@ def start_run(cfg: TrainConfig):
             from sparse_rl_megatron.compression.budget_controller import BudgetController
 
             budget = BudgetController(cfg.rollout.adaptive_budget, cfg.rollout.compression.budget)
-        run = Run(cfg=cfg, plan=plan, run_dir=run_dir, stack=stack, console=console, learner=models.learner,
+        run = Run(cfg=cfg, plan=plan, run_dir=run_dir, console=console, learner=models.learner,
                   ref_learner=models.ref_learner, pool=models.pool, probe=models.probe, heartbeat=heartbeat, stop=stop,
                   prompts=PromptOrder(plan.train_data.records, cfg.seed, cfg.data.shuffle) if D.is_main() else None,
                   budget=budget)

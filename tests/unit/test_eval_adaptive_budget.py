@@ -65,7 +65,7 @@ def test_run_evaluates_with_the_controllers_current_budget(tmp_path, monkeypatch
     controller = BudgetController(AdaptiveBudgetConfig(**ADAPTIVE, gain=2.0, deadband=0.0), START)
     controller.update(1.0)   # far above the target: the budget grows
     assert controller.budget > START
-    unused = dict.fromkeys(("stack", "console", "learner", "ref_learner", "pool", "probe", "heartbeat", "stop",
+    unused = dict.fromkeys(("console", "learner", "ref_learner", "pool", "probe", "heartbeat", "stop",
                             "prompts"))  # parts of a run this method does not touch
     run = Run(cfg=_cfg(tmp_path), plan=SimpleNamespace(eval_data={"x": None}, template="t"), run_dir=tmp_path,
               budget=controller, **unused)

@@ -16,7 +16,7 @@ PLUGIN = "sglang_ext"
 """The SGLang plugin, a package of its own beside the library: it is layered with it."""
 LAYERS = (
     ("utils",),
-    ("algo", "compression", "models", "rewards", "observability"),
+    ("algo", "compression", "models", "rewards", "observability", "rollout.sample"),
     ("data", "learner", PLUGIN),
     ("rollout", "planning"),
     ("tasks",),
@@ -29,8 +29,10 @@ LAYERS = (
     ("mismatch", "experiment"),
     ("cli", "convert_cli"),
 )
-"""Lowest first: a module may import modules of its own layer and of lower ones. Names are module paths below the
-package (``trainer`` is the trainer's top-level modules; its sub-packages and its config are layers of their own)."""
+"""Lowest first: a module may import modules of its own layer and of lower ones, type-only imports included. Names are
+module paths below the package (``trainer`` is the trainer's top-level modules; its sub-packages and its config are
+layers of their own; ``rollout.sample``, the data type engines return and rewards score, sits with the torch-only
+parts it needs)."""
 
 
 def _modules(roots: tuple[Path, ...] = (ROOT,)) -> dict[str, Path]:
@@ -48,17 +50,18 @@ def _type_checking_nodes(tree: ast.AST) -> set[int]:
     """ids of the import nodes inside ``if TYPE_CHECKING:`` blocks."""
     skip = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
             for child in node.body:
                 for inner in ast.walk(child):
                     skip.add(id(inner))
     return skip
 
 
-def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """The package modules ``name`` imports (``from a.b import c`` is ``a.b.c`` when that is a module, else ``a.b``)."""
+def _imports(name: str, path: Path, modules: dict[str, Path], type_only: bool = False) -> set[str]:
+    """The package modules ``name`` imports (``from a.b import c`` is ``a.b.c`` when that is a module, else ``a.b``);
+    ``type_only``: also those under ``if TYPE_CHECKING:``."""
     tree = ast.parse(path.read_text())
-    skip = _type_checking_nodes(tree)
+    skip = set() if type_only else _type_checking_nodes(tree)
     is_package = path.name == "__init__.py"
     found = set()
     for node in ast.walk(tree):
@@ -84,8 +87,8 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
 
 
 def import_cycles() -> list[list[str]]:
-    """Every strongly connected component of more than one module (Tarjan), each sorted."""
-    modules = _modules()
+    """Every strongly connected component of more than one module (Tarjan), each sorted; the package and the plugin."""
+    modules = _modules((ROOT, ROOT.parent / PLUGIN))
     return _cycles({m: _imports(m, p, modules) for m, p in modules.items()})
 
 
@@ -154,10 +157,11 @@ def layer_of(module: str) -> int:
     return len(LAYERS)
 
 
-def upward_imports() -> list[str]:
-    """Every import of a module of a higher layer than the importer's (``importer -> imported``)."""
-    modules = _modules((ROOT, ROOT.parent / PLUGIN))
-    return sorted(f"{m} -> {t}" for m, p in modules.items() for t in _imports(m, p, modules)
+def upward_imports(modules: dict[str, Path] | None = None) -> list[str]:
+    """Every import (type-only ones too) of a module of a higher layer than the importer's (``importer -> imported``)
+    among ``modules`` (default: the package and the plugin)."""
+    modules = modules if modules is not None else _modules((ROOT, ROOT.parent / PLUGIN))
+    return sorted(f"{m} -> {t}" for m, p in modules.items() for t in _imports(m, p, modules, type_only=True)
                   if layer_of(t) > layer_of(m))
 
 
@@ -184,8 +188,9 @@ def test_every_part_of_the_package_has_a_layer():
     assert not unplaced, f"modules outside LAYERS: {unplaced}"
 
 
-def test_the_layer_check_sees_an_arrow_up(tmp_path):
-    """A seeded defect: a torch-only module that imports the trainer is reported."""
+def test_the_layer_check_sees_an_arrow_up_and_the_cycle_check_a_circle(tmp_path):
+    """Seeded defects: a torch-only module that imports the trainer (at run time, then for types only) is reported;
+    two modules importing each other are a circle."""
     assert layer_of("sparse_rl_megatron.algo.ratio") < layer_of("sparse_rl_megatron.trainer.loop")
     assert layer_of("sparse_rl_megatron.trainer.config") < layer_of("sparse_rl_megatron.trainer.runtime.model_dirs")
     pkg = tmp_path / PACKAGE
@@ -195,6 +200,11 @@ def test_the_layer_check_sees_an_arrow_up(tmp_path):
         (pkg / f).write_text("")
     (pkg / "algo" / "ratio.py").write_text("def f():\n    from sparse_rl_megatron.trainer.loop import train\n")
     modules = _modules((pkg,))
-    found = _imports("sparse_rl_megatron.algo.ratio", pkg / "algo" / "ratio.py", modules)
-    assert found == {"sparse_rl_megatron.trainer.loop"}
-    assert layer_of("sparse_rl_megatron.trainer.loop") > layer_of("sparse_rl_megatron.algo.ratio")
+    assert upward_imports(modules) == ["sparse_rl_megatron.algo.ratio -> sparse_rl_megatron.trainer.loop"]
+    (pkg / "algo" / "ratio.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                           "    from sparse_rl_megatron.trainer.loop import train\n")
+    assert upward_imports(modules) == ["sparse_rl_megatron.algo.ratio -> sparse_rl_megatron.trainer.loop"]
+    (pkg / "trainer" / "loop.py").write_text("from sparse_rl_megatron.algo import ratio\n")
+    (pkg / "algo" / "ratio.py").write_text("from sparse_rl_megatron.trainer import loop\n")
+    graph = {m: _imports(m, p, modules) for m, p in _modules((pkg,)).items()}
+    assert _cycles(graph) == [["sparse_rl_megatron.algo.ratio", "sparse_rl_megatron.trainer.loop"]]

@@ -14,7 +14,6 @@ one (``resume.py``); the last ``keep_last`` complete ones are kept.
 """
 from __future__ import annotations
 
-import json
 import os
 import random
 import re
@@ -77,14 +76,10 @@ def resolve_resume(resume: str, run_dir: str | os.PathLike) -> Path | None:
 
 def read_state(ckpt: str | os.PathLike) -> TrainerState:
     """The trainer state of a complete checkpoint; ``UserError`` when it is of another version or not one."""
-    state = json.loads((Path(ckpt) / STATE_FILE).read_text())
-    if state.get("format_version") != FORMAT_VERSION:
-        raise UserError(f"{Path(ckpt) / STATE_FILE}: format_version {state.get('format_version')} is not "
-                        f"{FORMAT_VERSION}, which this version writes and reads")
     try:
-        return TrainerState.from_json(state)
+        return TrainerState.read(ckpt)
     except ValueError as err:
-        raise UserError(f"{Path(ckpt) / STATE_FILE}: {err}") from None
+        raise UserError(str(err)) from None
 
 
 def capture_rng(cuda: bool | None = None) -> dict[str, Any]:

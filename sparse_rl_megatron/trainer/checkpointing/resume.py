@@ -15,15 +15,26 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from sparse_rl_megatron.trainer.checkpointing import checkpoints as C
-from sparse_rl_megatron.trainer.checkpointing.integrity import problem, read_state_file
+from sparse_rl_megatron.trainer.checkpointing.integrity import problem
 from sparse_rl_megatron.trainer.checkpointing.state import FORMAT_VERSION, TrainerState
 from sparse_rl_megatron.utils.errors import RunFailed
 
 if TYPE_CHECKING:
-    from sparse_rl_megatron.trainer.run import Run
+    from sparse_rl_megatron.learner.learner import Learner
+    from sparse_rl_megatron.trainer.config import TrainConfig
+
+
+class ResumingRun(Protocol):
+    """What of a run ``load`` uses (``trainer/run.py``'s ``Run``)."""
+
+    cfg: "TrainConfig"
+    run_dir: Path
+    learner: "Learner"
+
+    def say(self, text: str) -> None: ...
 
 @dataclass
 class Choice:
@@ -82,8 +93,8 @@ def _intact(path: Path) -> tuple[TrainerState | None, str | None]:
     if wrong:
         return None, wrong
     try:
-        return TrainerState.from_json(read_state_file(path)[0]), None
-    except (TypeError, ValueError) as err:
+        return TrainerState.read(path), None
+    except ValueError as err:
         return None, f"its trainer state does not load ({err})"
 
 
@@ -97,7 +108,7 @@ def _why(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
 
 
-def load(run: "Run", choice: Choice) -> Choice:
+def load(run: ResumingRun, choice: Choice) -> Choice:
     """Load ``choice`` into ``run.learner`` and this rank's RNG (every rank); fall back to older intact
     checkpoints while one does not load. Returns what was loaded (``path`` None: nothing to load)."""
     from sparse_rl_megatron.trainer.runtime import distributed as D

@@ -9,7 +9,10 @@ a line in ``capture`` and one in ``restore``.
 """
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -85,6 +88,26 @@ class TrainerState:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def read(cls, ckpt: "str | os.PathLike") -> "TrainerState":
+        """The trainer state of checkpoint ``ckpt``; ``ValueError`` naming what is wrong (no file, not JSON, another
+        format version, another shape)."""
+        from sparse_rl_megatron.trainer.checkpointing.integrity import STATE_FILE
+
+        path = Path(ckpt) / STATE_FILE
+        try:
+            state = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            raise ValueError(f"{path} cannot be read ({err})") from None
+        if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
+            version = state.get("format_version") if isinstance(state, dict) else None
+            raise ValueError(f"{path}: format_version {version} is not {FORMAT_VERSION}, which this version writes "
+                             f"and reads")
+        try:
+            return cls.from_json(state)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{path}: {err}") from None
 
     @classmethod
     def from_json(cls, state: dict[str, Any]) -> "TrainerState":

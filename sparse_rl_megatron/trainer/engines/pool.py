@@ -31,7 +31,6 @@ from sparse_rl_megatron.trainer.engines.worker import EngineHang, EngineWorker, 
 from sparse_rl_megatron.utils.errors import UserError
 
 if TYPE_CHECKING:
-    from sparse_rl_megatron.compression import CompressionConfig
     from sparse_rl_megatron.data.record import MathRecord
     from sparse_rl_megatron.rollout.engine import RolloutEngine, SamplingParams
     from sparse_rl_megatron.rollout.layout import EngineSlot, RolloutLayout
@@ -41,7 +40,6 @@ if TYPE_CHECKING:
     from sparse_rl_megatron.rollout.sample import Sample
     from sparse_rl_megatron.trainer.config import TrainConfig
     from sparse_rl_megatron.trainer.engines.colocated_weights import ColocatedPayloads
-    from sparse_rl_megatron.trainer.run_plan import RunPlan
 
 MIB = 1024 * 1024
 PHASE_REPORT_MARGIN_S = 60.0
@@ -89,14 +87,14 @@ class EnginePool:
 
     # ---------------------------------------------------------------------------------------------- start
     @classmethod
-    def start(cls, cfg: "TrainConfig", plan: "RunPlan", hf_dir: str, stack: contextlib.ExitStack,
+    def start(cls, cfg: "TrainConfig", layout: "RolloutLayout", hf_dir: str, stack: contextlib.ExitStack,
               make_reward: "Callable[[], ContextManager[SampleReward]]") -> "EnginePool":
         """Build this rank's engines (and its reward, a context manager entered on ``stack``). Collective; a
         rank that fails to start its engine fails every rank."""
         from sparse_rl_megatron.rollout.engines import ENGINES
         from sparse_rl_megatron.trainer.engines.colocated_weights import ColocatedPayloads
 
-        rank, layout = D.rank(), plan.layout
+        rank = D.rank()
         pool = cls(layout, cfg.rollout.engine, engine_deadline(cfg.phase_timeout_s))
         spec = ENGINES.get(cfg.rollout.engine)
         stack.callback(pool.close)
@@ -150,11 +148,6 @@ class EnginePool:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-    @property
-    def engines(self) -> list["RolloutEngine"]:
-        """This rank's engines (none on a rank that drives none)."""
-        return [local.engine for local in self.local]
 
     # -------------------------------------------------------------------------------------- per engine
     def on_engines(self, work: Callable[["RolloutEngine", "EngineSlot"], Any], what: str) -> list[Any]:
