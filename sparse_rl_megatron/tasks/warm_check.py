@@ -25,6 +25,8 @@ import os
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Mapping, Sequence
 
+from sparse_rl_megatron.data.record_extras import CHAIN_KEY, SUBSET_KEY, full_chain
+
 if TYPE_CHECKING:
     from sparse_rl_megatron.compression import CompressionConfig
     from sparse_rl_megatron.data.record import MathRecord
@@ -110,8 +112,6 @@ def check_warm_start(task: "Task", model_dir: str | os.PathLike, expected: WarmS
     (which must carry their worked chain, ``extra["chain"]``), with a dense cache and, when ``compression`` is a
     compressed one and ``expected.min_sparse_taught_accuracy`` is set, with that cache too; judge it against
     ``expected``."""
-    from sparse_rl_megatron.data.record_extras import CHAIN_KEY
-
     records = task.records("heldout", limit=expected.problems, seed=seed)
     if any(CHAIN_KEY not in r.extra for r in records):
         raise ValueError(f"check_warm_start: the held-out records of {task.name} carry no worked chain")
@@ -146,8 +146,6 @@ def chain_measures(records: Sequence["MathRecord"], responses: Sequence[str], ri
                    loss_last: float) -> dict[str, float]:
     """The check's values (module docstring) of one greedy response per record (``responses[i]`` to
     ``records[i]``, ``right[i]``: its reward was positive)."""
-    from sparse_rl_megatron.data.record_extras import CHAIN_KEY, SUBSET_KEY, full_chain
-
     if not len(records) == len(responses) == len(right) > 0:
         raise ValueError(f"chain_measures: {len(records)} records, {len(responses)} responses, {len(right)} verdicts")
     full = [full_chain(text, r.extra[CHAIN_KEY]) for r, text in zip(records, responses)]

@@ -18,6 +18,7 @@ from sparse_rl_megatron.trainer.runtime import distributed as D
 from sparse_rl_megatron.trainer.config import TrainConfig
 from sparse_rl_megatron.trainer.optimize import optimizer_steps
 from sparse_rl_megatron.trainer.runtime.progress import print_step
+from sparse_rl_megatron.trainer.runtime.expected_result import expected_result_line
 from sparse_rl_megatron.trainer.run import Run, exit_note, start_run
 from sparse_rl_megatron.trainer.step import rollout_step
 from sparse_rl_megatron.utils.errors import RunFailed
@@ -124,8 +125,6 @@ def _finish(cfg: TrainConfig, run: Run) -> None:
             if first.get(chain) is not None and last.get(chain) is not None:  # every intermediate state right
                 line += f"; full chains {first[chain]:.3f} -> {last[chain]:.3f}"
             run.say(line)
-    from sparse_rl_megatron.trainer.runtime.expected_result import expected_result_line
-
     verdict = expected_result_line(cfg.expect, records)
     if verdict is not None:
         from rich.markup import escape

@@ -25,6 +25,7 @@ import torch
 
 from sparse_rl_megatron.trainer.checkpointing.integrity import STATE_FILE, file_sizes
 from sparse_rl_megatron.trainer.checkpointing.state import FORMAT_VERSION, TrainerState
+from sparse_rl_megatron.trainer.runtime import distributed as D
 from sparse_rl_megatron.utils.atomic_write import atomic_write, write_json_atomic
 from sparse_rl_megatron.utils.device import cuda_present
 from sparse_rl_megatron.utils.errors import RunFailed, UserError
@@ -114,8 +115,6 @@ def save(run_dir: str | os.PathLike, step: int, learner, trainer_state: TrainerS
     A write that fails on any rank (``OSError``: ENOSPC, EIO, EACCES, ...) fails the save on every rank with
     ``SaveFailed`` (one line naming the error); the partial checkpoint is removed, the earlier ones are untouched
     (they are pruned only after a save succeeded)."""
-    from sparse_rl_megatron.trainer.runtime import distributed as D
-
     out = step_dir(run_dir, step)
     if D.is_main() and out.exists() and not is_complete(out):
         shutil.rmtree(out)  # an earlier, interrupted save of this step: start it over
@@ -148,8 +147,6 @@ def _write_state(out: Path, state: TrainerState) -> None:
     """Rank 0, after every rank wrote its files: the trainer state with the world size and the size of every file
     (written last)."""
     from dataclasses import replace
-
-    from sparse_rl_megatron.trainer.runtime import distributed as D
 
     write_json_atomic(out / STATE_FILE, replace(state, world_size=D.world_size(), files=file_sizes(out)).to_json())
 
@@ -204,8 +201,6 @@ def _agreed(out: Path, write) -> None:
     """Run this rank's part of a save step, then agree across ranks: if a write failed on a rank for a reason
     outside the program (``save_failure``: a disk error, a killed writer), every rank raises ``SaveFailed``
     naming the rank it happened on (instead of the others waiting in the next collective)."""
-    from sparse_rl_megatron.trainer.runtime import distributed as D
-
     error: BaseException | None = None
     try:
         write()

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 from sparse_rl_megatron.trainer.checkpointing import checkpoints as C
 from sparse_rl_megatron.trainer.checkpointing.integrity import problem
 from sparse_rl_megatron.trainer.checkpointing.state import FORMAT_VERSION, TrainerState
+from sparse_rl_megatron.trainer.runtime import distributed as D
 from sparse_rl_megatron.utils.errors import RunFailed
 
 if TYPE_CHECKING:
@@ -111,8 +112,6 @@ def _why(err: BaseException) -> str:
 def load(run: ResumingRun, choice: Choice) -> Choice:
     """Load ``choice`` into ``run.learner`` and this rank's RNG (every rank); fall back to older intact
     checkpoints while one does not load. Returns what was loaded (``path`` None: nothing to load)."""
-    from sparse_rl_megatron.trainer.runtime import distributed as D
-
     while choice.path is not None:
         error = None
         try:

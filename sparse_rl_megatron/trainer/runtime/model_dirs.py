@@ -16,6 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from sparse_rl_megatron.tasks import HELDOUT_SEED, is_task_ref
+from sparse_rl_megatron.tasks.warm_check import check_warm_start
+from sparse_rl_megatron.trainer.config import TINY_MODELS
+from sparse_rl_megatron.trainer.runtime import distributed as D
+from sparse_rl_megatron.utils.atomic_write import write_json_atomic
+from sparse_rl_megatron.utils.errors import RunFailed
+from sparse_rl_megatron.utils.file_checks import MEGATRON_META_FILE
+
 MODEL_DIR = "model"
 WARM_METRICS = "warm_start.json"
 WARM_CHECK = "warm_check.json"
@@ -47,10 +55,6 @@ def build_once(out: Path, build: Callable[[Path], Any]) -> bool:
 
 def prepare_model(cfg, task, run_dir: Path) -> ModelDirs:
     """Rank 0: resolve ``cfg.model_path`` to model directories, building what is missing."""
-    from sparse_rl_megatron.tasks import is_task_ref
-    from sparse_rl_megatron.trainer.config import TINY_MODELS
-    from sparse_rl_megatron.utils.file_checks import MEGATRON_META_FILE
-
     root = run_dir / MODEL_DIR
     init = root / "init"
     if cfg.model_path in TINY_MODELS:
@@ -116,11 +120,6 @@ def checked_warm_start(cfg, task, init: Path, warm: Path) -> list[str]:
     ``model/warm_check.json`` with the settings it was built with; a missed model is kept as ``warm.missed-<attempt>``
     (and said at once). Raises ``RunFailed`` when every attempt missed, at once when a run with the same settings
     already found that (the same seeds miss the same way). Returns the notes to print."""
-    from sparse_rl_megatron.tasks import HELDOUT_SEED
-    from sparse_rl_megatron.tasks.warm_check import check_warm_start
-    from sparse_rl_megatron.utils.atomic_write import write_json_atomic
-    from sparse_rl_megatron.utils.errors import RunFailed
-
     expected, attempts, settings = task.warm_expectations, cfg.warm_check.attempts, _settings(cfg)
     earlier = _read_record(warm.parent)
     if earlier is not None and earlier.get("verdict") == "missed" and earlier.get("settings") == settings:
@@ -176,8 +175,6 @@ def _finite(value: Any) -> Any:
 
 def export_for_engine(learner, run_dir: Path) -> str:
     """Collective: the learner's weights as an HF directory ``model/hf`` for the engine (once)."""
-    from sparse_rl_megatron.trainer.runtime import distributed as D
-
     out = run_dir / MODEL_DIR / "hf"
     if not D.on_main(out.is_dir):
         partial = out.with_name("hf.partial")
