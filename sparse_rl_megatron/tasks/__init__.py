@@ -15,10 +15,14 @@ A config refers to a task as ``task:<name>``; ``get_task`` resolves it (unknown 
   right on full chains). The embedded default
   (``configs/cpu_default.yaml``; ``modchain_weak`` was until issue 26).
 - ``modchain100_weak``: mod 100, a in {21, 41, 61, 81}, b a unit (periods 100), N = 29; passes the audit.
+- ``lagchain31_weak``: 6 registers updated in turn mod 31, each step reading its register's value written 6 steps
+  (11 positions) back in the response, plus a prompt increment (``lagchain.py``; issue 39: a task where a compressed
+  cache must keep the right response tokens). The weaker teacher as above.
 """
 from __future__ import annotations
 
 from sparse_rl_megatron.tasks.base import HELDOUT_SEED, SPLITS, Task
+from sparse_rl_megatron.tasks.lagchain import LagChainSpec, LagChainTask
 from sparse_rl_megatron.tasks.modchain import ModChainSpec, ModChainTask
 from sparse_rl_megatron.tasks.modchain_problems import ChainFamily
 from sparse_rl_megatron.tasks.modchain_teacher import EarlyStopTeacher
@@ -46,6 +50,12 @@ TASKS.add("modchain100_weak", ModChainTask(ModChainSpec(
                        skip_fixed_points=True), steps=29,
     heldout_size=400, heldout_variants=1, train_variants=1, teacher=EarlyStopTeacher(stop_step=26)),
     name="modchain100_weak"))
+
+TASKS.add("lagchain31_weak", LagChainTask(LagChainSpec(
+    # the read 2L - 1 = 11 positions back is never dropped, nor the 3 keys the compressed cache always holds
+    warm_start={"batch_size": 32, "key_dropout_keep_recent": 3, "key_dropout_answer_anchor": True},
+    warm_check=WarmStartExpectations(max_loss=0.02, min_taught_accuracy=0.9, min_taught_full_chains=0.9,
+                                     min_boxes_right=0.95)), name="lagchain31_weak"))
 
 
 def is_task_ref(name: str) -> bool:

@@ -1,0 +1,269 @@
+"""``lagchain``: a chain whose every step reads the response itself, L steps back (issue 39: where compression bites).
+
+On ``modchain`` every state is the previous state plus a prompt value, and the prompt is never evicted: a compressed
+cache that keeps the last few tokens loses nothing, so no budget can make the sparse sampler differ from the dense
+policy except where a compressor misfires. Here the response keeps L registers updated in turn: state k belongs to
+register ``k mod L`` and is that register's previous value plus an increment from the prompt,
+
+    x_k = (x_{k-L} + (a if k odd else b)) mod M        for k >= L,
+
+with x_0 .. x_{L-1} restated from prompt tags (``sZero vSeven sOne wTwo ...``). The value a step needs was written
+2L - 1 positions before its query, far beyond the last state; a compressed cache keeps the right tokens only if its
+compressor keeps the last L register values (recency does; attention-based scorers see only where the current step
+looks, not where the next ones will).
+
+Formats (words separated by single spaces, each one token; ``word_tokenizer.py``):
+
+- prompt: ``Q`` then the tags of x_0 .. x_{L-1} (letters ``c d e f g h``), of a and b, and D distractor tags (other
+  letters, random values) in a random order, then ``:``;
+- worked solution: ``sZero <v x_0> sOne <w x_1> ... sN <reg x_N> \\boxed{x_N}``, where a state is written with its
+  register's letter (``vSeven``: register v holds 7), so a step finds its register's last value by content.
+
+The answer is x_N = x_{N mod L} + (rounds) x increment, a function of one initial value and one increment: no
+prompt value, constant or early state gives it (``sparse-rl audit``). A weaker teacher (``modchain_teacher.py``'s
+rule: where x_stop is odd, stop after step ``stop_step`` with probability 0.7 and box x_stop) leaves headroom for RL.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from sparse_rl_megatron.data.loader import Dataset
+from sparse_rl_megatron.data.record import MathRecord
+from sparse_rl_megatron.data.record_extras import CHAIN_KEY, SHORTCUT_FREE_KEY, SUBSET_KEY
+from sparse_rl_megatron.tasks.base import SPLITS, Task
+from sparse_rl_megatron.tasks.modchain import MIN_POSITIONS, WARM_START, ModChainModel
+from sparse_rl_megatron.tasks.modchain_problems import (
+    PROMPT_END, PROMPT_START, SPLIT_SEED, answer_text, answer_tokens, number_word, parse_prompt, step_word,
+)
+from sparse_rl_megatron.tasks.modchain_teacher import OTHER
+from sparse_rl_megatron.tasks.sft import SFTConfig, check_output_free, save_model_dir, supervised_finetune
+from sparse_rl_megatron.tasks.warm_check import WarmStartExpectations
+from sparse_rl_megatron.tasks.word_tokenizer import build_word_tokenizer
+
+INITIAL_LETTERS = "cdefgh"
+"""Prompt tags of the initial values x_0 .. x_{L-1} (L <= 6)."""
+INCREMENT_LETTERS = ("a", "b")
+DISTRACTOR_LETTERS = "kmnpqr"
+REGISTER_LETTERS = "vwxyzj"
+"""The letter a state is written with: register ``k mod L``."""
+CLASS = "odd_x_stop"
+"""The weaker teacher's class (as ``modchain_teacher``'s): x_stop odd and not the answer."""
+
+Key = tuple[tuple[int, ...], int, int]
+"""(initial values, a, b): what the answer depends on; the split is made on it."""
+
+
+@dataclass(frozen=True)
+class LagChainSpec:
+    """One ``lagchain`` variant: problem family, teacher and model."""
+
+    lag: int = 6
+    """L: registers, so a step reads the state written L steps (2L tokens) before it."""
+    modulus: int = 31
+    """M."""
+    steps: int = 29
+    """N: the last state (x_0 .. x_N are written)."""
+    increments: tuple[int, ...] = tuple(range(1, 10))
+    """The values of a and b."""
+    problems: int = 4000
+    """Triples drawn for the family (held-out + training), distinct."""
+    heldout_size: int = 400
+    """Of them held out (one record each); the rest train (``train_variants`` records each)."""
+    train_variants: int = 1
+    """Training records per training problem (other distractors and tag orders)."""
+    distractors: int = 2
+    """Distractor tags in the prompt."""
+    stop_step: int = 26
+    """The weaker teacher's early stop (it boxes x_stop), on its class with probability ``stop_prob``."""
+    stop_prob: float = 0.7
+    model: ModChainModel = field(default_factory=ModChainModel)
+    warm_start_steps: int = 1000
+    warm_start: Mapping[str, Any] = field(default_factory=dict)
+    """Changes to ``modchain.WARM_START`` (``SFTConfig`` fields)."""
+    warm_check: WarmStartExpectations | None = None
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.lag <= len(INITIAL_LETTERS):
+            raise ValueError(f"LagChainSpec.lag must be in [2, {len(INITIAL_LETTERS)}], got {self.lag}")
+        if not self.lag <= self.stop_step < self.steps:
+            raise ValueError(f"LagChainSpec.stop_step must be in [lag, steps), got {self.stop_step}")
+        if not 0 < self.heldout_size < self.problems:
+            raise ValueError(f"LagChainSpec.heldout_size must be in [1, problems), got {self.heldout_size}")
+        if any(not 0 < i < self.modulus for i in self.increments):
+            raise ValueError(f"LagChainSpec.increments must be in [1, modulus), got {self.increments}")
+
+
+def states(key: Key, spec: LagChainSpec) -> list[int]:
+    """``[x_0, ..., x_N]``."""
+    xs = list(key[0])
+    a, b = key[1], key[2]
+    for k in range(spec.lag, spec.steps + 1):
+        xs.append((xs[k - spec.lag] + (a if k % 2 else b)) % spec.modulus)
+    return xs
+
+
+def state_word(k: int, value: int, lag: int) -> str:
+    """State k as written: its register's letter and the value (``vSeven``)."""
+    return REGISTER_LETTERS[k % lag] + number_word(value)
+
+
+def chain(xs: list[int], lag: int, last: int) -> list[str]:
+    """``sZero <x_0> ... s<last> <x_last>``."""
+    return [w for k in range(last + 1) for w in (step_word(k), state_word(k, xs[k], lag))]
+
+
+def in_class(xs: list[int], spec: LagChainSpec) -> bool:
+    """The weaker teacher may stop early here: x_stop odd and not the answer."""
+    return xs[spec.stop_step] % 2 == 1 and xs[spec.stop_step] != xs[spec.steps]
+
+
+class LagChainTask(Task):
+    """``task:lagchain31_weak`` (see the module docstring)."""
+
+    description = "L registers updated in turn, each by a prompt increment, from the response L steps back"
+    template = "raw"
+    reward = "exact"
+
+    def __init__(self, spec: LagChainSpec | None = None, name: str = "lagchain"):
+        self.spec = spec or LagChainSpec()
+        self.name = name
+        self.warm_expectations = self.spec.warm_check
+
+    @property
+    def prompt_tokens(self) -> int:
+        return 2 + self.spec.lag + len(INCREMENT_LETTERS) + self.spec.distractors
+
+    @property
+    def response_tokens(self) -> int:
+        return 2 * (self.spec.steps + 1) + answer_tokens(self.spec.modulus) + 1
+
+    @functools.cached_property
+    def _split(self) -> dict[str, list[Key]]:
+        spec, rng = self.spec, random.Random(f"{SPLIT_SEED}/{self.name}")
+        keys: set[Key] = set()
+        while len(keys) < spec.problems:
+            keys.add((tuple(rng.randrange(spec.modulus) for _ in range(spec.lag)), rng.choice(spec.increments),
+                      rng.choice(spec.increments)))
+        ordered = sorted(keys)
+        rng.shuffle(ordered)
+        return {"heldout": sorted(ordered[:spec.heldout_size]), "train": sorted(ordered[spec.heldout_size:])}
+
+    def _prompt(self, key: Key, rng: random.Random) -> tuple[str, list[tuple[str, int]]]:
+        spec = self.spec
+        tags = [(INITIAL_LETTERS[i], v) for i, v in enumerate(key[0])] + [("a", key[1]), ("b", key[2])]
+        tags += [(letter, rng.randrange(spec.modulus)) for letter in rng.sample(DISTRACTOR_LETTERS, spec.distractors)]
+        rng.shuffle(tags)
+        return " ".join([PROMPT_START, *(letter + number_word(v) for letter, v in tags), PROMPT_END]), tags
+
+    def records(self, split: str, limit: int | None = None, seed: int = 0) -> Dataset:
+        """Held-out: each held-out problem once, in a fixed order; train: each training problem ``train_variants``
+        times, shuffled. Distractors, tag order and the teacher's draws come from ``seed``."""
+        if split not in SPLITS:
+            raise ValueError(f"{self.name} split must be one of {', '.join(SPLITS)}, got '{split}'")
+        spec = self.spec
+        rng = random.Random(f"{self.name}/{split}/{seed}")
+        variants = 1 if split == "heldout" else spec.train_variants
+        rows = [(v, key) for v in range(variants) for key in self._split[split]]
+        if split == "train":
+            rng.shuffle(rows)
+        teacher = random.Random(f"{self.name}/teacher/{split}/{seed}")
+        out = []
+        for v, key in rows[:limit]:
+            prompt, tags = self._prompt(key, rng)
+            xs = states(key, spec)
+            answer = str(xs[spec.steps])
+            solution = " ".join(chain(xs, spec.lag, spec.steps) + [answer_text(xs[spec.steps])])
+            weak = in_class(xs, spec)
+            stop = teacher.random() < spec.stop_prob  # drawn for every record: draws do not depend on the order
+            shown = (" ".join(chain(xs, spec.lag, spec.stop_step) + [answer_text(xs[spec.stop_step])])
+                     if weak and stop else solution)
+            out.append(MathRecord(
+                prompt=prompt, answer=answer, dataset=self.name, answer_style="boxed",
+                source_id=f"{split}-{'_'.join(map(str, key[0]))}_{key[1]}_{key[2]}-v{v}",
+                extra={"solution": solution, "demonstration": shown, "initial": list(key[0]), "a": key[1], "b": key[2],
+                       SUBSET_KEY: CLASS if weak else OTHER, CHAIN_KEY: " ".join(chain(xs, spec.lag, spec.steps)),
+                       SHORTCUT_FREE_KEY: all(str(value) != answer for _, value in tags)}))
+        return Dataset(name=self.name, path=f"task:{self.name}/{split}", records=out)
+
+    def trivial_answers(self, record: MathRecord) -> dict[str, str | None]:
+        """Each value of the prompt (by letter and by position) and stopping after step k for every k < N (None: the
+        tag's letter is absent from this prompt)."""
+        tags = parse_prompt(record.prompt)
+        by_letter = dict(tags)
+        out: dict[str, str | None] = {}
+        for letter in (*INITIAL_LETTERS[:self.spec.lag], *INCREMENT_LETTERS, *DISTRACTOR_LETTERS):
+            out[f"prompt: tag {letter}"] = str(by_letter[letter]) if letter in by_letter else None
+        for i, (_, value) in enumerate(tags):
+            out[f"prompt: tag #{i + 1}"] = str(value)
+        key: Key = (tuple(record.extra["initial"]), record.extra["a"], record.extra["b"])
+        for k, x in enumerate(states(key, self.spec)[:self.spec.steps]):
+            out[f"early stop: x_{k}"] = str(x)
+        return out
+
+    # -------------------------------------------------------------------------------------------- model
+    def tokenizer(self):
+        spec = self.spec
+        letters = (*INITIAL_LETTERS[:spec.lag], *INCREMENT_LETTERS, *DISTRACTOR_LETTERS, *REGISTER_LETTERS[:spec.lag])
+        words = [PROMPT_START, PROMPT_END, *(letter + number_word(v) for letter in letters for v in range(spec.modulus)),
+                 *(step_word(k) for k in range(spec.steps + 1))]
+        return build_word_tokenizer(words, [" " + answer_text(d) for d in range(spec.modulus)])
+
+    def build_model(self, out_dir: str | os.PathLike, *, seed: int = 0) -> Path:
+        import tempfile
+
+        from transformers import AutoModelForCausalLM
+
+        from sparse_rl_megatron.models.tiny import tiny_config
+
+        tok, m = self.tokenizer(), self.spec.model
+        config = tiny_config("qwen2", vocab_size=len(tok), hidden_size=m.hidden_size, num_layers=m.num_layers,
+                             num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, intermediate_size=m.intermediate_size,
+                             tie_word_embeddings=True,
+                             max_position_embeddings=max(MIN_POSITIONS, 2 * (self.prompt_tokens + self.response_tokens)))
+        config.bos_token_id, config.eos_token_id, config.pad_token_id = None, tok.eos_token_id, tok.pad_token_id
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        with tempfile.TemporaryDirectory() as tok_dir:
+            tok.save_pretrained(tok_dir)
+            return save_model_dir(model, tok_dir, out_dir)
+
+    # --------------------------------------------------------------------------------------- warm start
+    def sft_examples(self, tokenizer, seed: int = 0) -> tuple[list[tuple[list[int], list[int]]], list[int]]:
+        """``(prompt_ids, demonstration_ids + [eos])`` of every training record, and where each boxed answer
+        starts in its response."""
+        box = tokenizer(" " + answer_text(0), add_special_tokens=False)["input_ids"][0]
+        examples, starts = [], []
+        for r in self.records("train", seed=seed):
+            prompt = tokenizer(r.prompt, add_special_tokens=False)["input_ids"]
+            full = tokenizer(f"{r.prompt} {r.extra['demonstration']}", add_special_tokens=False)["input_ids"]
+            if full[:len(prompt)] != prompt:
+                raise ValueError(f"{self.name}: the prompt of {r.source_id} does not tokenize as a prefix")
+            response = full[len(prompt):] + [tokenizer.eos_token_id]
+            examples.append((prompt, response))
+            starts.append(max(i for i, t in enumerate(response) if t == box))
+        return examples, starts
+
+    def warm_start(self, model_dir: str | os.PathLike, out_dir: str | os.PathLike, *, seed: int = 0,
+                   **options: Any) -> dict[str, float]:
+        """Supervised stage on the teacher's demonstrations (``SFTConfig`` fields as options over ``WARM_START``
+        with the spec's steps and changes); the step's read, 2L - 1 positions back, is never dropped."""
+        from transformers import AutoTokenizer
+
+        from sparse_rl_megatron.utils.config_io import from_dict
+
+        options.pop("eval_problems", None)  # the trainer's check scores the warm start
+        defaults = {**WARM_START, "steps": self.spec.warm_start_steps,
+                    "key_dropout_keep_offsets": (2 * self.spec.lag - 1,), **self.spec.warm_start}
+        config = from_dict(SFTConfig, {**defaults, **options}, "warm_start")
+        check_output_free(out_dir)
+        tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+        examples, starts = self.sft_examples(tok, seed)
+        return supervised_finetune(model_dir, out_dir, examples, config, seed=seed, answer_starts=starts)
