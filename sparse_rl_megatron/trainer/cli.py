@@ -28,7 +28,7 @@ def load(args: argparse.Namespace):
     from sparse_rl_megatron.utils.errors import UserError
 
     cfg = load_config(TrainConfig, args.config or DEFAULT_RECIPE, args.overrides)
-    if cfg.expect.ranges:  # the verdict at the end names what the command line changed
+    if cfg.expect is not None:  # the verdict at the end names what the command line changed
         from sparse_rl_megatron.trainer.runtime.expected_result import overridden_keys
 
         cfg.expect.overridden = overridden_keys(args.overrides)

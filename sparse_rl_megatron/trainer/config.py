@@ -286,8 +286,9 @@ class TrainConfig:
     """Progress, TensorBoard, heartbeat, plot."""
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     """The GPUs and layout the recipe expects."""
-    expect: ExpectConfig = field(default_factory=ExpectConfig)
-    """The recipe's documented result (compared at the end of the run)."""
+    expect: ExpectConfig | None = None
+    """The recipe's documented result, compared at the end of the run (None: none; a recipe that includes one with a
+    documented result sets ``expect: null``, the result not being its own)."""
     phase_timeout_s: int = 4 * 3600
     """Longest a phase that waits on the rollout engines (rollout + reward, weight sync, probe, evaluation, a
     rank building a model) may take before the ranks call it a hang: an engine that has not answered by then

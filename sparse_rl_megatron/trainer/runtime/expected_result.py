@@ -19,9 +19,9 @@ def overridden_keys(overrides: Sequence[str]) -> list[str]:
     return [k for k in keys if not any(k == n or (n.endswith(".") and k.startswith(n)) for n in NEUTRAL_OVERRIDES)]
 
 
-def expected_result_line(expect: ExpectConfig, records: Sequence[dict[str, Any]]) -> str | None:
+def expected_result_line(expect: ExpectConfig | None, records: Sequence[dict[str, Any]]) -> str | None:
     """One line comparing the run's metrics at ``expect.step`` with ``expect.ranges``; None without ranges."""
-    if not expect.ranges:
+    if expect is None or not expect.ranges:
         return None
     source = f" ({expect.source})" if expect.source else ""
     at = next((r for r in records if r.get("step") == expect.step and all(k in r for k in expect.ranges)), None)
