@@ -133,10 +133,11 @@ def test_a_process_in_its_own_session_ends_with_its_killed_parent(tmp_path):
     with open(log, "w") as out:
         parent = subprocess.Popen([sys.executable, "-c", _PARENT, _CHILD], stdout=subprocess.PIPE, stderr=out,
                                   stdin=subprocess.PIPE, text=True, env=env)
-    child_pid = int(parent.stdout.readline())
-    child = psutil.Process(child_pid)
+    # the parent prints the child's pid, the child "armed" once its lifeline is set: on one pipe, in either order
+    lines = sorted(parent.stdout.readline().strip() for _ in range(2))
+    assert lines[1] == "armed" and lines[0].isdigit(), (lines, log.read_text())
+    child = psutil.Process(int(lines[0]))
     try:
-        assert parent.stdout.readline().strip() == "armed", log.read_text()  # the child, on the parent's stdout
         assert child.is_running()
         parent.kill()  # SIGKILL: no chance to pass anything on
         parent.wait()
