@@ -8,6 +8,7 @@ from sparse_rl_megatron.compression.config import CompressionConfig
 from sparse_rl_megatron.data.sets import BENCHMARKS
 from sparse_rl_megatron.rewards.pool import VerifierPoolConfig
 from sparse_rl_megatron.rollout.engines import ENGINE_DTYPES, EngineBuild, EngineDtype
+from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
 
 
 @dataclass
@@ -92,8 +93,6 @@ class EvalConfig:
     def engine_build(self, model_dir: str | Path) -> EngineBuild:
         """What the evaluation's engine is built from (``rollout/engines.py``): the model at ``model_dir``, this
         config's compression, dtype, batch size, tokenizer and seed (``sglang``: an in-process engine)."""
-        from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
-
         sglang = None
         if self.engine == "sglang":
             sglang = SGLangEngineConfig(model_path=str(model_dir), tokenizer_path=self.tokenizer or "",

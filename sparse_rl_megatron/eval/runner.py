@@ -20,10 +20,14 @@ from sparse_rl_megatron.data.templates import TEMPLATES, render_prompt
 from sparse_rl_megatron.eval.config import EvalConfig
 from sparse_rl_megatron.eval.lengths import context_error, dense_prompts, prompt_token_counts
 from sparse_rl_megatron.eval.metrics import avg_at_k, default_ks, mean_pass_at_k
+from sparse_rl_megatron.eval.model_source import resolve_hf_model
 from sparse_rl_megatron.eval.results import FORMAT_VERSION
 from sparse_rl_megatron.eval.subsets import full_chain_fraction, shortcut_free_accuracy
 from sparse_rl_megatron.rewards.reward import MathReward, reason_counts
 from sparse_rl_megatron.rewards.verify import REASONS, Verdict
+from sparse_rl_megatron.rollout.engine import SamplingParams
+from sparse_rl_megatron.rollout.engines import ENGINES
+from sparse_rl_megatron.tasks import HELDOUT_SEED, get_task, is_task_ref
 from sparse_rl_megatron.utils.errors import UsageError, UserError
 from sparse_rl_megatron.utils.file_checks import read_json_file
 
@@ -81,8 +85,6 @@ def sample_problems(name: str, dataset: Dataset, engine: "RolloutEngine", reward
     """Sample and verify the problems ``indices`` of ``dataset`` (default: all); returns their JSON records, in
     that order, and the seconds spent generating and verifying. With ``indices`` the engine samples problem i as
     GRPO group i (its seed), so shares evaluated on several engines give the samples of one whole evaluation."""
-    from sparse_rl_megatron.rollout.engine import SamplingParams
-
     settings = config.settings(name)
     rows = list(range(len(dataset))) if indices is None else list(indices)
     if not rows:
@@ -167,8 +169,6 @@ def check_lengths(config: EvalConfig, datasets: dict[str, Dataset], tokenizer, c
 def load_benchmark(name: str, config: EvalConfig) -> Dataset:
     """A named set or data file, or ``task:<name>``: the held-out split of a task built in code, drawn with the
     seed the trainer evaluates with (so its records, and which of them are shortcut-free, are the training run's)."""
-    from sparse_rl_megatron.tasks import HELDOUT_SEED, get_task, is_task_ref
-
     if is_task_ref(name):
         return get_task(name).records("heldout", limit=config.limit, seed=HELDOUT_SEED)
     return load_dataset(name, root=config.data_root, limit=config.limit, input_key=config.input_key,
@@ -190,9 +190,6 @@ def run_eval(config: EvalConfig, *, export_dir: str | None = None, engine=None) 
     ``engine``: an already built engine (tests, or a trainer evaluating its live policy); by default one
     is built by name (``config.engine``) from the model directory, once the lengths fit (``check_lengths``).
     """
-    from sparse_rl_megatron.eval.model_source import resolve_hf_model
-    from sparse_rl_megatron.rollout.engines import ENGINES
-
     TEMPLATES.check(config.template, field="EvalConfig.template")
     datasets = {name: load_benchmark(name, config) for name in config.benchmarks}
     hf_dir, exported = None, False

@@ -7,6 +7,9 @@ import math
 from pathlib import Path
 
 from sparse_rl_megatron.experiment.analysis import ANALYSIS_JSON, ANALYSIS_MD, DESIGNS, arm_table, decide
+from sparse_rl_megatron.experiment.arm_dirs import seed_dir
+from sparse_rl_megatron.experiment.stats import paired_summary
+from sparse_rl_megatron.experiment.study import CACHES_FILE, STUDY_DIR, mismatch_file
 
 ARM_ORDER = ("dense", "naive", "sparse_rl", "naive_harsh", "sft", "naive_low", "sparse_rl_low", "sparse_rl_mid",
              "sparse_rl_high", "sparse_rl_adaptive")
@@ -89,9 +92,6 @@ def tests_markdown(tests: dict) -> str:
 
 def study_summary(cfg, records: dict) -> dict:
     """The compounding test and the other caches, per arm and seed, from the study files (absent: empty)."""
-    from sparse_rl_megatron.experiment.arm_dirs import seed_dir
-    from sparse_rl_megatron.experiment.study import CACHES_FILE, STUDY_DIR, mismatch_file
-
     steps = [0, *cfg.experiment.study.checkpoint_steps]
     comp, caches = {}, {}
     for arm, by_seed in records.items():
@@ -118,8 +118,6 @@ def study_tests(comp: dict, caches: dict, last: int) -> dict:
     """The pre-registered secondary tests of the study: per seed Delta = value(last step) - value(step 0) of the
     would-be veto (points) and of log10 rho p1; Delta(naive) - Delta(sparse_rl) (veto: H1 > 0) and
     Delta(sparse_rl) - Delta(naive) (log10 p1: H1 > 0); and per cache sparse_rl - dense accuracy (H1 > 0)."""
-    from sparse_rl_megatron.experiment.stats import paired_summary
-
     def delta(arm, key, fn):
         out = {}
         for seed, v in comp.get(arm, {}).items():

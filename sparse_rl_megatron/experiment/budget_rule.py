@@ -27,6 +27,8 @@ from typing import Callable
 import yaml
 
 from sparse_rl_megatron.compression.config import CompressionConfig
+from sparse_rl_megatron.experiment.arm_dirs import arm_train_config, seed_dir
+from sparse_rl_megatron.experiment.arms import ArmRun
 from sparse_rl_megatron.experiment.config import BudgetRuleConfig, ExperimentConfig
 from sparse_rl_megatron.utils.config_io import to_dict
 from sparse_rl_megatron.utils.errors import UserError
@@ -177,9 +179,6 @@ def apply_budget_rule(cfg: ExperimentConfig) -> ExperimentConfig:
 def run_budget_stage(cfg: ExperimentConfig, warm_dirs: dict[int, Path], log: Callable[[str], None]) -> dict:
     """Mismatch on every seed's warm start, then the rule; writes ``<out>/budget_rule.json`` (an existing one is
     kept: the choice is made once)."""
-    from sparse_rl_megatron.experiment.arms import ArmRun
-    from sparse_rl_megatron.experiment.arm_dirs import arm_train_config, seed_dir
-
     out = Path(cfg.experiment.out)
     rule = cfg.experiment.budget_rule
     method = cfg.train.rollout.compression.method

@@ -5,6 +5,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from sparse_rl_megatron.compression.config import CompressionConfig
+from sparse_rl_megatron.experiment.analysis import DESIGNS
+from sparse_rl_megatron.experiment.arms import ARMS
+from sparse_rl_megatron.tasks import is_task_ref
 from sparse_rl_megatron.trainer.config import TrainConfig
 
 DEFAULT_ARMS = ("dense", "naive", "sparse_rl", "sparse_rl_snapkv", "sft")
@@ -139,8 +142,6 @@ class ExperimentSection:
     """What ``--stage study`` measures after the arms."""
 
     def __post_init__(self) -> None:
-        from sparse_rl_megatron.experiment.arms import ARMS
-
         if not self.seeds or not self.arms:
             raise ValueError("ExperimentSection needs at least one seed and one arm")
         for name in self.arms:
@@ -159,7 +160,6 @@ class ExperimentSection:
                              f"(or set experiment.budgets_from_rule), got {self.level_budgets}")
         if any(b < 1 for b in self.level_budgets.values()):
             raise ValueError(f"experiment.level_budgets must be positive KV budgets, got {self.level_budgets}")
-        from sparse_rl_megatron.experiment.analysis import DESIGNS
 
         DESIGNS.check(self.analysis, "experiment.analysis")
         supervised = [a for a in self.arms if ARMS.get(a).supervised]
@@ -182,8 +182,6 @@ class ExperimentConfig:
     """The base training recipe every arm overrides; ``model_path: task:<name>`` (its warm start is shared)."""
 
     def __post_init__(self) -> None:
-        from sparse_rl_megatron.tasks import is_task_ref
-
         if not is_task_ref(self.train.model_path):
             raise ValueError(f"train.model_path must be task:<name> (the arms share its warm start), got "
                              f"'{self.train.model_path}'")

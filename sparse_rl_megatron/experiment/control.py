@@ -9,8 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+from sparse_rl_megatron.experiment.arm_dirs import ARM_DONE, read_json, seed_dir
 from sparse_rl_megatron.experiment.config import ExperimentConfig
+from sparse_rl_megatron.experiment.saved_eval import evaluate_saved
+from sparse_rl_megatron.observability.metrics_writer import METRICS_FILE, MetricsWriter
+from sparse_rl_megatron.tasks import get_task
 from sparse_rl_megatron.trainer.config import TrainConfig
+from sparse_rl_megatron.trainer.runtime.model_dirs import WARM_METRICS, build_once
 
 CONTROL_SEED_OFFSET = 1_000_003
 """The control's batches are drawn from seed + this (the warm start's own batch order is not replayed)."""
@@ -19,9 +24,6 @@ CONTROL_MODEL = "model"
 
 def control_steps(cfg: ExperimentConfig, seed: int, warm: Path) -> tuple[int, float | None]:
     """Supervised steps of the control, and the CPU seconds they are meant to match (None when fixed)."""
-    from sparse_rl_megatron.experiment.arm_dirs import ARM_DONE, read_json, seed_dir
-    from sparse_rl_megatron.trainer.runtime.model_dirs import WARM_METRICS
-
     control = cfg.experiment.control
     if control.steps is not None:
         return control.steps, None
@@ -41,11 +43,6 @@ def run_control(cfg: ExperimentConfig, train_cfg: TrainConfig, seed: int, warm: 
     import json
     import time
 
-    from sparse_rl_megatron.experiment.saved_eval import evaluate_saved
-    from sparse_rl_megatron.observability.metrics_writer import MetricsWriter
-    from sparse_rl_megatron.tasks import get_task
-    from sparse_rl_megatron.observability.metrics_writer import METRICS_FILE
-    from sparse_rl_megatron.trainer.runtime.model_dirs import WARM_METRICS, build_once
 
     run_dir = Path(train_cfg.run_dir)
     steps, target_cpu = control_steps(cfg, seed, warm)

@@ -8,8 +8,11 @@ import json
 import math
 from pathlib import Path
 
+from sparse_rl_megatron.experiment.arm_dirs import ARM_DONE, read_json, seed_dir
 from sparse_rl_megatron.experiment.arms import ARMS, arm_runs
 from sparse_rl_megatron.experiment.config import ExperimentConfig
+from sparse_rl_megatron.experiment.figure import FIGURE_FILE, SWEEP_FIGURE_FILE, draw_figure
+from sparse_rl_megatron.observability.metrics_writer import METRICS_FILE, read_metrics
 
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
@@ -34,9 +37,6 @@ STEP_MIN = {"rho_min": "sparse/rho_min"}
 
 def arm_records(cfg: ExperimentConfig) -> dict[str, dict[int, list[dict]]]:
     """``{arm run name: {seed: metrics records}}`` of the complete arms (incomplete ones are left out)."""
-    from sparse_rl_megatron.experiment.arm_dirs import ARM_DONE, seed_dir
-    from sparse_rl_megatron.observability.metrics_writer import METRICS_FILE, read_metrics
-
     out: dict[str, dict[int, list[dict]]] = {}
     for run in arm_runs(cfg.experiment.arms, cfg.experiment.budgets):
         for seed in cfg.experiment.seeds:
@@ -91,8 +91,6 @@ def mean_spread(values: list[float | None]) -> tuple[float | None, float | None]
 
 def summarise(cfg: ExperimentConfig) -> dict:
     """``{"arms": {name: {"seeds": {seed: row}, "mean": row, "std": row}}}`` over the complete arms."""
-    from sparse_rl_megatron.experiment.arm_dirs import ARM_DONE, read_json, seed_dir
-
     arms = {}
     for name, by_seed in arm_records(cfg).items():
         rows = {seed: seed_summary(recs, read_json(seed_dir(cfg, seed) / name / ARM_DONE, {}))
@@ -161,8 +159,6 @@ def sweep_table(cfg: ExperimentConfig, summary: dict) -> str:
 def write_report(cfg: ExperimentConfig) -> tuple[Path, Path | None]:
     """``results.json``, ``results.md`` and ``figure.png`` (the main arms; ``figure_sweep.png``: the budget sweep)
     of what is complete so far."""
-    from sparse_rl_megatron.experiment.figure import FIGURE_FILE, SWEEP_FIGURE_FILE, draw_figure
-
     out = Path(cfg.experiment.out)
     summary = summarise(cfg)
     (out / RESULTS_JSON).write_text(json.dumps(summary, indent=1) + "\n")

@@ -32,6 +32,16 @@ from sparse_rl_megatron.experiment.config import ExperimentConfig
 from sparse_rl_megatron.trainer.config import TrainConfig
 from sparse_rl_megatron.utils.config_io import to_dict
 from sparse_rl_megatron.utils.errors import UserError
+from dataclasses import replace
+from sparse_rl_megatron.experiment.arms import ARMS
+from sparse_rl_megatron.experiment.budget_rule import apply_budget_rule, run_budget_stage
+from sparse_rl_megatron.experiment.control import run_control
+from sparse_rl_megatron.experiment.results import write_report
+from sparse_rl_megatron.observability.metrics_writer import METRICS_FILE, read_metrics
+from sparse_rl_megatron.tasks import get_task
+from sparse_rl_megatron.trainer.checkpointing.checkpoints import latest_checkpoint, read_state
+from sparse_rl_megatron.trainer.runtime.model_dirs import prepare_model
+from sparse_rl_megatron.trainer.runtime.run_dir import RunDirLock
 
 
 
@@ -43,11 +53,6 @@ class ArmStopped(UserError):
 
 def build_warm_start(cfg: ExperimentConfig, seed: int, log: Callable[[str], None]) -> Path:
     """The seed's task model and warm start in ``seed_<s>/model`` (built once, as ``sparse-rl train`` does)."""
-    from dataclasses import replace
-
-    from sparse_rl_megatron.tasks import get_task
-    from sparse_rl_megatron.trainer.runtime.model_dirs import prepare_model
-
     dirs = prepare_model(replace(cfg.train, seed=seed), get_task(cfg.train.model_path), seed_dir(cfg, seed))
     for note in dirs.notes:
         log(f"seed {seed}: {note}")
@@ -70,9 +75,6 @@ def run_rl_arm(train_cfg: TrainConfig) -> dict[str, float]:
     """Run (or resume) one RL arm with ``sparse-rl train`` in a child process; returns its usage when it reached
     its last step, else raises ``ArmStopped``. Ctrl-C reaches the child, which saves and exits at the end of
     its step; this process waits for it."""
-    from sparse_rl_megatron.observability.metrics_writer import METRICS_FILE, read_metrics
-    from sparse_rl_megatron.trainer.checkpointing.checkpoints import latest_checkpoint, read_state
-
     run_dir = Path(train_cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     recipe = run_dir / ARM_RECIPE
@@ -108,8 +110,6 @@ starts + every arm + the report; ``study``: the compounding test and other cache
 
 
 def _check_arms(cfg: ExperimentConfig) -> None:
-    from sparse_rl_megatron.experiment.arms import ARMS
-
     harsh = [a for a in cfg.experiment.arms if ARMS.get(a).harsh]
     if harsh and not cfg.experiment.harsh_budget:
         raise UserError(f"experiment.harsh_budget is not set for the dose arm(s) {', '.join(harsh)}")
@@ -123,11 +123,6 @@ def run_experiment(cfg: ExperimentConfig, log: Callable[[str], None] = print, st
     """Run ``stage`` (``STAGES``) for every seed: what is complete is skipped. Each seed directory is locked
     while it runs, so two processes can take disjoint seeds of one experiment. Returns the experiment
     directory."""
-    from sparse_rl_megatron.experiment.budget_rule import apply_budget_rule, run_budget_stage
-    from sparse_rl_megatron.experiment.control import run_control
-    from sparse_rl_megatron.experiment.results import write_report
-    from sparse_rl_megatron.trainer.runtime.run_dir import RunDirLock
-
     if stage not in STAGES:
         raise UserError(f"--stage must be one of {', '.join(STAGES)}, got '{stage}'")
     out = Path(cfg.experiment.out)

@@ -16,6 +16,10 @@ import contextlib
 import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
+from sparse_rl_megatron.rollout.engines import ENGINES
+from sparse_rl_megatron.trainer.evaluation import evaluate
+from sparse_rl_megatron.trainer.run import make_reward
+from sparse_rl_megatron.trainer.run_plan import preflight
 
 if TYPE_CHECKING:
     from sparse_rl_megatron.compression import CompressionConfig
@@ -26,11 +30,6 @@ def evaluate_saved(cfg: "TrainConfig", model: str | Path, step: int,
                    caches: Sequence[tuple["CompressionConfig | None", str | Path]]) -> list[dict[str, float]]:
     """``evaluate``'s metrics of the HF model ``model`` (logged as ``step``) under each cache of ``caches``, in
     order (module docstring)."""
-    from sparse_rl_megatron.rollout.engines import ENGINES
-    from sparse_rl_megatron.trainer.evaluation import evaluate
-    from sparse_rl_megatron.trainer.run_plan import preflight
-    from sparse_rl_megatron.trainer.run import make_reward
-
     plan = preflight(cfg, 1, lengths=("eval",))  # evaluations only: the rollout's length is not used
     spec = ENGINES.get(cfg.rollout.engine)
     with contextlib.ExitStack() as stack:

@@ -17,8 +17,14 @@ import json
 from pathlib import Path
 from typing import Callable
 
+from sparse_rl_megatron.experiment.arm_dirs import ARM_DONE, arm_train_config, seed_dir
+from sparse_rl_megatron.experiment.arms import arm_runs
+from sparse_rl_megatron.experiment.budget_rule import run_mismatch
 from sparse_rl_megatron.experiment.config import ExperimentConfig
+from sparse_rl_megatron.experiment.control import CONTROL_MODEL
+from sparse_rl_megatron.experiment.saved_eval import evaluate_saved
 from sparse_rl_megatron.trainer.checkpointing.checkpoints import step_dir
+from sparse_rl_megatron.utils.config_io import to_dict
 
 STUDY_DIR = "study"
 CACHES_FILE = "caches.json"
@@ -32,18 +38,12 @@ def mismatch_file(arm_dir: Path | None, seed_dir: Path, step: int) -> Path:
 
 def _study_recipe(cfg: ExperimentConfig, run, seed: int, model: Path) -> dict:
     """The train recipe the mismatch study measures: the arm's, on ``model``, with the main compressed cache."""
-    from sparse_rl_megatron.experiment.arm_dirs import arm_train_config
-    from sparse_rl_megatron.utils.config_io import to_dict
-
     data = to_dict(arm_train_config(cfg, run, seed, model))
     data["rollout"]["compression"] = to_dict(cfg.train.rollout.compression)
     return data
 
 
 def compounding(cfg: ExperimentConfig, seed: int, warm: Path, runs: list, log: Callable[[str], None]) -> None:
-    from sparse_rl_megatron.experiment.budget_rule import run_mismatch
-    from sparse_rl_megatron.experiment.arm_dirs import ARM_DONE, seed_dir
-
     study = cfg.experiment.study
     budget = [cfg.train.rollout.compression.budget]
     sdir = seed_dir(cfg, seed)
@@ -69,8 +69,6 @@ def compounding(cfg: ExperimentConfig, seed: int, warm: Path, runs: list, log: C
 
 def final_model(arm_dir: Path, supervised: bool, steps: int) -> Path | None:
     """The HF directory of an arm's final model (the RL arms' step-``steps`` checkpoint exported once)."""
-    from sparse_rl_megatron.experiment.control import CONTROL_MODEL
-
     if supervised:
         path = arm_dir / CONTROL_MODEL
         return path if path.is_dir() else None
@@ -87,9 +85,6 @@ def final_model(arm_dir: Path, supervised: bool, steps: int) -> Path | None:
 
 def robustness(cfg: ExperimentConfig, seed: int, runs: list, log: Callable[[str], None]) -> None:
     """Every complete arm's final model under each of ``study.caches`` (greedy, the recipe's held-out set)."""
-    from sparse_rl_megatron.experiment.arm_dirs import ARM_DONE, arm_train_config, seed_dir
-    from sparse_rl_megatron.experiment.saved_eval import evaluate_saved
-
     caches = cfg.experiment.study.caches
     if not caches:
         return
@@ -115,8 +110,6 @@ def robustness(cfg: ExperimentConfig, seed: int, runs: list, log: Callable[[str]
 
 def run_study(cfg: ExperimentConfig, seed: int, warm: Path, log: Callable[[str], None]) -> None:
     """The compounding test, then robustness, of one seed (cut order: compounding first)."""
-    from sparse_rl_megatron.experiment.arms import arm_runs
-
     runs = arm_runs(cfg.experiment.arms, cfg.experiment.budgets)
     compounding(cfg, seed, warm, runs, log)
     robustness(cfg, seed, runs, log)

@@ -23,9 +23,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sparse_rl_megatron.models.arch import ModelArch
 from sparse_rl_megatron.learner import cpu_compat, distopt_fixes
+from sparse_rl_megatron.learner.hf_io import copy_hf_assets
+from sparse_rl_megatron.learner.model_provider import unwrap
 from sparse_rl_megatron.learner.save_children import children_die_with_us
+from sparse_rl_megatron.models.arch import ModelArch
 
 META_FILE = "sparse_rl_checkpoint.json"
 EXTRA_STATE_SUFFIX = "_extra_state"
@@ -123,8 +125,6 @@ def _stored_object_keys(ckpt_dir: str) -> set[str]:
 
 def _state(model, optimizer, scheduler, extra: dict | None, is_loading: bool,
            stored_objects: set[str] | None = None) -> dict[str, Any]:
-    from sparse_rl_megatron.learner.model_provider import unwrap
-
     sd: dict[str, Any] = {"model": _portable_model_state(unwrap(model).sharded_state_dict(), stored_objects)}
     if optimizer is not None:
         sd["optimizer"] = optimizer.sharded_state_dict(sd["model"], is_loading=is_loading,
@@ -179,7 +179,6 @@ def save_checkpoint(
 
     from megatron.core import dist_checkpointing
 
-    from sparse_rl_megatron.learner.hf_io import copy_hf_assets
 
     out = Path(ckpt_dir)
     if out.exists() and not (out / META_FILE).is_file() and (not out.is_dir() or any(out.iterdir())):
@@ -233,7 +232,6 @@ def load_checkpoint(
     """
     from megatron.core import dist_checkpointing
 
-    from sparse_rl_megatron.learner.model_provider import unwrap
 
     ckpt_dir = str(ckpt_dir)
     meta = read_meta(ckpt_dir)

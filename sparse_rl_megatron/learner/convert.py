@@ -17,11 +17,13 @@ from pathlib import Path
 
 import torch
 
-from sparse_rl_megatron.learner import checkpoint as ckpt
-from sparse_rl_megatron.learner.hf_io import read_arch, save_hf_checkpoint, torch_dtype
+from sparse_rl_megatron.learner import checkpoint as ckpt, cpu_compat
+from sparse_rl_megatron.learner.hf_io import load_hf_into_model, read_arch, save_hf_checkpoint, torch_dtype
+from sparse_rl_megatron.learner.model_provider import build_stage_model
+from sparse_rl_megatron.learner.parallel import init_model_parallel
 from sparse_rl_megatron.models import weight_map as wm
 from sparse_rl_megatron.models.arch import ModelArch
-from sparse_rl_megatron.learner import cpu_compat
+from sparse_rl_megatron.utils.device import DeviceFacts
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +44,6 @@ def import_from_hf(
     params_dtype: str | None = None,
 ) -> Path:
     """HF directory -> torch_dist checkpoint (collective when run under torchrun)."""
-    from sparse_rl_megatron.learner.hf_io import load_hf_into_model
-    from sparse_rl_megatron.learner.model_provider import build_stage_model
-    from sparse_rl_megatron.learner.parallel import init_model_parallel
-    from sparse_rl_megatron.utils.device import DeviceFacts
-
     facts = DeviceFacts.detect()
     arch, cfg = read_arch(hf_dir)
     init_model_parallel(tensor_parallel_size, pipeline_parallel_size, facts=facts)

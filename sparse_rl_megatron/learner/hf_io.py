@@ -13,6 +13,7 @@ from typing import Iterable
 
 import torch
 
+from sparse_rl_megatron.learner.model_provider import expert_offset, layer_offset_of, unwrap
 from sparse_rl_megatron.models import weight_map as wm
 from sparse_rl_megatron.models.arch import ModelArch, arch_from_hf_config, read_hf_config
 
@@ -65,7 +66,6 @@ def load_hf_into_model(model, arch: ModelArch, hf_dir: str | os.PathLike) -> int
     """
     from megatron.core import parallel_state as ps
 
-    from sparse_rl_megatron.learner.model_provider import expert_offset, layer_offset_of, unwrap
 
     ckpt_arch, _ = read_arch(hf_dir)
     diffs = arch.differences(ckpt_arch)

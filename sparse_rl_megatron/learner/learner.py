@@ -36,6 +36,7 @@ from sparse_rl_megatron.learner.weight_export import DEFAULT_BUCKET_BYTES, Bucke
 from sparse_rl_megatron.models.arch import ModelArch
 from sparse_rl_megatron.models.megatron_config import FUSION_SWITCHES
 from sparse_rl_megatron.utils.device import DeviceFacts, resolve
+from sparse_rl_megatron.learner.train_step import train_step
 
 
 def _is_megatron_checkpoint(path: str | os.PathLike) -> bool:
@@ -188,8 +189,6 @@ class Learner:
     # ------------------------------------------------------------------ training
     def train_step(self, batch) -> dict[str, float]:
         """One optimizer step on a ``TrainBatch``; metrics reduced over all ranks (``train_step.py``)."""
-        from sparse_rl_megatron.learner.train_step import train_step
-
         if not self.trainable:
             raise RuntimeError("this Learner was built with trainable=False (a reference policy); it cannot train")
         return train_step(self, batch)

@@ -20,6 +20,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from sparse_rl_megatron.learner.batch import MicroBatch
+from sparse_rl_megatron.learner.model_provider import unwrap
 
 # Default number of scored tokens per LM-head chunk: [512, 152k / TP] fp32 logits is ~310 MB at TP = 1,
 # small next to a 7B model's activations, and large enough that the head matmul stays efficient.
@@ -54,7 +55,6 @@ def token_logprobs(model, hidden: torch.Tensor, mb: MicroBatch, chunk_tokens: in
     """
     from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 
-    from sparse_rl_megatron.learner.model_provider import unwrap
 
     inner = unwrap(model)
     if inner.config.sequence_parallel:

@@ -21,6 +21,7 @@ from sparse_rl_megatron.models.rope import apply_rope_scaling
 from sparse_rl_megatron.utils.device import DeviceFacts, resolve
 from sparse_rl_megatron.utils.registry import Registry
 from sparse_rl_megatron.learner import cpu_compat
+from sparse_rl_megatron.learner.moe_aux_loss import LoadBalancingShare, router_class
 
 LAYER_SPECS: Registry[str] = Registry("layer spec")
 LAYER_SPECS.add("auto", "Transformer Engine when megatron-core can use it with CUDA, else local")
@@ -172,7 +173,6 @@ def build_stage_model(
     routers normalise the load-balancing loss through ``model.load_balancing`` (``learner/moe_aux_loss.py``)."""
     from megatron.core import parallel_state as ps
 
-    from sparse_rl_megatron.learner.moe_aux_loss import LoadBalancingShare, router_class
 
     facts = resolve(facts)
     tp = ps.get_tensor_model_parallel_world_size()

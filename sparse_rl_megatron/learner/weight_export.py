@@ -18,6 +18,7 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
+from sparse_rl_megatron.learner.model_provider import expert_offset, layer_offset_of, unwrap
 from sparse_rl_megatron.models import weight_map as wm
 from sparse_rl_megatron.models.arch import ModelArch
 
@@ -104,7 +105,6 @@ def export_hf_buckets(
     """
     from megatron.core import parallel_state as ps
 
-    from sparse_rl_megatron.learner.model_provider import expert_offset, layer_offset_of, unwrap
 
     inner = unwrap(model)
     offset, experts_from = layer_offset_of(inner), expert_offset(inner)

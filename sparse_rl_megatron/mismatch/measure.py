@@ -20,7 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from sparse_rl_megatron.learner import Learner
+from sparse_rl_megatron.mismatch.study import row_result
+from sparse_rl_megatron.rollout.engines import ENGINES
+from sparse_rl_megatron.trainer.engines.pool import EnginePool, probe_weights, sync_weights
+from sparse_rl_megatron.trainer.engines.weight_probe import probe_sequence, probe_tolerance
+from sparse_rl_megatron.trainer.run import make_reward
 from sparse_rl_megatron.trainer.runtime import distributed as D
+from sparse_rl_megatron.trainer.runtime.model_dirs import export_for_engine, prepare_model
+from sparse_rl_megatron.trainer.runtime.prompts import PromptOrder
+from sparse_rl_megatron.trainer.step import rollout_step
 
 if TYPE_CHECKING:
     from sparse_rl_megatron.algo import CorrectionConfig
@@ -48,15 +57,6 @@ class Measurement:
 def measure(cfg: "TrainConfig", plan: "RunPlan", rows: list[tuple[str, "CompressionConfig"]],
             correction: "CorrectionConfig", say: Callable[[str], None]) -> Measurement:
     """Sample and recompute every row of ``rows``; collective (every rank calls it). ``say`` prints on rank 0."""
-    from sparse_rl_megatron.learner import Learner
-    from sparse_rl_megatron.rollout.engines import ENGINES
-    from sparse_rl_megatron.mismatch.study import row_result
-    from sparse_rl_megatron.trainer.runtime.model_dirs import export_for_engine, prepare_model
-    from sparse_rl_megatron.trainer.runtime.prompts import PromptOrder
-    from sparse_rl_megatron.trainer.run import make_reward
-    from sparse_rl_megatron.trainer.step import rollout_step
-    from sparse_rl_megatron.trainer.engines.pool import EnginePool
-
     D.init(cfg.phase_timeout_s)
     with contextlib.ExitStack() as stack:
         stack.callback(D.shutdown)
@@ -108,9 +108,6 @@ def measure(cfg: "TrainConfig", plan: "RunPlan", rows: list[tuple[str, "Compress
 def _serve_learner_weights(cfg: "TrainConfig", learner, engine, push: bool) -> float | None:
     """Make the engine serve the learner's weights (push them when the engine was given an export, which may
     predate the checkpoint) and probe it; returns the probe's largest difference. Collective."""
-    from sparse_rl_megatron.trainer.engines.pool import probe_weights, sync_weights
-    from sparse_rl_megatron.trainer.engines.weight_probe import probe_sequence, probe_tolerance
-
     if push:
         sync_weights(learner, engine, version=0, bucket_mb=cfg.sync.bucket_mb)
     if not cfg.sync.probe:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparse_rl_megatron.algo.rho_stats import histogram_counts, histogram_edges
+from sparse_rl_megatron.utils.config_io import to_dict
 
 if TYPE_CHECKING:
     from sparse_rl_megatron.mismatch.measure import Measurement
@@ -70,8 +71,6 @@ def _finite(value: Any) -> Any:
 
 def results_document(measurement: "Measurement", meta: dict[str, Any]) -> dict[str, Any]:
     """The results file's content (see the module docstring)."""
-    from sparse_rl_megatron.utils.config_io import to_dict
-
     edges = histogram_edges([row.log_rho for row in measurement.rows], HISTOGRAM_BINS)
     rows = [{"label": row.label, "compression": to_dict(row.compression), "stats": row.stats,
              "histogram": histogram_counts(row.log_rho, edges), "samples": row.samples}

@@ -32,8 +32,10 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from sparse_rl_megatron.algo.diagnostics import CONTAMINATION_THRESHOLD, would_veto
+from sparse_rl_megatron.algo.ratio import sparsity_log_ratio
 from sparse_rl_megatron.algo.rejection import sequence_veto
 from sparse_rl_megatron.algo.rho_stats import rho_summary
+from sparse_rl_megatron.compression import CompressionConfig
 
 if TYPE_CHECKING:
     from sparse_rl_megatron.compression import CompressionConfig
@@ -63,9 +65,6 @@ def routing_split(oracle: "HFRolloutEngine", samples: Sequence["Sample"], compre
         contaminated_frac: the row's ``sparse/contaminated_frac`` (the sampler's own routing).
         veto_threshold: the correction's veto threshold (None / 0: the reference's).
     """
-    from sparse_rl_megatron.algo.ratio import sparsity_log_ratio
-    from sparse_rl_megatron.compression import CompressionConfig
-
     rows = [i for i, s in enumerate(samples) if s.response_ids]
     prompts = [samples[i].prompt_ids for i in rows]
     responses = [samples[i].response_ids for i in rows]

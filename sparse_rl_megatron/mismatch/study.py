@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
+from sparse_rl_megatron.algo.config import CORRECTION_MODES
 from sparse_rl_megatron.algo.rho_stats import rho_summary
 from sparse_rl_megatron.compression.config import CompressionConfig
 
@@ -54,8 +55,6 @@ def study_rows(compression: CompressionConfig, budgets: Sequence[int]) -> list[t
 
 def rejecting_correction(correction: "CorrectionConfig") -> tuple["CorrectionConfig", str | None]:
     """The correction the study counts rejections with, and a note when it is not the run's own."""
-    from sparse_rl_megatron.algo.config import CORRECTION_MODES
-
     mode = CORRECTION_MODES.get(correction.mode)
     if mode.reject or mode.uses_hook:
         return correction, None

@@ -5,6 +5,7 @@ Every field is validated on construction with one line naming the command-line o
 from __future__ import annotations
 
 from dataclasses import dataclass
+from sparse_rl_megatron.planning.activations import KERNELS
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 GIB = 2 ** 30
@@ -112,8 +113,6 @@ class LearnerSetting:
     """A frozen KL reference policy sits next to the learner (``--kl-reference``)."""
 
     def __post_init__(self) -> None:
-        from sparse_rl_megatron.planning.activations import KERNELS
-
         if self.params_dtype not in ("bfloat16", "float32"):
             raise ValueError(f"--params-dtype must be bfloat16 or float32, got {self.params_dtype!r}")
         KERNELS.check(self.kernels, "--kernels")

@@ -11,9 +11,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from sparse_rl_megatron.compression import CompressionConfig, CompressionSchedule
 from sparse_rl_megatron.models.arch import ModelArch
-from sparse_rl_megatron.planning.inputs import DTYPE_BYTES, BatchShape, Layout, RolloutSetting
+from sparse_rl_megatron.planning.inputs import BatchShape, DTYPE_BYTES, Layout, RolloutSetting
 from sparse_rl_megatron.planning.params import total_params
+from sparse_rl_megatron.rollout.layout import RolloutLayout
 
 
 def kv_bytes_per_token(arch: ModelArch, kv_dtype: str = "bfloat16", tp: int = 1) -> int:
@@ -24,8 +26,6 @@ def kv_bytes_per_token(arch: ModelArch, kv_dtype: str = "bfloat16", tp: int = 1)
 
 def kv_tokens_per_sequence(batch: BatchShape, compression=None) -> int:
     """Peak KV tokens one sequence holds (per layer and KV head); ``compression`` None means dense."""
-    from sparse_rl_megatron.compression import CompressionConfig, CompressionSchedule
-
     return CompressionSchedule(compression or CompressionConfig()).capacity(batch.prompt_len, batch.response_len)
 
 
@@ -76,8 +76,6 @@ def plugin_memory_per_gpu(arch: ModelArch, rollout: RolloutSetting, compression)
 def engine_layout(layout: Layout, batch: BatchShape, rollout: RolloutSetting):
     """The colocated rollout engines ``sparse-rl train`` starts on these GPUs: one per ``rollout.tp`` GPUs on every
     node (``rollout/layout.py``, the object the trainer starts them from)."""
-    from sparse_rl_megatron.rollout.layout import RolloutLayout
-
     return RolloutLayout.build(engine="sglang", world=layout.gpus,
                                ranks_per_node=min(layout.gpus_per_node, layout.gpus), gpus_per_engine=rollout.tp,
                                groups=batch.prompts, on_gpu=True)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from multiprocessing import connection
 from typing import Literal, Sequence, get_args
 
+from sparse_rl_megatron.rewards.extract import ANSWER_STYLES
 from sparse_rl_megatron.rewards.verify import Verdict
 from sparse_rl_megatron.rewards.worker import safe_extract, worker_main
 
@@ -240,8 +241,6 @@ class VerifierPool:
     # -- work ------------------------------------------------------------------------------------------
     def check(self, tasks: Sequence[tuple[str, str, str]]) -> list[Verdict]:
         """Verdicts for ``(response, gold, style)`` triples, in order. Never raises for a bad answer."""
-        from sparse_rl_megatron.rewards.extract import ANSWER_STYLES
-
         for i, task in enumerate(tasks):
             if len(task) != 3 or task[2] not in ANSWER_STYLES:
                 raise ValueError(f"task {i}: expected (response, gold, style) with style one of "

@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from sparse_rl_megatron.compression.config import CompressionConfig
+from sparse_rl_megatron.rollout.engine import missing_members
+from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
+from sparse_rl_megatron.rollout.sglang_engine import SGLangRolloutEngine
 from sparse_rl_megatron.utils.dtypes import DTYPE_NAMES, DtypeName
 from sparse_rl_megatron.utils.registry import Registry
 
@@ -69,8 +72,6 @@ class EngineSpec:
     def make(self, build: EngineBuild) -> "RolloutEngine":
         """``build``'s engine, checked against the ``RolloutEngine`` protocol: an engine (a plugin's) that lacks
         part of it is shut down and refused here with the missing members named."""
-        from sparse_rl_megatron.rollout.engine import missing_members
-
         engine = self.build(build)
         missing = missing_members(engine)
         if missing:
@@ -96,7 +97,6 @@ def no_plugin_options(name: str, build: EngineBuild) -> None:
 def _hf(build: EngineBuild) -> "RolloutEngine":
     import torch
 
-    from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
 
     no_plugin_options("hf", build)
     return HFRolloutEngine(build.model_dir, tokenizer=build.tokenizer, compression=build.compression,
@@ -105,8 +105,6 @@ def _hf(build: EngineBuild) -> "RolloutEngine":
 
 
 def _sglang(build: EngineBuild) -> "RolloutEngine":
-    from sparse_rl_megatron.rollout.sglang_engine import SGLangRolloutEngine
-
     no_plugin_options("sglang", build)
     if build.sglang is None:
         raise ValueError("the sglang engine needs its SGLangEngineConfig (EngineBuild.sglang)")

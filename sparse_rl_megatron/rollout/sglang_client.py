@@ -19,6 +19,11 @@ from typing import Any
 
 from sparse_rl_megatron.rollout.sglang_config import FLUSH_TIMEOUT_S
 from sparse_rl_megatron.utils.errors import RunFailed
+from multiprocessing import forkserver, resource_tracker
+from sparse_rl_megatron.rollout.server_liveness import (
+    EngineUnreachable, NoAnswer, no_answer_reason, wait_for_answers, with_retries,
+)
+from sparse_rl_megatron.utils.process_watch import ProcessWatch
 
 # The io_struct request class of every call the engine makes (in-process calls build these objects).
 _REQUEST_CLASSES = {
@@ -167,8 +172,6 @@ def children_killed_if_it_raises():
 def _shared_helpers() -> set[int]:
     """The pids of multiprocessing's own helpers (resource tracker, forkserver) this process may have started
     meanwhile: shared by every later child, not the engine's."""
-    from multiprocessing import forkserver, resource_tracker
-
     pids = {resource_tracker._resource_tracker._pid, forkserver._forkserver._forkserver_pid}
     return {pid for pid in pids if pid is not None}
 
@@ -201,7 +204,6 @@ class InProcessClient:
     def __init__(self, engine_kwargs: dict[str, Any]):
         import sglang
 
-        from sparse_rl_megatron.utils.process_watch import ProcessWatch
 
         handler = ChildFailedHandler() if "custom_sigquit_handler" not in engine_kwargs else None
         with children_killed_if_it_raises():
@@ -333,14 +335,10 @@ class HttpClient:
             self._wait_healthy(url, deadline)
 
     def _request(self, url: str, path: str, body: dict | None, *, method: str = "POST") -> Any:
-        from sparse_rl_megatron.rollout.server_liveness import with_retries
-
         call = f"{method} {path.split('?')[0]}"   # what the messages name: the endpoint
         return with_retries(url, call, lambda: self._request_once(url, path, body, method), self.retries)
 
     def _request_once(self, url: str, path: str, body: dict | None, method: str) -> Any:
-        from sparse_rl_megatron.rollout.server_liveness import EngineUnreachable, NoAnswer, no_answer_reason
-
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(url + path, data=data, method=method,
                                      headers={"Content-Type": "application/json"})
@@ -368,8 +366,6 @@ class HttpClient:
 
     def _results(self, futures: list[concurrent.futures.Future], urls: list[str], call: str) -> list[Any]:
         """The futures' results, in order; a server that stops answering meanwhile fails the call."""
-        from sparse_rl_megatron.rollout.server_liveness import wait_for_answers
-
         wait_for_answers(dict(zip(futures, urls)), call, health_check_s=self.health_check_s, retries=self.retries)
         return [f.result() for f in futures]
 

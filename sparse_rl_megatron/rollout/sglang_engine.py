@@ -52,8 +52,10 @@ from sparse_rl_megatron.compression import CompressionConfig
 from sparse_rl_megatron.rollout.engine import SamplingParams, check_group_ids, encode_prompt
 from sparse_rl_megatron.rollout.sample import CompressionInfo, Sample
 from sparse_rl_megatron.rollout.sampling import sample_seed
+from sparse_rl_megatron.rollout.sglang_client import CacheNotFlushed, InProcessClient
 from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
 from sparse_rl_megatron.rollout.sglang_weights import SGLangWeightTransport
+from sparse_rl_megatron.rollout.weights import iter_buckets
 
 _SEED_MOD = 2**31 - 1  # SGLang's sampling_seed is a 32-bit signed int
 TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
@@ -121,7 +123,6 @@ class SGLangRolloutEngine:
         from sglang_ext import cpu_compat
         from sglang_ext.config import BACKEND_NAME, CONFIG_ENV, scheduler_env
 
-        from sparse_rl_megatron.rollout.sglang_client import InProcessClient
 
         c = self.config
         on_cpu = cpu_compat.apply()
@@ -313,8 +314,6 @@ class SGLangRolloutEngine:
     def update_weights(self, named_tensors: Iterable, version: int) -> None:
         """Load HF-named full tensors (pairs or buckets of pairs, possibly lazy: streamed bucket by bucket) into
         every server and set the version. ``disk`` sync needs every weight in one call."""
-        from sparse_rl_megatron.rollout.weights import iter_buckets
-
         self.weights.push(iter_buckets(named_tensors), str(version))
         self._weights_loaded(version)
 
@@ -345,8 +344,6 @@ class SGLangRolloutEngine:
         self._flush_stale_cache()
 
     def _flush_stale_cache(self) -> None:
-        from sparse_rl_megatron.rollout.sglang_client import CacheNotFlushed
-
         if not self._cache_stale:
             return
         try:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Iterable
 import torch
 
 from sparse_rl_megatron.utils.device import cuda_present
+from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
     from sparse_rl_megatron.rollout.sglang_client import HttpClient, InProcessClient
@@ -197,8 +198,6 @@ def _free_port() -> int:
 
 def route_address(url: str) -> str:
     """This host's address on the route to the server at ``url`` (what the server can reach it at)."""
-    from urllib.parse import urlsplit
-
     parts = urlsplit(url if "//" in url else f"http://{url}")
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.connect((socket.gethostbyname(parts.hostname or "127.0.0.1"), parts.port or 80))  # no packet is sent

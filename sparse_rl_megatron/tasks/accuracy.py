@@ -10,6 +10,10 @@ from typing import Sequence
 
 from sparse_rl_megatron.compression import CompressionConfig
 from sparse_rl_megatron.data.record import MathRecord
+from sparse_rl_megatron.data.templates import render_prompt
+from sparse_rl_megatron.rewards.registry import REWARDS
+from sparse_rl_megatron.rollout.engine import SamplingParams
+from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
 from sparse_rl_megatron.tasks.base import Task
 
 
@@ -19,10 +23,6 @@ def score_records(task: Task, engine, records: Sequence[MathRecord], max_new_tok
 
     Returns ``acc`` (mean reward), ``len`` (mean response tokens) and ``no_answer`` (fraction without an answer).
     """
-    from sparse_rl_megatron.data.templates import render_prompt
-    from sparse_rl_megatron.rewards.registry import REWARDS
-    from sparse_rl_megatron.rollout.engine import SamplingParams
-
     prompts = [render_prompt(task.template, r.prompt, engine.tokenizer) for r in records]
     samples = engine.generate(prompts, n, SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens,
                                                          seed=seed))
@@ -40,8 +40,6 @@ def heldout_accuracy(task: Task, model_dir: str | os.PathLike, *, compression: C
                      limit: int | None = None, seed: int = 0, max_new_tokens: int | None = None) -> float:
     """Greedy accuracy on the first ``limit`` held-out problems (``max_new_tokens`` default: the task's
     ``response_tokens`` + 8)."""
-    from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
-
     engine = HFRolloutEngine(model_dir, compression=compression, show_progress=False)
     if max_new_tokens is None:
         max_new_tokens = task.response_tokens + 8

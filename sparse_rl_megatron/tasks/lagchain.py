@@ -46,6 +46,8 @@ from sparse_rl_megatron.tasks.modchain_teacher import OTHER
 from sparse_rl_megatron.tasks.sft import SFTConfig, check_output_free, save_model_dir, supervised_finetune
 from sparse_rl_megatron.tasks.warm_check import WarmStartExpectations
 from sparse_rl_megatron.tasks.word_tokenizer import build_word_tokenizer
+from sparse_rl_megatron.models.tiny import tiny_config
+from sparse_rl_megatron.utils.config_io import from_dict
 
 INITIAL_LETTERS = "cdefgh"
 """Prompt tags of the initial values x_0 .. x_{L-1} (L <= 6)."""
@@ -220,7 +222,6 @@ class LagChainTask(Task):
 
         from transformers import AutoModelForCausalLM
 
-        from sparse_rl_megatron.models.tiny import tiny_config
 
         tok, m = self.tokenizer(), self.spec.model
         config = tiny_config("qwen2", vocab_size=len(tok), hidden_size=m.hidden_size, num_layers=m.num_layers,
@@ -257,7 +258,6 @@ class LagChainTask(Task):
         with the spec's steps and changes); the step's read, 2L - 1 positions back, is never dropped."""
         from transformers import AutoTokenizer
 
-        from sparse_rl_megatron.utils.config_io import from_dict
 
         options.pop("eval_problems", None)  # the trainer's check scores the warm start
         defaults = {**WARM_START, "steps": self.spec.warm_start_steps,

@@ -30,6 +30,8 @@ from sparse_rl_megatron.tasks.modchain_teacher import EarlyStopTeacher
 from sparse_rl_megatron.tasks.sft import SFTConfig, check_output_free, save_model_dir, supervised_finetune
 from sparse_rl_megatron.tasks.warm_check import WarmStartExpectations
 from sparse_rl_megatron.tasks.word_tokenizer import build_word_tokenizer
+from sparse_rl_megatron.models.tiny import tiny_config
+from sparse_rl_megatron.utils.config_io import from_dict
 
 NAME = "modchain"
 WARM_START = {"steps": 300, "lr": 3e-3, "batch_size": 16, "decay_fraction": 0.4, "key_dropout": 0.9,
@@ -181,7 +183,6 @@ class ModChainTask(Task):
     def build_model(self, out_dir: str | os.PathLike, *, seed: int = 0) -> Path:
         from transformers import AutoModelForCausalLM
 
-        from sparse_rl_megatron.models.tiny import tiny_config
 
         tok = self.tokenizer()
         m = self.spec.model
@@ -233,7 +234,6 @@ class ModChainTask(Task):
         from any checkpoint of this task, so it also serves as the equal-time supervised control."""
         from transformers import AutoTokenizer
 
-        from sparse_rl_megatron.utils.config_io import from_dict
 
         eval_problems = int(options.pop("eval_problems", 200))
         config = from_dict(SFTConfig, {**WARM_START, "steps": self.spec.warm_start_steps, **self.spec.warm_start,

@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import random
 from dataclasses import dataclass
+from math import gcd
 
 MODULUS = 10
 """The default family's modulus."""
@@ -178,8 +179,6 @@ class ChainFamily:
     """Leave out the starts with a x0 + b = x0 (mod M): their chains are constant, so x0 is the answer."""
 
     def __post_init__(self) -> None:
-        from math import gcd
-
         if not 2 <= self.modulus <= MAX_MODULUS:
             raise ValueError(f"ChainFamily.modulus must be in [2, {MAX_MODULUS}], got {self.modulus}")
         if self.rule not in RULES:

@@ -26,6 +26,10 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from sparse_rl_megatron.data.record_extras import CHAIN_KEY, SUBSET_KEY, full_chain
+from sparse_rl_megatron.data.templates import render_prompt
+from sparse_rl_megatron.rewards.registry import REWARDS
+from sparse_rl_megatron.rollout.engine import SamplingParams
+from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
 
 if TYPE_CHECKING:
     from sparse_rl_megatron.compression import CompressionConfig
@@ -126,11 +130,6 @@ def check_warm_start(task: "Task", model_dir: str | os.PathLike, expected: WarmS
 def _greedy(task: "Task", model_dir: str | os.PathLike, records: Sequence["MathRecord"],
             compression: "CompressionConfig | None") -> tuple[list[str], list[bool]]:
     """One greedy response per record (dense, or with ``compression``) and whether its reward was positive."""
-    from sparse_rl_megatron.data.templates import render_prompt
-    from sparse_rl_megatron.rewards.registry import REWARDS
-    from sparse_rl_megatron.rollout.engine import SamplingParams
-    from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
-
     engine = HFRolloutEngine(model_dir, compression=compression, show_progress=False)
     prompts = [render_prompt(task.template, r.prompt, engine.tokenizer) for r in records]
     samples = engine.generate(prompts, 1, SamplingParams(temperature=0.0, max_new_tokens=task.response_tokens + 8))

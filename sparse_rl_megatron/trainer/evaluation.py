@@ -26,6 +26,13 @@ import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
+from sparse_rl_megatron.compression import CompressionConfig
+from sparse_rl_megatron.eval.config import BenchmarkSettings, EvalConfig
+from sparse_rl_megatron.eval.runner import benchmark_section, sample_problems
+from sparse_rl_megatron.eval.subsets import full_chain_metrics, shortcut_free_metrics, subset_metrics
+from sparse_rl_megatron.rollout.work_split import split_groups
+from sparse_rl_megatron.trainer.engines.pool import EnginePool
+from sparse_rl_megatron.trainer.runtime import distributed as D
 
 if TYPE_CHECKING:
     from sparse_rl_megatron.data.loader import Dataset
@@ -49,8 +56,6 @@ def mode_compression(cfg: "TrainConfig", mode: str, controller_budget: int | Non
     """The KV compression evaluation ``mode`` samples with: none (``dense``), ``sparse_compression`` (``sparse``),
     or the rollout's compression at ``controller_budget``, the adaptive budget controller's current budget
     (``adaptive``)."""
-    from sparse_rl_megatron.compression import CompressionConfig
-
     if mode == "dense":
         return CompressionConfig()
     if mode == "sparse":
@@ -72,8 +77,6 @@ def modes(cfg: "TrainConfig", controller_budget: int | None = None) -> list[str]
 def evaluate(engine, reward, datasets: dict[str, "Dataset"], cfg: "TrainConfig", template: str, step: int,
              run_dir: str | Path) -> dict[str, float]:
     """Evaluate one engine's current weights (rank 0's; None elsewhere) on ``datasets`` in every mode."""
-    from sparse_rl_megatron.trainer.engines.pool import EnginePool
-
     with EnginePool.single(engine, reward, cfg.rollout.engine) as pool:
         return evaluate_pool(pool, datasets, cfg, template, step, run_dir)
 
@@ -83,12 +86,6 @@ def evaluate_pool(pool: "EnginePool", datasets: dict[str, "Dataset"], cfg: "Trai
     """Evaluate the live weights of every engine of ``pool`` on its share of ``datasets``, in every mode; returns
     ``eval/*`` metrics on every rank. ``controller_budget``: the adaptive budget controller's current budget (the
     ``adaptive`` mode's; None: that mode is skipped). Collective."""
-    from sparse_rl_megatron.eval.config import BenchmarkSettings, EvalConfig
-    from sparse_rl_megatron.eval.runner import benchmark_section, sample_problems
-    from sparse_rl_megatron.eval.subsets import full_chain_metrics, shortcut_free_metrics, subset_metrics
-    from sparse_rl_megatron.rollout.work_split import split_groups
-    from sparse_rl_megatron.trainer.runtime import distributed as D
-
     settings = BenchmarkSettings(n=cfg.eval.n, max_new_tokens=cfg.eval.max_new_tokens
                                  or cfg.rollout.sampling.max_new_tokens)
     out_dir = Path(run_dir) / EVAL_DIR

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import time
 
-from sparse_rl_megatron.trainer.runtime import distributed as D
+from sparse_rl_megatron.observability.metrics_writer import read_metrics
 from sparse_rl_megatron.trainer.config import TrainConfig
 from sparse_rl_megatron.trainer.optimize import optimizer_steps
-from sparse_rl_megatron.trainer.runtime.progress import print_step
-from sparse_rl_megatron.trainer.runtime.expected_result import expected_result_line
 from sparse_rl_megatron.trainer.run import Run, exit_note, start_run
+from sparse_rl_megatron.trainer.runtime import distributed as D
+from sparse_rl_megatron.trainer.runtime.expected_result import expected_result_line
+from sparse_rl_megatron.trainer.runtime.progress import print_step
 from sparse_rl_megatron.trainer.step import rollout_step
 from sparse_rl_megatron.utils.errors import RunFailed
 
@@ -110,7 +111,6 @@ def _finish(cfg: TrainConfig, run: Run) -> None:
 
         plot = plot_metrics(run.writer.path, run.run_dir / PLOT_FILE)
         run.say(f"metrics: {run.writer.path}  plot: {plot}  checkpoints: {run.run_dir / 'checkpoints'}")
-    from sparse_rl_megatron.observability.metrics_writer import read_metrics
 
     records = read_metrics(run.writer.path)
     for mode in ("dense", "sparse", "adaptive"):

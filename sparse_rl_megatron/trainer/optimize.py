@@ -10,6 +10,8 @@ whose every sample was rejected trains not at all, and says so in its metrics.
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+from sparse_rl_megatron.learner import TrainBatch
+from sparse_rl_megatron.learner.batch import SequenceBatch
 
 if TYPE_CHECKING:
     from sparse_rl_megatron.trainer.step import RolloutBatch
@@ -22,9 +24,6 @@ SUMMED_KEYS = ("train/skipped", "train/tokens")
 def optimizer_steps(learner, batch: "RolloutBatch", num_steps: int, progress: bool = False) -> dict[str, float]:
     """Run ``num_steps`` optimizer steps on equal slices of ``batch``; returns ``train/*`` and ``loss/*`` metrics
     (identical on every rank). Collective."""
-    from sparse_rl_megatron.learner import TrainBatch
-    from sparse_rl_megatron.learner.batch import SequenceBatch
-
     size = len(batch.samples) // num_steps
     per_step: list[dict[str, float]] = []
     empty = 0

@@ -16,14 +16,24 @@ from typing import TYPE_CHECKING, Callable
 
 import yaml
 
-from sparse_rl_megatron.observability.metrics_writer import METRICS_FILE
+from sparse_rl_megatron.learner import Learner
+from sparse_rl_megatron.observability.metrics_writer import METRICS_FILE, MetricsWriter
 from sparse_rl_megatron.observability.plots import PLOT_FILE
+from sparse_rl_megatron.rewards.registry import REWARDS
 from sparse_rl_megatron.trainer.checkpointing import checkpoints
+from sparse_rl_megatron.trainer.checkpointing.resume import choose
+from sparse_rl_megatron.trainer.checkpointing.state import TrainerState
 from sparse_rl_megatron.trainer.config import TrainConfig
-from sparse_rl_megatron.trainer.evaluation import EVAL_DIR
-from sparse_rl_megatron.trainer.runtime import distributed as D
-from sparse_rl_megatron.trainer.runtime.progress import HEARTBEAT_DIR
+from sparse_rl_megatron.trainer.engines.pool import EnginePool
+from sparse_rl_megatron.trainer.engines.weight_probe import probe_sequence, probe_tolerance
+from sparse_rl_megatron.trainer.evaluation import EVAL_DIR, evaluate_pool
 from sparse_rl_megatron.trainer.run_plan import RunPlan, preflight
+from sparse_rl_megatron.trainer.runtime import distributed as D
+from sparse_rl_megatron.trainer.runtime.model_dirs import export_for_engine, prepare_model
+from sparse_rl_megatron.trainer.runtime.progress import HEARTBEAT_DIR, Heartbeat
+from sparse_rl_megatron.trainer.runtime.prompts import PromptOrder
+from sparse_rl_megatron.trainer.runtime.run_dir import RunDirLock, archive_previous_outputs
+from sparse_rl_megatron.trainer.runtime.signals import StopRequest
 from sparse_rl_megatron.utils.config_io import to_dict
 
 if TYPE_CHECKING:
@@ -85,8 +95,6 @@ class Run:
     # ----------------------------------------------------------------------------------------------- sync
     def sync(self, version: int, push: bool = True) -> dict[str, float]:
         """Push the learner's weights to every engine as ``version`` (unless ``push`` is False), then probe each."""
-        from sparse_rl_megatron.trainer.engines.weight_probe import probe_tolerance
-
         metrics: dict[str, float] = {}
         if push:
             metrics.update(self.pool.sync(self.learner, version, self.cfg.sync.bucket_mb))
@@ -97,8 +105,6 @@ class Run:
 
     # ----------------------------------------------------------------------------------------------- save
     def save(self, step: int) -> Path:
-        from sparse_rl_megatron.trainer.checkpointing.state import TrainerState
-
         state = D.on_main(lambda: TrainerState.capture(self, step, self.cfg.seed))
         return checkpoints.save(self.run_dir, step, self.learner, state, self.cfg.checkpoint.keep_last)
 
@@ -107,8 +113,6 @@ class Run:
         """Held-out accuracy of the live weights (every engine evaluates its share; every rank gets the metrics).
         ``sparse`` at the stated budget; ``adaptive`` (if asked) at the controller's current budget, the one the
         next step samples with (``trainer/evaluation.py``)."""
-        from sparse_rl_megatron.trainer.evaluation import evaluate_pool
-
         if not self.plan.eval_data:
             return {}
         return evaluate_pool(self.pool, self.plan.eval_data, self.cfg, self.plan.template, step, self.run_dir,
@@ -118,9 +122,6 @@ class Run:
 def _claim_run_dir(cfg: TrainConfig, run_dir: Path, stack: contextlib.ExitStack) -> tuple["Choice", list[str]]:
     """Rank 0: lock the run directory, choose fresh start or resume (the newest intact checkpoint: ``resume.py``),
     write the resolved config. Returns the choice and what to tell the user."""
-    from sparse_rl_megatron.trainer.checkpointing.resume import choose
-    from sparse_rl_megatron.trainer.runtime.run_dir import RunDirLock, archive_previous_outputs
-
     lock = stack.enter_context(RunDirLock(run_dir))
     notes = []
     if lock.taken_over:
@@ -153,11 +154,6 @@ class _Models:
 def _build_models(cfg: TrainConfig, plan: RunPlan, run_dir: Path, stack: contextlib.ExitStack,
                   say: Callable[[str], None]) -> _Models:
     """Learner (+ reference), every engine and its rank's reward; rank 0 builds the model directories first."""
-    from sparse_rl_megatron.learner import Learner
-    from sparse_rl_megatron.trainer.engines.pool import EnginePool
-    from sparse_rl_megatron.trainer.engines.weight_probe import probe_sequence
-    from sparse_rl_megatron.trainer.runtime.model_dirs import export_for_engine, prepare_model
-
     dirs = D.on_main(lambda: prepare_model(cfg, plan.task, run_dir))
     for note in dirs.notes:
         say(note)
@@ -176,8 +172,6 @@ def _build_models(cfg: TrainConfig, plan: RunPlan, run_dir: Path, stack: context
 def make_reward(cfg: TrainConfig, plan: RunPlan):
     """The reward of a rank that drives an engine (a context manager: the ``math`` reward owns a verifier process
     pool, one per engine rank)."""
-    from sparse_rl_megatron.rewards.registry import REWARDS
-
     factory = REWARDS.get(plan.reward)
     return factory(cfg.reward.verifier) if plan.reward == "math" else factory()
 
@@ -187,10 +181,6 @@ def start_run(cfg: TrainConfig):
     """Set up a run (see the module docstring); yields a ``Run``; closes the reward, logs and lock at the end."""
     from rich.console import Console
 
-    from sparse_rl_megatron.observability.metrics_writer import MetricsWriter
-    from sparse_rl_megatron.trainer.runtime.progress import Heartbeat
-    from sparse_rl_megatron.trainer.runtime.prompts import PromptOrder
-    from sparse_rl_megatron.trainer.runtime.signals import StopRequest
 
     plan = preflight(cfg, D.env_world_size())
     D.init(cfg.phase_timeout_s)

@@ -17,6 +17,19 @@ from typing import TYPE_CHECKING, Any
 
 from sparse_rl_megatron.utils.device import DeviceFacts, cuda_present, resolve
 from sparse_rl_megatron.utils.errors import UserError
+from pathlib import Path
+from sparse_rl_megatron.data.sets import load_dataset
+from sparse_rl_megatron.data.templates import TEMPLATES, render_prompt
+from sparse_rl_megatron.learner.learner import check_moe_training
+from sparse_rl_megatron.models.arch import arch_from_hf_config
+from sparse_rl_megatron.rewards.registry import REWARDS
+from sparse_rl_megatron.rollout.engines import ENGINES
+from sparse_rl_megatron.rollout.layout import LayoutError, RolloutLayout
+from sparse_rl_megatron.tasks import HELDOUT_SEED, get_task, is_task_ref
+from sparse_rl_megatron.trainer.checkpointing.checkpoints import resolve_resume
+from sparse_rl_megatron.trainer.config import TINY_MODELS
+from sparse_rl_megatron.utils.file_checks import MEGATRON_ASSETS_DIR, check_model_dir, has_tokenizer
+from sparse_rl_megatron.utils.registry import UnknownNameError
 
 if TYPE_CHECKING:
     from sparse_rl_megatron.data.loader import Dataset
@@ -56,8 +69,6 @@ def rollout_layout(cfg: "TrainConfig", world_size: int, ranks_per_node: int | No
     ``LOCAL_WORLD_SIZE``, else all on one node), on GPUs or not (default: ``cuda_present()``)."""
     import os
 
-    from sparse_rl_megatron.rollout.layout import LayoutError, RolloutLayout
-    from sparse_rl_megatron.rollout.engines import ENGINES
 
     if ranks_per_node is None:
         ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
@@ -74,9 +85,6 @@ def rollout_layout(cfg: "TrainConfig", world_size: int, ranks_per_node: int | No
 
 
 def _task(name: str, option: str):
-    from sparse_rl_megatron.tasks import get_task
-    from sparse_rl_megatron.utils.registry import UnknownNameError
-
     try:
         return get_task(name)
     except UnknownNameError as err:
@@ -84,9 +92,6 @@ def _task(name: str, option: str):
 
 
 def _load(name: str, cfg: "TrainConfig", option: str, split: str, limit: int | None) -> "Dataset":
-    from sparse_rl_megatron.data.sets import load_dataset
-    from sparse_rl_megatron.tasks import HELDOUT_SEED, is_task_ref
-
     if is_task_ref(name):
         task = _task(name, option)
         return task.records(split, limit=limit, seed=cfg.seed if split == "train" else HELDOUT_SEED)
@@ -99,12 +104,6 @@ def _load(name: str, cfg: "TrainConfig", option: str, split: str, limit: int | N
 
 def check_model(cfg: "TrainConfig", world_size: int) -> dict[str, Any] | None:
     """The model path and the parallel layout (against the model's shape and the world size)."""
-    from sparse_rl_megatron.models.arch import arch_from_hf_config
-    from sparse_rl_megatron.tasks import is_task_ref
-    from sparse_rl_megatron.learner.learner import check_moe_training
-    from sparse_rl_megatron.trainer.config import TINY_MODELS
-    from sparse_rl_megatron.utils.file_checks import check_model_dir
-
     tp, pp = cfg.learner.tensor_parallel_size, cfg.learner.pipeline_parallel_size
     ep, etp = cfg.learner.expert_parallel_size, cfg.learner.expert_tensor_parallel
     if world_size % (tp * pp):
@@ -184,10 +183,6 @@ def context_limit(cfg: "TrainConfig", hf_config: dict[str, Any] | None) -> tuple
 
 def _prompt_tokenizer(cfg: "TrainConfig"):
     """The tokenizer of ``model_path`` when the directory (or a Megatron checkpoint's ``hf_assets``) has one."""
-    from pathlib import Path
-
-    from sparse_rl_megatron.utils.file_checks import MEGATRON_ASSETS_DIR, has_tokenizer
-
     for directory in (Path(cfg.model_path), Path(cfg.model_path) / MEGATRON_ASSETS_DIR):
         if directory.is_dir() and has_tokenizer(directory):
             from transformers import AutoTokenizer
@@ -203,8 +198,6 @@ def longest_prompt(data: "Dataset", template: str, tokenizer, room: int | None =
     """Tokens of ``data``'s longest prompt under ``template`` (as the engines render and tokenize it). With
     ``room``: when no prompt can be longer than that (a token covers at least one UTF-8 byte; +1 for a
     SentencePiece word-start marker), the bound is returned without tokenizing."""
-    from sparse_rl_megatron.data.templates import render_prompt
-
     if tokenizer is None or not len(data):
         return 0
     prompts = [render_prompt(template, r.prompt, tokenizer) for r in data.records]
@@ -247,13 +240,6 @@ def preflight(cfg: "TrainConfig", world_size: int, ranks_per_node: int | None = 
     ``eval``). ``device_facts``: this machine's (default: detected here, once for the run; kept in the plan);
     ``on_gpu``: check the learner dtype and the rollout layout as on GPUs or not (default: ``device_facts.cuda``).
     Raises ``UserError``."""
-    from sparse_rl_megatron.data.templates import TEMPLATES
-    from sparse_rl_megatron.rewards.registry import REWARDS
-    from sparse_rl_megatron.tasks import is_task_ref
-    from sparse_rl_megatron.trainer.checkpointing.checkpoints import resolve_resume
-    from sparse_rl_megatron.rollout.engines import ENGINES
-    from sparse_rl_megatron.utils.registry import UnknownNameError
-
     device_facts = resolve(device_facts)
     if on_gpu is None:
         on_gpu = device_facts.cuda

@@ -14,6 +14,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from sparse_rl_megatron.algo import prepare_correction
+from sparse_rl_megatron.algo.hooks import pad
+from sparse_rl_megatron.learner.batch import SequenceBatch
 from sparse_rl_megatron.trainer.engines.pool import EngineError, EnginePool, rollout_metrics
 
 if TYPE_CHECKING:
@@ -57,10 +60,6 @@ def prepare_batch(learner, samples: list["Sample"], correction: "CorrectionConfi
                   ) -> RolloutBatch:
     """Every rank: dense old log-probs (and reference log-probs) of ``samples``, then the Sparse-RL correction
     on the whole batch. Collective (the learner's)."""
-    from sparse_rl_megatron.algo import prepare_correction
-    from sparse_rl_megatron.algo.hooks import pad
-    from sparse_rl_megatron.learner.batch import SequenceBatch
-
     t0 = time.perf_counter()
     seqs = SequenceBatch.from_lists([s.prompt_ids for s in samples], [s.response_ids for s in samples])
     old = learner.logprobs(seqs)  # [B, T]

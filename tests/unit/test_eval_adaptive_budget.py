@@ -57,11 +57,11 @@ def test_adaptive_mode_needs_the_controller_and_sglang_eval_must_fit_the_servers
 def test_run_evaluates_with_the_controllers_current_budget(tmp_path, monkeypatch):
     """``Run.evaluate`` hands the controller's budget to the evaluation (for ``adaptive`` only)."""
     from sparse_rl_megatron.compression.budget_controller import AdaptiveBudgetConfig, BudgetController
-    from sparse_rl_megatron.trainer import evaluation
+    from sparse_rl_megatron.trainer import run as run_module
     from sparse_rl_megatron.trainer.run import Run
 
     seen = {}
-    monkeypatch.setattr(evaluation, "evaluate_pool", lambda *args, **kwargs: seen.update(kwargs) or {})
+    monkeypatch.setattr(run_module, "evaluate_pool", lambda *args, **kwargs: seen.update(kwargs) or {})
     controller = BudgetController(AdaptiveBudgetConfig(**ADAPTIVE, gain=2.0, deadband=0.0), START)
     controller.update(1.0)   # far above the target: the budget grows
     assert controller.budget > START

@@ -29,6 +29,8 @@ from sparse_rl_megatron.trainer.runtime import distributed as D
 from sparse_rl_megatron.utils.atomic_write import atomic_write, write_json_atomic
 from sparse_rl_megatron.utils.device import cuda_present
 from sparse_rl_megatron.utils.errors import RunFailed, UserError
+from dataclasses import replace
+from sparse_rl_megatron.learner.save_children import WriterDied
 
 CHECKPOINTS_DIR = "checkpoints"
 RNG_DIR = "rng"
@@ -146,8 +148,6 @@ def _write_rng(out: Path, rank: int, cuda: bool) -> None:
 def _write_state(out: Path, state: TrainerState) -> None:
     """Rank 0, after every rank wrote its files: the trainer state with the world size and the size of every file
     (written last)."""
-    from dataclasses import replace
-
     write_json_atomic(out / STATE_FILE, replace(state, world_size=D.world_size(), files=file_sizes(out)).to_json())
 
 
@@ -183,8 +183,6 @@ def save_failure(err: BaseException) -> tuple[int | None, str] | None:
     space left on device')`` keeps only the text) or a writer process that died (``save_children.WriterDied``:
     killed, e.g. by the OOM killer), with the rank it happened on where megatron gathered it from another rank
     (else None); None for anything else (a bug: the error itself is raised)."""
-    from sparse_rl_megatron.learner.save_children import WriterDied
-
     for e, rank in _behind(err):
         if isinstance(e, OSError):
             return rank, str(e)

@@ -14,6 +14,7 @@ import os
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+from sparse_rl_megatron.trainer.checkpointing.integrity import STATE_FILE
 
 if TYPE_CHECKING:
     from sparse_rl_megatron.compression.budget_controller import BudgetController
@@ -93,8 +94,6 @@ class TrainerState:
     def read(cls, ckpt: "str | os.PathLike") -> "TrainerState":
         """The trainer state of checkpoint ``ckpt``; ``ValueError`` naming what is wrong (no file, not JSON, another
         format version, another shape)."""
-        from sparse_rl_megatron.trainer.checkpointing.integrity import STATE_FILE
-
         path = Path(ckpt) / STATE_FILE
         try:
             state = json.loads(path.read_text())

@@ -25,9 +25,15 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Sequence
 
 import torch
 
-from sparse_rl_megatron.trainer.runtime import distributed as D
+from sparse_rl_megatron.data.templates import render_prompt
+from sparse_rl_megatron.rollout.engines import ENGINES
+from sparse_rl_megatron.rollout.layout import RolloutLayout
+from sparse_rl_megatron.rollout.repetition import repetition_metrics
+from sparse_rl_megatron.rollout.work_split import group_cost, split_groups
+from sparse_rl_megatron.trainer.engines.colocated_weights import ColocatedPayloads
 from sparse_rl_megatron.trainer.engines.weight_probe import WeightSyncError, engine_logprobs, probe_verdict
 from sparse_rl_megatron.trainer.engines.worker import EngineHang, EngineWorker, Handoff
+from sparse_rl_megatron.trainer.runtime import distributed as D
 from sparse_rl_megatron.utils.errors import UserError
 
 if TYPE_CHECKING:
@@ -91,9 +97,6 @@ class EnginePool:
               make_reward: "Callable[[], ContextManager[SampleReward]]") -> "EnginePool":
         """Build this rank's engines (and its reward, a context manager entered on ``stack``). Collective; a
         rank that fails to start its engine fails every rank."""
-        from sparse_rl_megatron.rollout.engines import ENGINES
-        from sparse_rl_megatron.trainer.engines.colocated_weights import ColocatedPayloads
-
         rank = D.rank()
         pool = cls(layout, cfg.rollout.engine, engine_deadline(cfg.phase_timeout_s))
         spec = ENGINES.get(cfg.rollout.engine)
@@ -125,8 +128,6 @@ class EnginePool:
         """One engine on rank 0 (``engine`` there, None elsewhere) serving every rank: the form of callers that
         build their engine themselves (``sparse-rl mismatch``, the experiment's control). A context manager: ``with
         EnginePool.single(...) as pool:`` closes its engine thread (not the engine) at the end."""
-        from sparse_rl_megatron.rollout.layout import RolloutLayout
-
         world = D.world_size()
         layout = RolloutLayout.build(engine=name, world=world, ranks_per_node=world, gpus_per_engine=world, groups=0)
         pool = cls(layout, name, deadline_s, reward=reward)
@@ -210,10 +211,6 @@ class EnginePool:
         """``n`` scored samples per record of rank 0's ``records`` (None elsewhere), from every engine; the same
         group-major list and metrics on every rank. ``budget``: this step's KV budget B instead of the engines' own
         (the adaptive budget's; each engine's compression otherwise as built). Collective."""
-        from sparse_rl_megatron.data.templates import render_prompt
-        from sparse_rl_megatron.rollout.repetition import repetition_metrics
-        from sparse_rl_megatron.rollout.work_split import group_cost, split_groups
-
         t0 = time.perf_counter()
         plan = None
         if D.is_main():

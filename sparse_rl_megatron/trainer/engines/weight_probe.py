@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from sparse_rl_megatron.learner.batch import SequenceBatch
 from sparse_rl_megatron.utils.device import DeviceFacts, resolve
 from sparse_rl_megatron.utils.errors import RunFailed
 
@@ -51,8 +52,6 @@ class WeightSyncError(RunFailed):
 
 def probe_sequence(vocab_size: int, tokens: int, seed: int) -> "SequenceBatch":
     """One row of ``tokens`` token ids drawn from ``seed`` (first half prompt, second half response)."""
-    from sparse_rl_megatron.learner.batch import SequenceBatch
-
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(vocab_size, (tokens,), generator=gen)
     half = tokens // 2

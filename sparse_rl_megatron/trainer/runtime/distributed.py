@@ -14,6 +14,8 @@ import os
 from typing import Any, Callable, TypeVar
 
 import torch.distributed as dist
+from sparse_rl_megatron.learner.parallel import init_process_group
+from sparse_rl_megatron.utils.errors import UserError
 
 T = TypeVar("T")
 
@@ -39,8 +41,6 @@ def env_local_rank() -> int:
 
 def init(phase_timeout_s: int) -> None:
     """Join the default process group (the learner's) and create the control group. Idempotent."""
-    from sparse_rl_megatron.learner.parallel import init_process_group
-
     init_process_group()
     if "group" not in _CONTROL:
         _CONTROL["group"] = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=phase_timeout_s))
@@ -76,8 +76,6 @@ def on_main(fn: Callable[[], T]) -> T:
     """Run ``fn`` on rank 0 and hand its result to every rank. If it raises, rank 0 re-raises the error and the
     other ranks raise ``MainRankFailed`` with its message (instead of waiting for a result that never comes);
     a ``UserError`` stays a ``UserError`` everywhere."""
-    from sparse_rl_megatron.utils.errors import UserError
-
     outcome: tuple[str, Any, int] | None = None
     error: BaseException | None = None
     if is_main():
@@ -114,8 +112,6 @@ def relay(error: BaseException | None, error_type: type[Exception] = RuntimeErro
     rank raises, instead of some ranks waiting for results that never come. The failing ranks raise their own
     error; the others an ``error_type`` with the message of the lowest failing rank (which names what failed
     and where), plus how many others failed. A ``UserError`` stays a ``UserError`` everywhere (printed once)."""
-    from sparse_rl_megatron.utils.errors import UserError
-
     mine = None if error is None else (isinstance(error, UserError), str(error) or type(error).__name__,
                                        getattr(error, "exit_code", 1))
     failed = [(r, x) for r, x in enumerate(gather_objects(mine)) if x is not None]
