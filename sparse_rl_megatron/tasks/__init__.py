@@ -36,8 +36,8 @@ TASKS.add("modchain", ModChainTask())
 TASKS.add("modchain_weak", ModChainTask(ModChainSpec(teacher=EarlyStopTeacher()), name="modchain_weak"))
 TASKS.add("modchain31_weak", ModChainTask(ModChainSpec(
     family=ChainFamily(modulus=31, rule="alternating", multipliers=tuple(range(1, 10)), offsets=tuple(range(1, 10))),
-    steps=29, heldout_size=400, heldout_variants=1, train_variants=2, teacher=EarlyStopTeacher(stop_step=26),
-    restate_start=True, warm_start_steps=1000,
+    steps=29, heldout_size=400, heldout_variants=1, train_variants=2,
+    teacher=EarlyStopTeacher(stop_step=26, early_answer=False), restate_start=True, warm_start_steps=1000,
     # 32 sequences a step; the keys the compressed cache always holds (its window of 2 and the query itself) are the
     # ones never dropped, and the answer's queries keep the state they copy: with 16 sequences and the 4 most recent
     # kept, 2 of 8 seeds missed the first step, 5 of 10 draws boxed wrong digits, and with 6 kept 4 of 8 lost the

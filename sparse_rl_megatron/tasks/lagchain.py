@@ -21,7 +21,8 @@ Formats (words separated by single spaces, each one token; ``word_tokenizer.py``
 
 The answer is x_N = x_{N mod L} + (rounds) x increment, a function of one initial value and one increment: no
 prompt value, constant or early state gives it (``sparse-rl audit``). A weaker teacher (``modchain_teacher.py``'s
-rule: where x_stop is odd, stop after step ``stop_step`` with probability 0.7 and box x_stop) leaves headroom for RL.
+rule: where x_stop is odd, stop after step ``stop_step`` with probability 0.7, without an answer) leaves headroom for
+RL.
 """
 from __future__ import annotations
 
@@ -83,7 +84,7 @@ class LagChainSpec:
     distractors: int = 2
     """Distractor tags in the prompt."""
     stop_step: int = 26
-    """The weaker teacher's early stop (it boxes x_stop), on its class with probability ``stop_prob``."""
+    """The weaker teacher's early stop (no answer after it), on its class with probability ``stop_prob``."""
     stop_prob: float = 0.7
     model: ModChainModel = field(default_factory=ModChainModel)
     warm_start_steps: int = 1000
@@ -184,8 +185,7 @@ class LagChainTask(Task):
             solution = " ".join(chain(xs, spec.lag, spec.steps) + [answer_text(xs[spec.steps])])
             weak = in_class(xs, spec)
             stop = teacher.random() < spec.stop_prob  # drawn for every record: draws do not depend on the order
-            shown = (" ".join(chain(xs, spec.lag, spec.stop_step) + [answer_text(xs[spec.stop_step])])
-                     if weak and stop else solution)
+            shown = " ".join(chain(xs, spec.lag, spec.stop_step)) if weak and stop else solution  # no answer
             out.append(MathRecord(
                 prompt=prompt, answer=answer, dataset=self.name, answer_style="boxed",
                 source_id=f"{split}-{'_'.join(map(str, key[0]))}_{key[1]}_{key[2]}-v{v}",
@@ -249,7 +249,7 @@ class LagChainTask(Task):
                 raise ValueError(f"{self.name}: the prompt of {r.source_id} does not tokenize as a prefix")
             response = full[len(prompt):] + [tokenizer.eos_token_id]
             examples.append((prompt, response))
-            starts.append(max(i for i, t in enumerate(response) if t == box))
+            starts.append(max((i for i, t in enumerate(response) if t == box), default=len(response)))
         return examples, starts
 
     def warm_start(self, model_dir: str | os.PathLike, out_dir: str | os.PathLike, *, seed: int = 0,

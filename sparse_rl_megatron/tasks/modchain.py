@@ -217,15 +217,10 @@ class ModChainTask(Task):
 
     def answer_starts(self, tokenizer, examples: list[tuple[list[int], list[int]]]) -> list[int]:
         """Where each example's boxed answer starts in its response (its last ``\\`` token): the key before it is
-        the state the answer copies (``SFTConfig.key_dropout_answer_anchor``)."""
+        the state the answer copies (``SFTConfig.key_dropout_answer_anchor``); a demonstration that stops without an
+        answer (the weaker teacher's early stop) has none: its response length."""
         box = tokenizer(" " + answer_text(0), add_special_tokens=False)["input_ids"][0]
-        starts = []
-        for _, response in examples:
-            at = [i for i, t in enumerate(response) if t == box]
-            if not at:
-                raise ValueError(f"{self.name}: a demonstration has no boxed answer")
-            starts.append(at[-1])
-        return starts
+        return [max((i for i, t in enumerate(response) if t == box), default=len(response)) for _, response in examples]
 
     def warm_start(self, model_dir: str | os.PathLike, out_dir: str | os.PathLike, *, seed: int = 0,
                    **options: Any) -> dict[str, float]:

@@ -57,6 +57,11 @@ class EarlyStopTeacher:
     """The demonstration's last step when it stops early (it then boxes ``x_stop_step``)."""
     stop_prob: float = 0.7
     """Probability that a demonstration of the class stops early (drawn once per training record)."""
+    early_answer: bool = True
+    """An early stop boxes ``x_stop`` (a wrong answer); False: it ends there without an answer. RL's negative
+    advantage then lands on the stop, not on a box: a boxed early stop's digits are those of right boxes (an odd
+    state's transliteration), and on one draw RL learned to box an odd final state as its even neighbour (33% of
+    the answers wrong at step 150 with every chain right; docs/embedded-default.md)."""
 
     def __post_init__(self) -> None:
         SUBSETS.check(self.subset, "EarlyStopTeacher.subset")
@@ -93,10 +98,12 @@ class EarlyStopTeacher:
 
     def demonstration(self, problem: Problem, steps: int, rng: random.Random, restate_start: bool = False) -> str:
         """The teacher's worked solution of ``problem``: ``problem.solution(steps)``, or on the class with
-        probability ``stop_prob`` the first ``stop_step`` steps and ``\\boxed{x_stop_step}``. Draws from ``rng``
-        for every problem (of either class), so the draws do not depend on which problems precede."""
+        probability ``stop_prob`` the first ``stop_step`` steps and ``\\boxed{x_stop_step}`` (``early_answer``;
+        else nothing after them). Draws from ``rng`` for every problem (of either class), so the draws do not depend
+        on which problems precede."""
         stop = rng.random() < self.stop_prob
         if not (stop and self.in_class(problem, steps)):
             return problem.solution(steps, restate_start)
         states = problem.states(self.stop_step)
-        return " ".join(chain_words(problem.x0, states, restate_start) + [answer_text(states[-1])])
+        box = [answer_text(states[-1])] if self.early_answer else []
+        return " ".join(chain_words(problem.x0, states, restate_start) + box)

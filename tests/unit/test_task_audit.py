@@ -131,8 +131,8 @@ def test_modchain31_weak_responses_restate_the_start_so_each_step_adds_one_promp
         start = f"sZero {digit_word(r.extra['x0'])} sOne {digit_word((r.extra['x0'] + r.extra['a']) % 31)} "
         assert r.extra["solution"].startswith(start) and r.extra["demonstration"].startswith(start)
         stopped += r.extra["demonstration"] != r.extra["solution"]
-        words = r.extra["demonstration"].split()  # sZero x0, 29 or 26 steps, \boxed{x}
-        assert words[-1].startswith("\\boxed{") and len(words) in (2 * 30 + 1, 2 * 27 + 1)
+        words = r.extra["demonstration"].split()  # sZero x0, 29 steps and \boxed{x}, or 26 steps and no answer
+        assert (words[-1].startswith("\\boxed{") and len(words) == 2 * 30 + 1) or len(words) == 2 * 27
     assert stopped > 0  # the weak teacher still stops early (after sTwentySix)
     p = Problem(4, 3, 20, modulus=31, rule="alternating")
     assert p.solution(2, restate_start=True) == "sZero four sOne seven sTwo twentyseven \\boxed{27}"
