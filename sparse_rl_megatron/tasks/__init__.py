@@ -41,10 +41,12 @@ TASKS.add("modchain31_weak", ModChainTask(ModChainSpec(
     # 32 sequences a step; the keys the compressed cache always holds (its window of 2 and the query itself) are the
     # ones never dropped, and the answer's queries keep the state they copy: with 16 sequences and the 4 most recent
     # kept, 2 of 8 seeds missed the first step, 5 of 10 draws boxed wrong digits, and with 6 kept 4 of 8 lost the
-    # chain under the R-KV cache (docs/embedded-default.md, "Every draw")
+    # chain under the R-KV cache (docs/embedded-default.md, "Every draw"). A warm start sampled right (temperature 1,
+    # the R-KV cache) on 54% of its taught records lost them under RL; one at 72% recovered, the others were 87-96%
     warm_start={"batch_size": 32, "key_dropout_keep_recent": 3, "key_dropout_answer_anchor": True},
     warm_check=WarmStartExpectations(max_loss=0.02, min_taught_accuracy=0.9, min_taught_full_chains=0.9,
-                                     min_boxes_right=0.95, min_sparse_taught_accuracy=0.9)), name="modchain31_weak"))
+                                     min_boxes_right=0.95, min_sparse_taught_accuracy=0.9,
+                                     min_sampled_taught_accuracy=0.65)), name="modchain31_weak"))
 TASKS.add("modchain100_weak", ModChainTask(ModChainSpec(
     family=ChainFamily(modulus=100, multipliers=(21, 41, 61, 81), offsets=tuple(b for b in range(100) if b % 2 and b % 5),
                        skip_fixed_points=True), steps=29,

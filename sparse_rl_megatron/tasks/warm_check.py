@@ -17,7 +17,11 @@ What is measured, on the first ``problems`` held-out records:
 - ``boxes_right``: among the responses that write the whole chain right, the share whose final answer is right;
 - with the run's compressed KV cache (the rollouts' own), ``sparse_taught_accuracy``: the warm start must tolerate the
   cache it will sample with (a warm start that wrote every chain right densely lost the chain after the first
-  compression on 95% of them on one seed).
+  compression on 95% of them on one seed);
+- ``sampled_taught_accuracy``: the accuracy on the taught records of ``samples_per_problem`` responses each, drawn as
+  the rollouts draw them (the run's temperature and compressed cache): what RL starts from. A warm start can be
+  right greedily on every taught record and still too diffuse to sample them right: one such draw (54% sampled,
+  against 87-96% for most) lost the taught chains under RL, from the first step on (docs/embedded-default.md).
 """
 from __future__ import annotations
 
@@ -55,17 +59,24 @@ class WarmStartExpectations:
     """Least share of right final answers among the greedy responses that write the whole chain right."""
     min_sparse_taught_accuracy: float | None = None
     """Least greedy accuracy on the taught records with the run's compressed KV cache (None: not checked)."""
+    min_sampled_taught_accuracy: float | None = None
+    """Least accuracy on the taught records of responses sampled as the rollouts sample (None: not checked)."""
+    samples_per_problem: int = 4
+    """Responses sampled per taught record for ``sampled_taught_accuracy``."""
     problems: int = 200
     """Held-out records scored (greedy, dense cache)."""
 
     def __post_init__(self) -> None:
         if not self.max_loss > 0:
             raise ValueError(f"WarmStartExpectations.max_loss must be > 0, got {self.max_loss}")
-        for name in ("min_taught_accuracy", "min_taught_full_chains", "min_boxes_right", "min_sparse_taught_accuracy"):
+        for name in ("min_taught_accuracy", "min_taught_full_chains", "min_boxes_right", "min_sparse_taught_accuracy",
+                     "min_sampled_taught_accuracy"):
             if getattr(self, name) is not None and not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"WarmStartExpectations.{name} must be in [0, 1], got {getattr(self, name)}")
         if self.problems < 1:
             raise ValueError(f"WarmStartExpectations.problems must be >= 1, got {self.problems}")
+        if self.samples_per_problem < 1:
+            raise ValueError(f"WarmStartExpectations.samples_per_problem must be >= 1, got {self.samples_per_problem}")
 
     def judge(self, measured: Mapping[str, float]) -> list[str]:
         """What ``measured`` (``check_warm_start``'s values) missed, one phrase each; empty when all hold. A share
@@ -77,7 +88,9 @@ class WarmStartExpectations:
                                  ("taught_full_chains", self.min_taught_full_chains, "full chains on the taught records"),
                                  ("boxes_right", self.min_boxes_right, "right answers on the full chains"),
                                  ("sparse_taught_accuracy", self.min_sparse_taught_accuracy,
-                                  "accuracy on the taught records with the compressed cache")):
+                                  "accuracy on the taught records with the compressed cache"),
+                                 ("sampled_taught_accuracy", self.min_sampled_taught_accuracy,
+                                  "sampled accuracy on the taught records")):
             if bound is None or key not in measured:
                 continue
             if bound > 0 and not measured[key] >= bound:
@@ -101,7 +114,9 @@ class WarmStartCheck:
         """One line: ``passed (...)`` or ``missed: <what>; <what>``."""
         m = self.measured
         sparse = f", with the compressed cache {m['sparse_taught_accuracy']:.3f}" if "sparse_taught_accuracy" in m else ""
-        values = (f"taught accuracy {m['taught_accuracy']:.3f}{sparse}, full chains {m['taught_full_chains']:.3f}, "
+        sampled = f", sampled {m['sampled_taught_accuracy']:.3f}" if "sampled_taught_accuracy" in m else ""
+        values = (f"taught accuracy {m['taught_accuracy']:.3f}{sparse}{sampled}, "
+                  f"full chains {m['taught_full_chains']:.3f}, "
                   f"right answers on full chains {m['boxes_right']:.3f}, loss {m['loss_last']:.4f}")
         return f"passed ({values})" if self.passed else f"missed: {'; '.join(self.missed)} ({values})"
 
@@ -111,28 +126,38 @@ class WarmStartCheck:
 
 
 def check_warm_start(task: "Task", model_dir: str | os.PathLike, expected: WarmStartExpectations, loss_last: float,
-                     seed: int = 0, compression: "CompressionConfig | None" = None) -> WarmStartCheck:
+                     seed: int = 0, compression: "CompressionConfig | None" = None,
+                     temperature: float = 1.0) -> WarmStartCheck:
     """Score the model of ``model_dir`` greedily on the first ``expected.problems`` held-out records of ``task``
     (which must carry their worked chain, ``extra["chain"]``), with a dense cache and, when ``compression`` is a
-    compressed one and ``expected.min_sparse_taught_accuracy`` is set, with that cache too; judge it against
-    ``expected``."""
+    compressed one and ``expected.min_sparse_taught_accuracy`` is set, with that cache too; when
+    ``expected.min_sampled_taught_accuracy`` is set, sample the taught records at ``temperature`` with the run's
+    cache (``compression``; dense when None), the sampler seeded with ``seed``; judge it
+    against ``expected``."""
     records = task.records("heldout", limit=expected.problems, seed=seed)
     if any(CHAIN_KEY not in r.extra for r in records):
         raise ValueError(f"check_warm_start: the held-out records of {task.name} carry no worked chain")
-    measured = chain_measures(records, *_greedy(task, model_dir, records, None), loss_last)
+    measured = chain_measures(records, *_respond(task, model_dir, records, None), loss_last)
     if compression is not None and not compression.is_dense and expected.min_sparse_taught_accuracy is not None:
-        sparse = chain_measures(records, *_greedy(task, model_dir, records, compression), loss_last)
+        sparse = chain_measures(records, *_respond(task, model_dir, records, compression), loss_last)
         measured.update({f"sparse_{k}": sparse[k] for k in ("heldout_accuracy", "taught_accuracy", "taught_full_chains",
                                                              "boxes_right")})
+    if expected.min_sampled_taught_accuracy is not None:
+        taught = [r for r in records if r.extra.get(SUBSET_KEY, TAUGHT_CLASS) == TAUGHT_CLASS]
+        _, right = _respond(task, model_dir, taught, compression, expected.samples_per_problem, temperature, seed)
+        measured["sampled_taught_accuracy"] = _share(right)
     return WarmStartCheck(measured, expected, tuple(expected.judge(measured)))
 
 
-def _greedy(task: "Task", model_dir: str | os.PathLike, records: Sequence["MathRecord"],
-            compression: "CompressionConfig | None") -> tuple[list[str], list[bool]]:
-    """One greedy response per record (dense, or with ``compression``) and whether its reward was positive."""
+def _respond(task: "Task", model_dir: str | os.PathLike, records: Sequence["MathRecord"],
+             compression: "CompressionConfig | None", n: int = 1, temperature: float = 0.0,
+             seed: int = 0) -> tuple[list[str], list[bool]]:
+    """``n`` responses per record (greedy at temperature 0; dense, or with ``compression``), record by record, and
+    whether each one's reward was positive."""
     engine = HFRolloutEngine(model_dir, compression=compression, show_progress=False)
     prompts = [render_prompt(task.template, r.prompt, engine.tokenizer) for r in records]
-    samples = engine.generate(prompts, 1, SamplingParams(temperature=0.0, max_new_tokens=task.response_tokens + 8))
+    samples = engine.generate(prompts, n, SamplingParams(temperature=temperature, seed=seed,
+                                                         max_new_tokens=task.response_tokens + 8))
     for s in samples:
         s.metadata.update(records[s.group_id].metadata())
     with REWARDS.get(task.reward)() as reward:

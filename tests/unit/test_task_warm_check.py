@@ -77,7 +77,8 @@ def test_an_untrained_model_misses_the_embedded_defaults_expectations(tmp_path):
     check = check_warm_start(task, init, WarmStartExpectations(**{**vars(expected), "problems": 12}), loss_last=6.1)
     assert not check.passed and check.measured["problems"] == 12.0
     assert check.measured["taught_full_chains"] == 0.0 and math.isnan(check.measured["boxes_right"])
-    assert check.missed[0] == "supervised loss 6.1000 > 0.02" and len(check.missed) == 4
+    assert check.missed[0] == "supervised loss 6.1000 > 0.02" and len(check.missed) == 5
+    assert check.missed[-1] == "sampled accuracy on the taught records 0.000 < 0.65"
     assert check.summary().startswith("missed: supervised loss 6.1000 > 0.02; ")
     assert json.loads(json.dumps(check.to_json(), allow_nan=True))["passed"] is False
 
@@ -96,6 +97,36 @@ def test_the_check_scores_the_compressed_cache_the_run_samples_with(tmp_path):
     assert "with the compressed cache" in check.summary()
     dense_run = check_warm_start(task, init, sparse_only, loss_last=6.1, compression=CompressionConfig())
     assert dense_run.passed and "sparse_taught_accuracy" not in dense_run.measured  # a dense run has no such cache
+
+
+def test_the_sampled_accuracy_is_drawn_as_the_rollouts_draw_them(tmp_path):
+    """At temperature 0 the sampled measure is the greedy one of the same cache (dense, or the run's compressed
+    cache): the temperature and the cache reach the sampler; at temperature 1 it is seeded (the same value again)."""
+    from sparse_rl_megatron.compression import CompressionConfig
+
+    task, _ = _records()
+    init = task.build_model(tmp_path / "init", seed=0)
+    loss = task.warm_start(init, tmp_path / "warm", seed=0, **{**QUICK, "steps": 500})["sft/loss_last"]
+    bounds = WarmStartExpectations(max_loss=10.0, min_taught_accuracy=0.0, min_taught_full_chains=0.0,
+                                   min_boxes_right=0.0, min_sparse_taught_accuracy=0.0,
+                                   min_sampled_taught_accuracy=0.9, samples_per_problem=2, problems=12)
+    greedy = check_warm_start(task, tmp_path / "warm", bounds, loss, temperature=0.0)
+    # measured on this model (500 steps, seed 0): 2 of the 9 taught records right greedily, densely
+    assert greedy.measured["sampled_taught_accuracy"] == greedy.measured["taught_accuracy"] > 0
+    rkv = CompressionConfig(method="rkv", budget=4, window=2, buffer=2, scope="response")
+    greedy_rkv = check_warm_start(task, tmp_path / "warm", bounds, loss, compression=rkv, temperature=0.0)
+    assert greedy_rkv.measured["sampled_taught_accuracy"] == greedy_rkv.measured["sparse_taught_accuracy"]
+    sampled = check_warm_start(task, tmp_path / "warm", bounds, loss, temperature=1.0)
+    value = sampled.measured["sampled_taught_accuracy"]
+    assert value == check_warm_start(task, tmp_path / "warm", bounds, loss, temperature=1.0).measured[
+        "sampled_taught_accuracy"]
+    assert value != greedy.measured["taught_accuracy"]  # sampled, not greedy: measured 1/18 against 2/9
+    assert value < 0.9 and sampled.missed == (f"sampled accuracy on the taught records {value:.3f} < 0.9",)
+    assert f", sampled {value:.3f}" in sampled.summary()
+    without = WarmStartExpectations(**{**vars(bounds), "min_sampled_taught_accuracy": None})
+    assert "sampled_taught_accuracy" not in check_warm_start(task, tmp_path / "warm", without, loss).measured
+    with pytest.raises(ValueError, match="samples_per_problem must be >= 1, got 0"):
+        WarmStartExpectations(**{**vars(bounds), "samples_per_problem": 0})
 
 
 class LotteryTask(ModChainTask):

@@ -135,7 +135,7 @@ def checked_warm_start(cfg, task, init: Path, warm: Path) -> list[str]:
         shutil.rmtree(partial, ignore_errors=True)
         metrics = {**task.warm_start(init, partial, seed=seed, **options)}
         check = check_warm_start(task, partial, expected, metrics["sft/loss_last"], seed=HELDOUT_SEED,
-                                 compression=cfg.rollout.compression)
+                                 compression=cfg.rollout.compression, temperature=cfg.rollout.sampling.temperature)
         metrics.update({"sft/heldout_acc": check.measured["heldout_accuracy"], "sft/seed": float(seed),
                         **{f"check/{k}": v for k, v in check.measured.items()}, "check/passed": float(check.passed)})
         write_json_atomic(partial / WARM_METRICS, _finite(metrics))
