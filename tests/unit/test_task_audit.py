@@ -213,7 +213,9 @@ def test_the_default_recipe_is_on_the_shortcut_free_task_and_its_cache_binds():
     assert {k for k in default if default[k] != b16[k]} == {"run_dir", "rollout", "expect"}  # b16: no documented result
     assert b16["rollout"]["compression"]["budget"] == 16
     assert old["model_path"] == old["data"]["dataset"] == "task:modchain_weak" and old["warm_start"] == {}
-    assert {k for k in default if default[k] != old[k]} == {"run_dir", "model_path", "data", "rollout", "expect"}
+    # and issue 38's Dr. GRPO advantages and KL to the warm start (the old recipe keeps GRPO and no KL)
+    assert {k for k in default if default[k] != old[k]} == {"run_dir", "model_path", "data", "rollout", "expect",
+                                                             "correction", "learner"}
 
 
 
