@@ -30,7 +30,7 @@ CASES = [
     (["data.dataset={d}/nolabel.jsonl"], r"data.dataset: data file {d}/nolabel.jsonl has no usable rows \(1 malformed"),
     (["model_path={d}/missing"], r"model_path: {d}/missing does not exist"),
     (["model_path={d}"], r"model_path: {d} has no config.json"),
-    (["rollout.samples_per_prompt=1", "global_batch_size=null"], r"rollout.samples_per_prompt=1 with correction.advantage_estimator='grpo' "),
+    (["rollout.samples_per_prompt=1", "global_batch_size=null"], r"rollout.samples_per_prompt=1 with correction.advantage_estimator='drgrpo' "),
     (["plugins=[no_such_plugin_module]"], r"plugins\[0\]: cannot import 'no_such_plugin_module'"),
 ]
 
