@@ -20,8 +20,8 @@ cache keeps grows with its budget.
 
 Formats (words separated by single spaces, each one token; ``word_tokenizer.py``):
 
-- prompt: ``Q`` (with ``lags``: then L's tag ``l<L>``) then the tags of x_0 .. x_{L-1} (letters ``c d e f g h``), of a and b, and D distractor tags (other
-  letters, random values) in a random order, then ``:``;
+- prompt: ``Q`` (with ``lags``: then L's tag ``l<L>``), then the tags of x_0 .. x_{L-1} (letters ``c d e f g h``), of
+  a and b, and D distractor tags (other letters, random values) in a random order, then ``:``;
 - worked solution: ``sZero <v x_0> sOne <w x_1> ... sN <reg x_N> \\boxed{x_N}``, where a state is written with its
   register's letter (``vSeven``: register v holds 7), so a step finds its register's last value by content.
 
@@ -174,7 +174,7 @@ class LagChainTask(Task):
     @property
     def prompt_tokens(self) -> int:
         """The longest prompt (L = ``spec.lag``)."""
-        return 2 + self.spec.told + self.spec.lag + len(INCREMENT_LETTERS) + self.spec.distractors
+        return 2 + int(self.spec.told) + self.spec.lag + len(INCREMENT_LETTERS) + self.spec.distractors
 
     @property
     def response_tokens(self) -> int:
