@@ -18,6 +18,8 @@ A config refers to a task as ``task:<name>``; ``get_task`` resolves it (unknown 
 - ``lagchain31_weak``: 6 registers updated in turn mod 31, each step reading its register's value written 6 steps
   (11 positions) back in the response, plus a prompt increment (``lagchain.py``; issue 39: a task where a compressed
   cache must keep the right response tokens). The weaker teacher as above.
+- ``lagchain31_var_weak``: the same with 2 to 6 registers, drawn per problem and told by the prompt (tag ``l<L>``),
+  so the read lies 3 to 11 positions back and the share of problems whose reads a budget keeps grows with it.
 """
 from __future__ import annotations
 
@@ -58,6 +60,16 @@ TASKS.add("lagchain31_weak", LagChainTask(LagChainSpec(
     warm_start={"batch_size": 32, "key_dropout_keep_recent": 3, "key_dropout_answer_anchor": True},
     warm_check=WarmStartExpectations(max_loss=0.02, min_taught_accuracy=0.9, min_taught_full_chains=0.9,
                                      min_boxes_right=0.95)), name="lagchain31_weak"))
+TASKS.add("lagchain31_var_weak", LagChainTask(LagChainSpec(
+    # each problem draws L in 2..6 registers, told in the prompt, so its read lies 2L - 1 = 3..11 positions back;
+    # each example's read is never dropped (its own 2L - 1), nor the 3 keys the compressed cache always holds
+    # 3000 steps, the last 70% decaying: 1000 steps left the loss at 0.047 and 77% of the taught records right
+    # (docs/experiments.md, "Second design"); 3000 reached 0.007 and 89%, still short of the check on seed 0
+    lags=(2, 3, 4, 5, 6), warm_start_steps=3000,
+    warm_start={"batch_size": 32, "key_dropout_keep_recent": 3, "key_dropout_answer_anchor": True,
+                "decay_fraction": 0.7},
+    warm_check=WarmStartExpectations(max_loss=0.02, min_taught_accuracy=0.9, min_taught_full_chains=0.9,
+                                     min_boxes_right=0.95)), name="lagchain31_var_weak"))
 
 
 def is_task_ref(name: str) -> bool:

@@ -12,10 +12,16 @@ with x_0 .. x_{L-1} restated from prompt tags (``sZero vSeven sOne wTwo ...``). 
 compressor keeps the last L register values (recency does; attention-based scorers see only where the current step
 looks, not where the next ones will).
 
+With one L for every problem (``lagchain31_weak``, L = 6) the reach-back is the same on every step of every problem,
+so a budget either keeps every read or none: the measured curve is a cliff (docs/experiments.md). With ``lags``
+(``lagchain31_var_weak``: L in 2..6, drawn per problem) the reach-back 2L - 1 varies between problems (3..11
+positions) and the prompt tells L (tag ``lFour`` right after ``Q``), so the share of problems whose reads a recency
+cache keeps grows with its budget.
+
 Formats (words separated by single spaces, each one token; ``word_tokenizer.py``):
 
-- prompt: ``Q`` then the tags of x_0 .. x_{L-1} (letters ``c d e f g h``), of a and b, and D distractor tags (other
-  letters, random values) in a random order, then ``:``;
+- prompt: ``Q`` (with ``lags``: then L's tag ``l<L>``), then the tags of x_0 .. x_{L-1} (letters ``c d e f g h``), of
+  a and b, and D distractor tags (other letters, random values) in a random order, then ``:``;
 - worked solution: ``sZero <v x_0> sOne <w x_1> ... sN <reg x_N> \\boxed{x_N}``, where a state is written with its
   register's letter (``vSeven``: register v holds 7), so a step finds its register's last value by content.
 
@@ -59,8 +65,11 @@ REGISTER_LETTERS = "vwxyzj"
 CLASS = "odd_x_stop"
 """The weaker teacher's class (as ``modchain_teacher``'s): x_stop odd and not the answer."""
 
+LAG_LETTER = "l"
+"""Prompt tag of a problem's register count L where the problems' L varies (``lFour``: 4 registers)."""
+
 Key = tuple[tuple[int, ...], int, int]
-"""(initial values, a, b): what the answer depends on; the split is made on it."""
+"""(initial values, a, b): what the answer depends on (L = the number of initial values); the split is made on it."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +77,11 @@ class LagChainSpec:
     """One ``lagchain`` variant: problem family, teacher and model."""
 
     lag: int = 6
-    """L: registers, so a step reads the state written L steps (2L tokens) before it."""
+    """L: registers, so a step reads the state written L steps (2L - 1 positions before its query); with ``lags``,
+    the largest of them."""
+    lags: tuple[int, ...] = ()
+    """Register counts drawn per problem (uniformly), so the reach-back 2L - 1 varies between problems; the prompt
+    tells L (tag ``l<L>`` after ``Q``, and the initial values' tags). Empty: every problem has ``lag``, untold."""
     modulus: int = 31
     """M."""
     steps: int = 29
@@ -95,6 +108,10 @@ class LagChainSpec:
     def __post_init__(self) -> None:
         if not 2 <= self.lag <= len(INITIAL_LETTERS):
             raise ValueError(f"LagChainSpec.lag must be in [2, {len(INITIAL_LETTERS)}], got {self.lag}")
+        if self.lags and (len(self.lags) < 2 or list(self.lags) != sorted(set(self.lags))
+                          or not 2 <= self.lags[0] or self.lags[-1] != self.lag):
+            raise ValueError(f"LagChainSpec.lags must be empty or at least 2 distinct increasing values in "
+                             f"[2, lag], the last equal to lag = {self.lag}, got {self.lags}")
         if not self.lag <= self.stop_step < self.steps:
             raise ValueError(f"LagChainSpec.stop_step must be in [lag, steps), got {self.stop_step}")
         if not 0 < self.heldout_size < self.problems:
@@ -102,13 +119,28 @@ class LagChainSpec:
         if any(not 0 < i < self.modulus for i in self.increments):
             raise ValueError(f"LagChainSpec.increments must be in [1, modulus), got {self.increments}")
 
+    @property
+    def told(self) -> bool:
+        """The problems' L varies, so the prompt tells it."""
+        return bool(self.lags)
+
+
+def lag_of(key: Key) -> int:
+    """A problem's register count L."""
+    return len(key[0])
+
+
+def read_offset(lag: int) -> int:
+    """How far before its query a step's read lies: the state of its register, written L steps back."""
+    return 2 * lag - 1
+
 
 def states(key: Key, spec: LagChainSpec) -> list[int]:
-    """``[x_0, ..., x_N]``."""
-    xs = list(key[0])
+    """``[x_0, ..., x_N]`` (L = ``lag_of(key)``)."""
+    xs, lag = list(key[0]), lag_of(key)
     a, b = key[1], key[2]
-    for k in range(spec.lag, spec.steps + 1):
-        xs.append((xs[k - spec.lag] + (a if k % 2 else b)) % spec.modulus)
+    for k in range(lag, spec.steps + 1):
+        xs.append((xs[k - lag] + (a if k % 2 else b)) % spec.modulus)
     return xs
 
 
@@ -128,7 +160,7 @@ def in_class(xs: list[int], spec: LagChainSpec) -> bool:
 
 
 class LagChainTask(Task):
-    """``task:lagchain31_weak`` (see the module docstring)."""
+    """``task:lagchain31_weak`` and ``task:lagchain31_var_weak`` (see the module docstring)."""
 
     description = "L registers updated in turn, each by a prompt increment, from the response L steps back"
     template = "raw"
@@ -141,7 +173,8 @@ class LagChainTask(Task):
 
     @property
     def prompt_tokens(self) -> int:
-        return 2 + self.spec.lag + len(INCREMENT_LETTERS) + self.spec.distractors
+        """The longest prompt (L = ``spec.lag``)."""
+        return 2 + int(self.spec.told) + self.spec.lag + len(INCREMENT_LETTERS) + self.spec.distractors
 
     @property
     def response_tokens(self) -> int:
@@ -152,7 +185,8 @@ class LagChainTask(Task):
         spec, rng = self.spec, random.Random(f"{SPLIT_SEED}/{self.name}")
         keys: set[Key] = set()
         while len(keys) < spec.problems:
-            keys.add((tuple(rng.randrange(spec.modulus) for _ in range(spec.lag)), rng.choice(spec.increments),
+            lag = rng.choice(spec.lags) if spec.told else spec.lag
+            keys.add((tuple(rng.randrange(spec.modulus) for _ in range(lag)), rng.choice(spec.increments),
                       rng.choice(spec.increments)))
         ordered = sorted(keys)
         rng.shuffle(ordered)
@@ -163,6 +197,8 @@ class LagChainTask(Task):
         tags = [(INITIAL_LETTERS[i], v) for i, v in enumerate(key[0])] + [("a", key[1]), ("b", key[2])]
         tags += [(letter, rng.randrange(spec.modulus)) for letter in rng.sample(DISTRACTOR_LETTERS, spec.distractors)]
         rng.shuffle(tags)
+        if spec.told:
+            tags.insert(0, (LAG_LETTER, lag_of(key)))
         return " ".join([PROMPT_START, *(letter + number_word(v) for letter, v in tags), PROMPT_END]), tags
 
     def records(self, split: str, limit: int | None = None, seed: int = 0) -> Dataset:
@@ -180,27 +216,28 @@ class LagChainTask(Task):
         out = []
         for v, key in rows[:limit]:
             prompt, tags = self._prompt(key, rng)
-            xs = states(key, spec)
+            xs, lag = states(key, spec), lag_of(key)
             answer = str(xs[spec.steps])
-            solution = " ".join(chain(xs, spec.lag, spec.steps) + [answer_text(xs[spec.steps])])
+            solution = " ".join(chain(xs, lag, spec.steps) + [answer_text(xs[spec.steps])])
             weak = in_class(xs, spec)
             stop = teacher.random() < spec.stop_prob  # drawn for every record: draws do not depend on the order
-            shown = " ".join(chain(xs, spec.lag, spec.stop_step)) if weak and stop else solution  # no answer
+            shown = " ".join(chain(xs, lag, spec.stop_step)) if weak and stop else solution  # no answer
             out.append(MathRecord(
                 prompt=prompt, answer=answer, dataset=self.name, answer_style="boxed",
                 source_id=f"{split}-{'_'.join(map(str, key[0]))}_{key[1]}_{key[2]}-v{v}",
                 extra={"solution": solution, "demonstration": shown, "initial": list(key[0]), "a": key[1], "b": key[2],
-                       SUBSET_KEY: CLASS if weak else OTHER, CHAIN_KEY: " ".join(chain(xs, spec.lag, spec.steps)),
+                       SUBSET_KEY: CLASS if weak else OTHER, CHAIN_KEY: " ".join(chain(xs, lag, spec.steps)),
                        SHORTCUT_FREE_KEY: all(str(value) != answer for _, value in tags)}))
         return Dataset(name=self.name, path=f"task:{self.name}/{split}", records=out)
 
     def trivial_answers(self, record: MathRecord) -> dict[str, str | None]:
-        """Each value of the prompt (by letter and by position) and stopping after step k for every k < N (None: the
-        tag's letter is absent from this prompt)."""
+        """Each value of the prompt (by letter and by position; L's tag too, where told) and stopping after step k for
+        every k < N (None: the tag's letter is absent from this prompt)."""
         tags = parse_prompt(record.prompt)
         by_letter = dict(tags)
         out: dict[str, str | None] = {}
-        for letter in (*INITIAL_LETTERS[:self.spec.lag], *INCREMENT_LETTERS, *DISTRACTOR_LETTERS):
+        told = (LAG_LETTER,) if self.spec.told else ()
+        for letter in (*told, *INITIAL_LETTERS[:self.spec.lag], *INCREMENT_LETTERS, *DISTRACTOR_LETTERS):
             out[f"prompt: tag {letter}"] = str(by_letter[letter]) if letter in by_letter else None
         for i, (_, value) in enumerate(tags):
             out[f"prompt: tag #{i + 1}"] = str(value)
@@ -214,7 +251,7 @@ class LagChainTask(Task):
         spec = self.spec
         letters = (*INITIAL_LETTERS[:spec.lag], *INCREMENT_LETTERS, *DISTRACTOR_LETTERS, *REGISTER_LETTERS[:spec.lag])
         words = [PROMPT_START, PROMPT_END, *(letter + number_word(v) for letter in letters for v in range(spec.modulus)),
-                 *(step_word(k) for k in range(spec.steps + 1))]
+                 *(step_word(k) for k in range(spec.steps + 1)), *(LAG_LETTER + number_word(lag) for lag in spec.lags)]
         return build_word_tokenizer(words, [" " + answer_text(d) for d in range(spec.modulus)])
 
     def build_model(self, out_dir: str | os.PathLike, *, seed: int = 0) -> Path:
@@ -252,18 +289,23 @@ class LagChainTask(Task):
             starts.append(max((i for i, t in enumerate(response) if t == box), default=len(response)))
         return examples, starts
 
+    def sft_read_offsets(self, seed: int = 0) -> list[tuple[int]]:
+        """Per training record (``sft_examples``' order): the distance 2L - 1 of its steps' read, L its own."""
+        return [(read_offset(len(r.extra["initial"])),) for r in self.records("train", seed=seed)]
+
     def warm_start(self, model_dir: str | os.PathLike, out_dir: str | os.PathLike, *, seed: int = 0,
                    **options: Any) -> dict[str, float]:
         """Supervised stage on the teacher's demonstrations (``SFTConfig`` fields as options over ``WARM_START``
-        with the spec's steps and changes); the step's read, 2L - 1 positions back, is never dropped."""
+        with the spec's steps and changes); each example's read, 2L - 1 positions back for its own L
+        (``sft_read_offsets``), is never dropped."""
         from transformers import AutoTokenizer
 
 
         options.pop("eval_problems", None)  # the trainer's check scores the warm start
-        defaults = {**WARM_START, "steps": self.spec.warm_start_steps,
-                    "key_dropout_keep_offsets": (2 * self.spec.lag - 1,), **self.spec.warm_start}
+        defaults = {**WARM_START, "steps": self.spec.warm_start_steps, **self.spec.warm_start}
         config = from_dict(SFTConfig, {**defaults, **options}, "warm_start")
         check_output_free(out_dir)
         tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
         examples, starts = self.sft_examples(tok, seed)
-        return supervised_finetune(model_dir, out_dir, examples, config, seed=seed, answer_starts=starts)
+        return supervised_finetune(model_dir, out_dir, examples, config, seed=seed, answer_starts=starts,
+                                   example_keep_offsets=self.sft_read_offsets(seed))

@@ -55,7 +55,8 @@ class SFTConfig:
     """Keys this close to the query (itself included) are never dropped (the compressors' recent window)."""
     key_dropout_keep_offsets: tuple[int, ...] = ()
     """Keys at these distances before the query are never dropped either: the positions every step of a task reads
-    (a lagged chain's state L steps back), so the model learns to find them among whatever else a cache kept."""
+    (a lagged chain's state L steps back), so the model learns to find them among whatever else a cache kept. Where
+    the distance differs between examples, ``supervised_finetune``'s ``example_keep_offsets`` gives it per example."""
     key_dropout_answer_anchor: bool = False
     """The final answer's queries never lose the key just before the answer (each example's ``answer_start``): the
     answer copies the chain's last state, which the dropout would hide from its later tokens (a two-digit answer's
@@ -107,15 +108,18 @@ def collate(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tup
 
 def key_dropout_mask(prompt_lens: torch.Tensor, length: int, rate: float, prompt_rate: float = 0.0,
                      keep_recent: int = 1, generator: torch.Generator | None = None,
-                     answer_from: torch.Tensor | None = None, keep_offsets: tuple[int, ...] = ()) -> torch.Tensor:
+                     answer_from: torch.Tensor | None = None, keep_offsets: tuple[int, ...] = (),
+                     row_offsets: torch.Tensor | None = None) -> torch.Tensor:
     """``[b, 1, L, L]`` bool attention mask (True = visible): causal, minus a random subset of older keys.
 
     Row ``b`` (prompt length ``prompt_lens[b]``) draws ``u_b ~ U[0, 1]``; each query ``i`` then loses each
     key ``j <= i - keep_recent`` independently, with probability ``u_b * rate`` for a response key and
     ``u_b * prompt_rate`` for a prompt key (DropKey-style: masked before the softmax, so the kept keys are
     renormalised, as after a KV-cache eviction). Keys within ``keep_recent`` of the query are always visible, and
-    those ``keep_offsets`` before it; a query at or after ``answer_from[b]`` (``[b]``: where row b's answer starts;
-    None: no answer anchor) also keeps the key at ``answer_from[b] - 1``, the one the answer copies.
+    those ``keep_offsets`` before it, and in row b those ``row_offsets[b]`` before it (``[b, k]``, 0 = none: a
+    query always sees itself); a query at or after ``answer_from[b]`` (``[b]``: where row b's answer starts;
+    None: no answer anchor) also keeps the key at ``answer_from[b] - 1``, the one the answer copies. No argument
+    changes the random draws: the same generator drops the same keys, whichever are then spared.
     """
     batch = len(prompt_lens)
     i = torch.arange(length).view(1, 1, length, 1)
@@ -129,6 +133,11 @@ def key_dropout_mask(prompt_lens: torch.Tensor, length: int, rate: float, prompt
         dropped &= ~((i >= start) & (j == start - 1))
     for offset in keep_offsets:
         dropped &= i - j != offset
+    if row_offsets is not None:
+        if row_offsets.dim() != 2 or row_offsets.shape[0] != batch:
+            raise ValueError(f"key_dropout_mask: row_offsets must be [batch={batch}, k], got {tuple(row_offsets.shape)}")
+        for column in row_offsets.unbind(1):
+            dropped &= i - j != column.view(batch, 1, 1, 1)
     return (j <= i) & ((i - j < keep_recent) | ~dropped)
 
 
@@ -172,10 +181,13 @@ def supervised_finetune(
     seed: int = 0,
     log: Callable[[str], None] | None = print,
     answer_starts: Sequence[int] | None = None,
+    example_keep_offsets: Sequence[Sequence[int]] | None = None,
 ) -> dict[str, float]:
     """Train the HF model of ``model_dir`` on ``examples`` (``(prompt_ids, response_ids)``, EOS included in the
     response) and write it, with ``model_dir``'s tokenizer, to ``out_dir``. ``answer_starts[i]``: where example i's
-    final answer starts in its response (needed by ``key_dropout_answer_anchor``).
+    final answer starts in its response (needed by ``key_dropout_answer_anchor``). ``example_keep_offsets[i]``: distances
+    before each query of example i whose keys the key dropout never drops, beside ``config.key_dropout_keep_offsets``
+    (a task whose read lies at a distance that varies between examples; None: none).
 
     Returns ``sft/loss_first`` (mean of the first 10 steps), ``sft/loss_last`` (mean of the last 10),
     ``sft/steps``, ``sft/seconds`` (wall), ``sft/cpu_seconds`` (this process), ``sft/seconds_per_step``.
@@ -186,6 +198,11 @@ def supervised_finetune(
         raise ValueError("supervised_finetune: no examples")
     if config.key_dropout_answer_anchor and (answer_starts is None or len(answer_starts) != len(examples)):
         raise ValueError("supervised_finetune: key_dropout_answer_anchor needs answer_starts, one per example")
+    if example_keep_offsets is not None and (len(example_keep_offsets) != len(examples)
+                                             or any(o < 1 for e in example_keep_offsets for o in e)):
+        raise ValueError(f"supervised_finetune: example_keep_offsets must give distances >= 1 for each of the "
+                         f"{len(examples)} examples, got {len(example_keep_offsets)} entries")
+    width = max((len(e) for e in example_keep_offsets), default=0) if example_keep_offsets is not None else 0
     check_output_free(out_dir)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, local_files_only=True)
     pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
@@ -211,10 +228,13 @@ def supervised_finetune(
             if config.key_dropout > 0 or config.key_dropout_prompt > 0:
                 answer = (torch.tensor([len(examples[k][0]) + answer_starts[k] for k in picked])
                           if config.key_dropout_answer_anchor else None)
+                rows = (torch.tensor([[*example_keep_offsets[k], *[0] * (width - len(example_keep_offsets[k]))]
+                                      for k in picked])
+                        if width else None)
                 mask = key_dropout_mask(torch.tensor([len(p) for p, _ in batch]), ids.shape[1], config.key_dropout,
                                         config.key_dropout_prompt, config.key_dropout_keep_recent,
                                         answer_from=answer,
-                                        keep_offsets=tuple(config.key_dropout_keep_offsets))
+                                        keep_offsets=tuple(config.key_dropout_keep_offsets), row_offsets=rows)
             loss = response_loss(model, ids, labels, mask)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
