@@ -43,7 +43,6 @@ def run_control(cfg: ExperimentConfig, train_cfg: TrainConfig, seed: int, warm: 
     import json
     import time
 
-
     run_dir = Path(train_cfg.run_dir)
     steps, target_cpu = control_steps(cfg, seed, warm)
     task = get_task(cfg.train.model_path)

@@ -179,7 +179,6 @@ def save_checkpoint(
 
     from megatron.core import dist_checkpointing
 
-
     out = Path(ckpt_dir)
     if out.exists() and not (out / META_FILE).is_file() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"{out} exists and is not a sparse-rl Megatron checkpoint; refusing to replace it")
@@ -231,7 +230,6 @@ def load_checkpoint(
     tensors, and names tensors whose global shapes differ.
     """
     from megatron.core import dist_checkpointing
-
 
     ckpt_dir = str(ckpt_dir)
     meta = read_meta(ckpt_dir)

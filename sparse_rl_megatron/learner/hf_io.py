@@ -66,7 +66,6 @@ def load_hf_into_model(model, arch: ModelArch, hf_dir: str | os.PathLike) -> int
     """
     from megatron.core import parallel_state as ps
 
-
     ckpt_arch, _ = read_arch(hf_dir)
     diffs = arch.differences(ckpt_arch)
     if diffs:

@@ -55,7 +55,6 @@ def token_logprobs(model, hidden: torch.Tensor, mb: MicroBatch, chunk_tokens: in
     """
     from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 
-
     inner = unwrap(model)
     if inner.config.sequence_parallel:
         hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=True)  # [S, b, H]

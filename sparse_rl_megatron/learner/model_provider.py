@@ -173,7 +173,6 @@ def build_stage_model(
     routers normalise the load-balancing loss through ``model.load_balancing`` (``learner/moe_aux_loss.py``)."""
     from megatron.core import parallel_state as ps
 
-
     facts = resolve(facts)
     tp = ps.get_tensor_model_parallel_world_size()
     pp = ps.get_pipeline_model_parallel_world_size()

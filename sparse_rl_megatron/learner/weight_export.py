@@ -105,7 +105,6 @@ def export_hf_buckets(
     """
     from megatron.core import parallel_state as ps
 
-
     inner = unwrap(model)
     offset, experts_from = layer_offset_of(inner), expert_offset(inner)
     params = {wm.canonical_name(n, offset, experts_from): p for n, p in inner.named_parameters()}

@@ -97,7 +97,6 @@ def no_plugin_options(name: str, build: EngineBuild) -> None:
 def _hf(build: EngineBuild) -> "RolloutEngine":
     import torch
 
-
     no_plugin_options("hf", build)
     return HFRolloutEngine(build.model_dir, tokenizer=build.tokenizer, compression=build.compression,
                            dtype=getattr(torch, build.dtype), max_batch_size=build.max_batch_size,

@@ -93,7 +93,6 @@ class HFRolloutEngine:
         """Load the weights of an HF directory (safetensors) into the model."""
         self.load_weights(read_hf_safetensors(path), version=version)
 
-
     def update_weights_from_payloads(self, payloads: Iterable[list], version: int) -> None:
         raise RuntimeError("HFRolloutEngine takes weights as tensors (update_weights), not per-TP-rank payloads")
 

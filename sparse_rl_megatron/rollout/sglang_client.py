@@ -204,7 +204,6 @@ class InProcessClient:
     def __init__(self, engine_kwargs: dict[str, Any]):
         import sglang
 
-
         handler = ChildFailedHandler() if "custom_sigquit_handler" not in engine_kwargs else None
         with children_killed_if_it_raises():
             self.engine = sglang.Engine(**engine_kwargs, **({"custom_sigquit_handler": handler} if handler else {}))

@@ -123,7 +123,6 @@ class SGLangRolloutEngine:
         from sglang_ext import cpu_compat
         from sglang_ext.config import BACKEND_NAME, CONFIG_ENV, scheduler_env
 
-
         c = self.config
         on_cpu = cpu_compat.apply()
         kwargs: dict[str, Any] = dict(cpu_compat.cpu_engine_kwargs()) if on_cpu else {

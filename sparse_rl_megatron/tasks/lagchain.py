@@ -259,7 +259,6 @@ class LagChainTask(Task):
 
         from transformers import AutoModelForCausalLM
 
-
         tok, m = self.tokenizer(), self.spec.model
         config = tiny_config("qwen2", vocab_size=len(tok), hidden_size=m.hidden_size, num_layers=m.num_layers,
                              num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, intermediate_size=m.intermediate_size,
@@ -299,7 +298,6 @@ class LagChainTask(Task):
         with the spec's steps and changes); each example's read, 2L - 1 positions back for its own L
         (``sft_read_offsets``), is never dropped."""
         from transformers import AutoTokenizer
-
 
         options.pop("eval_problems", None)  # the trainer's check scores the warm start
         defaults = {**WARM_START, "steps": self.spec.warm_start_steps, **self.spec.warm_start}

@@ -183,7 +183,6 @@ class ModChainTask(Task):
     def build_model(self, out_dir: str | os.PathLike, *, seed: int = 0) -> Path:
         from transformers import AutoModelForCausalLM
 
-
         tok = self.tokenizer()
         m = self.spec.model
         config = tiny_config(
@@ -228,7 +227,6 @@ class ModChainTask(Task):
         ``WARM_START`` with the spec's ``warm_start_steps`` and ``warm_start``), plus ``eval_problems``: held-out problems scored greedily at the end (0 = skip). Works
         from any checkpoint of this task, so it also serves as the equal-time supervised control."""
         from transformers import AutoTokenizer
-
 
         eval_problems = int(options.pop("eval_problems", 200))
         config = from_dict(SFTConfig, {**WARM_START, "steps": self.spec.warm_start_steps, **self.spec.warm_start,

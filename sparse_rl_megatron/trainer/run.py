@@ -181,7 +181,6 @@ def start_run(cfg: TrainConfig):
     """Set up a run (see the module docstring); yields a ``Run``; closes the reward, logs and lock at the end."""
     from rich.console import Console
 
-
     plan = preflight(cfg, D.env_world_size())
     D.init(cfg.phase_timeout_s)
     with contextlib.ExitStack() as stack:

@@ -69,7 +69,6 @@ def rollout_layout(cfg: "TrainConfig", world_size: int, ranks_per_node: int | No
     ``LOCAL_WORLD_SIZE``, else all on one node), on GPUs or not (default: ``cuda_present()``)."""
     import os
 
-
     if ranks_per_node is None:
         ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     if on_gpu is None:
