@@ -39,21 +39,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-import torch
-
 from sparse_rl_megatron.data.loader import Dataset
 from sparse_rl_megatron.data.record import MathRecord
 from sparse_rl_megatron.data.record_extras import CHAIN_KEY, SHORTCUT_FREE_KEY, SUBSET_KEY
 from sparse_rl_megatron.tasks.base import SPLITS, Task
-from sparse_rl_megatron.tasks.modchain import MIN_POSITIONS, WARM_START, ModChainModel
+from sparse_rl_megatron.tasks.modchain import (
+    WARM_START, ModChainModel, boxed_answer_starts, encode_demonstrations, save_word_model,
+)
 from sparse_rl_megatron.tasks.modchain_problems import (
     PROMPT_END, PROMPT_START, SPLIT_SEED, answer_text, answer_tokens, number_word, parse_prompt, step_word,
 )
 from sparse_rl_megatron.tasks.modchain_teacher import OTHER
-from sparse_rl_megatron.tasks.sft import SFTConfig, check_output_free, save_model_dir, supervised_finetune
+from sparse_rl_megatron.tasks.sft import SFTConfig, check_output_free, supervised_finetune
 from sparse_rl_megatron.tasks.warm_check import WarmStartExpectations
 from sparse_rl_megatron.tasks.word_tokenizer import build_word_tokenizer
-from sparse_rl_megatron.models.tiny import tiny_config
 from sparse_rl_megatron.utils.config_io import from_dict
 
 INITIAL_LETTERS = "cdefgh"
@@ -255,38 +254,15 @@ class LagChainTask(Task):
         return build_word_tokenizer(words, [" " + answer_text(d) for d in range(spec.modulus)])
 
     def build_model(self, out_dir: str | os.PathLike, *, seed: int = 0) -> Path:
-        import tempfile
-
-        from transformers import AutoModelForCausalLM
-
-        tok, m = self.tokenizer(), self.spec.model
-        config = tiny_config("qwen2", vocab_size=len(tok), hidden_size=m.hidden_size, num_layers=m.num_layers,
-                             num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, intermediate_size=m.intermediate_size,
-                             tie_word_embeddings=True,
-                             max_position_embeddings=max(MIN_POSITIONS, 2 * (self.prompt_tokens + self.response_tokens)))
-        config.bos_token_id, config.eos_token_id, config.pad_token_id = None, tok.eos_token_id, tok.pad_token_id
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        with tempfile.TemporaryDirectory() as tok_dir:
-            tok.save_pretrained(tok_dir)
-            return save_model_dir(model, tok_dir, out_dir)
+        return save_word_model(self.tokenizer(), self.spec.model, self.prompt_tokens + self.response_tokens, out_dir,
+                               seed)
 
     # --------------------------------------------------------------------------------------- warm start
     def sft_examples(self, tokenizer, seed: int = 0) -> tuple[list[tuple[list[int], list[int]]], list[int]]:
         """``(prompt_ids, demonstration_ids + [eos])`` of every training record, and where each boxed answer
         starts in its response."""
-        box = tokenizer(" " + answer_text(0), add_special_tokens=False)["input_ids"][0]
-        examples, starts = [], []
-        for r in self.records("train", seed=seed):
-            prompt = tokenizer(r.prompt, add_special_tokens=False)["input_ids"]
-            full = tokenizer(f"{r.prompt} {r.extra['demonstration']}", add_special_tokens=False)["input_ids"]
-            if full[:len(prompt)] != prompt:
-                raise ValueError(f"{self.name}: the prompt of {r.source_id} does not tokenize as a prefix")
-            response = full[len(prompt):] + [tokenizer.eos_token_id]
-            examples.append((prompt, response))
-            starts.append(max((i for i, t in enumerate(response) if t == box), default=len(response)))
-        return examples, starts
+        examples = encode_demonstrations(self.name, self.records("train", seed=seed), tokenizer)
+        return examples, boxed_answer_starts(tokenizer, examples)
 
     def sft_read_offsets(self, seed: int = 0) -> list[tuple[int]]:
         """Per training record (``sft_examples``' order): the distance 2L - 1 of its steps' read, L its own."""

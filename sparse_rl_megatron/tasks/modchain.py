@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import random
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -57,6 +58,47 @@ class ModChainModel:
     intermediate_size: int = 512
     """FFN width."""
 
+
+
+def save_word_model(tokenizer, model: ModChainModel, sequence_tokens: int, out_dir: str | os.PathLike,
+                    seed: int) -> Path:
+    """A tiny Qwen2 of shape ``model`` over the word-level ``tokenizer``, initialised from ``seed``, written with the
+    tokenizer to ``out_dir`` (positions for twice ``sequence_tokens``, prompt and response, at least
+    ``MIN_POSITIONS``). The model of every chain task (``modchain``, ``lagchain``)."""
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_config("qwen2", vocab_size=len(tokenizer), hidden_size=model.hidden_size,
+                         num_layers=model.num_layers, num_heads=model.num_heads, num_kv_heads=model.num_kv_heads,
+                         intermediate_size=model.intermediate_size, tie_word_embeddings=True,
+                         max_position_embeddings=max(MIN_POSITIONS, 2 * sequence_tokens))
+    config.bos_token_id, config.eos_token_id, config.pad_token_id = None, tokenizer.eos_token_id, tokenizer.pad_token_id
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        built = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with tempfile.TemporaryDirectory() as tok_dir:
+        tokenizer.save_pretrained(tok_dir)
+        return save_model_dir(built, tok_dir, out_dir)
+
+
+def encode_demonstrations(task_name: str, records, tokenizer) -> list[tuple[list[int], list[int]]]:
+    """``(prompt_ids, demonstration_ids + [eos])`` of each of ``records`` (the teacher's demonstration, by default
+    the worked solution, encoded after the prompt and a space, as the model continues the prompt)."""
+    out = []
+    for r in records:
+        prompt = tokenizer(r.prompt, add_special_tokens=False)["input_ids"]
+        shown = r.extra.get("demonstration", r.extra["solution"])
+        full = tokenizer(f"{r.prompt} {shown}", add_special_tokens=False)["input_ids"]
+        if full[:len(prompt)] != prompt:
+            raise ValueError(f"{task_name}: the prompt of {r.source_id} does not tokenize as a prefix")
+        out.append((prompt, full[len(prompt):] + [tokenizer.eos_token_id]))
+    return out
+
+
+def boxed_answer_starts(tokenizer, examples: list[tuple[list[int], list[int]]]) -> list[int]:
+    """Where each example's boxed answer starts in its response (its last ``\\`` token); a demonstration without
+    an answer (a weaker teacher's early stop): its response length."""
+    box = tokenizer(" " + answer_text(0), add_special_tokens=False)["input_ids"][0]
+    return [max((i for i, t in enumerate(response) if t == box), default=len(response)) for _, response in examples]
 
 @dataclass(frozen=True)
 class ModChainSpec:
@@ -181,45 +223,20 @@ class ModChainTask(Task):
         return out
 
     def build_model(self, out_dir: str | os.PathLike, *, seed: int = 0) -> Path:
-        from transformers import AutoModelForCausalLM
-
-        tok = self.tokenizer()
-        m = self.spec.model
-        config = tiny_config(
-            "qwen2", vocab_size=len(tok), hidden_size=m.hidden_size, num_layers=m.num_layers,
-            num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, intermediate_size=m.intermediate_size,
-            tie_word_embeddings=True, max_position_embeddings=max(MIN_POSITIONS, 2 * (self.prompt_tokens + self.response_tokens)),
-        )
-        config.bos_token_id, config.eos_token_id, config.pad_token_id = None, tok.eos_token_id, tok.pad_token_id
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        import tempfile
-
-        with tempfile.TemporaryDirectory() as tok_dir:
-            tok.save_pretrained(tok_dir)
-            return save_model_dir(model, tok_dir, out_dir)
+        return save_word_model(self.tokenizer(), self.spec.model, self.prompt_tokens + self.response_tokens, out_dir,
+                               seed)
 
     # --------------------------------------------------------------------------------------- warm start
     def sft_examples(self, tokenizer, seed: int = 0) -> list[tuple[list[int], list[int]]]:
         """``(prompt_ids, demonstration_ids + [eos])`` of every training record (the teacher's demonstration, by
         default the worked solution, encoded after the prompt and a space, as the model continues the prompt)."""
-        out = []
-        for r in self.records("train", seed=seed):
-            prompt = tokenizer(r.prompt, add_special_tokens=False)["input_ids"]
-            shown = r.extra.get("demonstration", r.extra["solution"])
-            full = tokenizer(f"{r.prompt} {shown}", add_special_tokens=False)["input_ids"]
-            if full[:len(prompt)] != prompt:
-                raise ValueError(f"{self.name}: the prompt of {r.source_id} does not tokenize as a prefix")
-            out.append((prompt, full[len(prompt):] + [tokenizer.eos_token_id]))
-        return out
+        return encode_demonstrations(self.name, self.records("train", seed=seed), tokenizer)
 
     def answer_starts(self, tokenizer, examples: list[tuple[list[int], list[int]]]) -> list[int]:
         """Where each example's boxed answer starts in its response (its last ``\\`` token): the key before it is
         the state the answer copies (``SFTConfig.key_dropout_answer_anchor``); a demonstration that stops without an
         answer (the weaker teacher's early stop) has none: its response length."""
-        box = tokenizer(" " + answer_text(0), add_special_tokens=False)["input_ids"][0]
-        return [max((i for i, t in enumerate(response) if t == box), default=len(response)) for _, response in examples]
+        return boxed_answer_starts(tokenizer, examples)
 
     def warm_start(self, model_dir: str | os.PathLike, out_dir: str | os.PathLike, *, seed: int = 0,
                    **options: Any) -> dict[str, float]:
