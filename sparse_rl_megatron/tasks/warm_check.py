@@ -143,7 +143,7 @@ def check_warm_start(task: "Task", model_dir: str | os.PathLike, expected: WarmS
         measured.update({f"sparse_{k}": sparse[k] for k in ("heldout_accuracy", "taught_accuracy", "taught_full_chains",
                                                              "boxes_right")})
     if expected.min_sampled_taught_accuracy is not None:
-        taught = [r for r in records if r.extra.get(SUBSET_KEY, TAUGHT_CLASS) == TAUGHT_CLASS]
+        taught = [r for r in records if _taught(r)]
         _, right = _respond(task, model_dir, taught, compression, expected.samples_per_problem, temperature, seed)
         measured["sampled_taught_accuracy"] = _share(right)
     return WarmStartCheck(measured, expected, tuple(expected.judge(measured)))
@@ -173,7 +173,7 @@ def chain_measures(records: Sequence["MathRecord"], responses: Sequence[str], ri
     if not len(records) == len(responses) == len(right) > 0:
         raise ValueError(f"chain_measures: {len(records)} records, {len(responses)} responses, {len(right)} verdicts")
     full = [full_chain(text, r.extra[CHAIN_KEY]) for r, text in zip(records, responses)]
-    taught = [i for i, r in enumerate(records) if r.extra.get(SUBSET_KEY, TAUGHT_CLASS) == TAUGHT_CLASS]
+    taught = [i for i, r in enumerate(records) if _taught(r)]
     return {
         "loss_last": float(loss_last),
         "problems": float(len(records)),
@@ -184,6 +184,11 @@ def chain_measures(records: Sequence["MathRecord"], responses: Sequence[str], ri
         "full_chains": float(sum(full)),
         "boxes_right": _share([ok for ok, f in zip(right, full) if f]),
     }
+
+
+def _taught(record: "MathRecord") -> bool:
+    """Whether the teacher demonstrated ``record``'s class in full (``TAUGHT_CLASS``, or no class at all)."""
+    return record.extra.get(SUBSET_KEY, TAUGHT_CLASS) == TAUGHT_CLASS
 
 
 def _share(flags: list[bool]) -> float:
