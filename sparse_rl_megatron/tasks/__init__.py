@@ -12,8 +12,10 @@ A config refers to a task as ``task:<name>``; ``get_task`` resolves it (unknown 
   (``ModChainSpec.restate_start``: without it x1 = x0 + a was the step seed 2's warm start never learned). Passes the audit; the 2-layer model
   learns it (about 50% held-out after its warm start's 1000 supervised steps of 32 sequences; 300 leave it at ~2%,
   measured), and the trainer checks each warm start (``tasks/warm_check.py``: the taught class right, boxes
-  right on full chains). The embedded default
-  (``configs/cpu_default.yaml``; ``modchain_weak`` was until issue 26).
+  right on full chains). The embedded default from issue 26 to issue 38 (``modchain_weak`` was before).
+- ``modchain31_wordbox_weak``: the same with the answer boxed as the last state's word (``\\boxed{ twentyone }``,
+  a copy of the token just written) instead of its digits (``ModChainSpec.answer_format``): the embedded default
+  (``configs/cpu_default.yaml``).
 - ``modchain100_weak``: mod 100, a in {21, 41, 61, 81}, b a unit (periods 100), N = 29; passes the audit.
 - ``lagchain31_weak``: 6 registers updated in turn mod 31, each step reading its register's value written 6 steps
   (11 positions) back in the response, plus a prompt increment (``lagchain.py``; issue 39: a task where a compressed
@@ -22,6 +24,8 @@ A config refers to a task as ``task:<name>``; ``get_task`` resolves it (unknown 
   so the read lies 3 to 11 positions back and the share of problems whose reads a budget keeps grows with it.
 """
 from __future__ import annotations
+
+from dataclasses import replace
 
 from sparse_rl_megatron.tasks.base import HELDOUT_SEED, SPLITS, Task
 from sparse_rl_megatron.tasks.lagchain import LagChainSpec, LagChainTask
@@ -36,7 +40,7 @@ TASK_PREFIX = "task:"
 TASKS: Registry[Task] = Registry("task")
 TASKS.add("modchain", ModChainTask())
 TASKS.add("modchain_weak", ModChainTask(ModChainSpec(teacher=EarlyStopTeacher()), name="modchain_weak"))
-TASKS.add("modchain31_weak", ModChainTask(ModChainSpec(
+MODCHAIN31_WEAK = ModChainSpec(
     family=ChainFamily(modulus=31, rule="alternating", multipliers=tuple(range(1, 10)), offsets=tuple(range(1, 10))),
     steps=29, heldout_size=400, heldout_variants=1, train_variants=2,
     teacher=EarlyStopTeacher(stop_step=26, early_answer=False), restate_start=True, warm_start_steps=1000,
@@ -48,7 +52,14 @@ TASKS.add("modchain31_weak", ModChainTask(ModChainSpec(
     warm_start={"batch_size": 32, "key_dropout_keep_recent": 3, "key_dropout_answer_anchor": True},
     warm_check=WarmStartExpectations(max_loss=0.02, min_taught_accuracy=0.9, min_taught_full_chains=0.9,
                                      min_boxes_right=0.95, min_sparse_taught_accuracy=0.9,
-                                     min_sampled_taught_accuracy=0.65)), name="modchain31_weak"))
+                                     min_sampled_taught_accuracy=0.65))
+TASKS.add("modchain31_weak", ModChainTask(MODCHAIN31_WEAK, name="modchain31_weak"))
+# The same problems, demonstrations and warm start with the answer boxed as the last state's own word, a copy of the
+# token just written (`\boxed{ twentyone }`), not its digits: the word-to-digits lookup was where three of the six
+# lotteries of modchain31_weak lived, the last one RL overwriting four of its entries on one draw in 16
+# (docs/embedded-default.md, "Every draw"). The embedded default since issue 38's last pass.
+TASKS.add("modchain31_wordbox_weak", ModChainTask(replace(MODCHAIN31_WEAK, answer_format="word"),
+                                                  name="modchain31_wordbox_weak"))
 TASKS.add("modchain100_weak", ModChainTask(ModChainSpec(
     family=ChainFamily(modulus=100, multipliers=(21, 41, 61, 81), offsets=tuple(b for b in range(100) if b % 2 and b % 5),
                        skip_fixed_points=True), steps=29,

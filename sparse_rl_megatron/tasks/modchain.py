@@ -12,6 +12,7 @@ the worked chain without its answer (evaluation reports the share of fully corre
 """
 from __future__ import annotations
 
+import functools
 import os
 import random
 import tempfile
@@ -25,7 +26,8 @@ from sparse_rl_megatron.data.loader import Dataset
 from sparse_rl_megatron.data.record import MathRecord
 from sparse_rl_megatron.tasks.base import SPLITS, Task
 from sparse_rl_megatron.tasks.modchain_problems import (
-    DISTRACTOR_LETTERS, ChainFamily, answer_text, answer_tokens, chain_words, make_problem, parse_prompt, split_keys, vocabulary,
+    DISTRACTOR_LETTERS, ChainFamily, answer_text, answer_tokens, answer_value, chain_words, check_answer_format, make_problem,
+    parse_prompt, split_keys, vocabulary,
 )
 from sparse_rl_megatron.tasks.modchain_teacher import EarlyStopTeacher
 from sparse_rl_megatron.tasks.sft import SFTConfig, check_output_free, save_model_dir, supervised_finetune
@@ -126,6 +128,9 @@ class ModChainSpec:
     """Responses (solutions, demonstrations) open with ``sZero <x0>`` (2 more tokens), so every step adds one prompt
     value to the state just written (``modchain_problems.chain_words``); without it x1 = x0 + a needs two prompt
     values at once, the one step some warm starts never learn (docs/embedded-default.md, seed 2)."""
+    answer_format: str = "digits"
+    """How the final answer is boxed (``modchain_problems.ANSWER_FORMATS``): ``digits`` ``\\boxed{23}``, or ``word``
+    ``\\boxed{ twentythree }``, a copy of the last state's token (no word-to-digits lookup to learn or unlearn)."""
     warm_start_steps: int = 300
     """Optimizer steps of the recommended supervised stage (``WARM_START``'s other fields apply); a config's
     ``warm_start.steps`` overrides it."""
@@ -138,6 +143,7 @@ class ModChainSpec:
         for name in ("steps", "heldout_variants", "train_variants", "warm_start_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ModChainSpec.{name} must be >= 1, got {getattr(self, name)}")
+        check_answer_format(self.answer_format, "ModChainSpec.answer_format")
         split_keys(self.heldout_size, self.family)  # validates heldout_size
         make_problem((0, 1, 0), self.distractors, random.Random(0))  # validates distractors
         if self.teacher is not None:
@@ -165,7 +171,8 @@ class ModChainTask(Task):
     @property
     def response_tokens(self) -> int:
         """Tokens of a correct response, EOS included (the least ``max_new_tokens`` that lets it finish)."""
-        return 2 * (self.spec.steps + self.spec.restate_start) + answer_tokens(self.spec.family.modulus) + 1
+        spec = self.spec
+        return 2 * (spec.steps + spec.restate_start) + answer_tokens(spec.family.modulus, spec.answer_format) + 1
 
     def records(self, split: str, limit: int | None = None, seed: int = 0) -> Dataset:
         """Held-out: every held-out triple ``heldout_variants`` times, in a fixed order; train: every training
@@ -182,27 +189,32 @@ class ModChainTask(Task):
         if split == "train":
             rng.shuffle(rows)
         sep = "" if modulus <= 10 else "_"  # mod 10 keeps its ids (train-123-v0); else train-12_3_4-v0
+        fmt = spec.answer_format
         records = []
         for v, (x0, a, b), p in rows[:limit]:
-            answer = p.answer(spec.steps)
-            free = all(str(value) != answer for _, value in parse_prompt(p.prompt()))
+            answer = p.answer(spec.steps, fmt)
+            free = all(answer_value(value, fmt) != answer for _, value in parse_prompt(p.prompt()))
             records.append(MathRecord(
                 prompt=p.prompt(), answer=answer, source_id=f"{split}-{x0}{sep}{a}{sep}{b}-v{v}", dataset=self.name,
                 answer_style="boxed",
-                extra={"solution": p.solution(spec.steps, spec.restate_start), "x0": x0, "a": a, "b": b, "shortcut_free": free,
+                extra={"solution": p.solution(spec.steps, spec.restate_start, fmt), "x0": x0, "a": a, "b": b,
+                       "shortcut_free": free,
                        "chain": " ".join(chain_words(x0, p.states(spec.steps), spec.restate_start))}))
         if spec.teacher is not None:  # the demonstrations: one draw per record, in record order
             teacher_rng = random.Random(f"{self.name}/teacher/{split}/{seed}")
             for r, (_, key, p) in zip(records, rows):
                 r.extra["subset"] = spec.teacher.subset_of(p, spec.steps)
-                r.extra["demonstration"] = spec.teacher.demonstration(p, spec.steps, teacher_rng, spec.restate_start)
+                r.extra["demonstration"] = spec.teacher.demonstration(p, spec.steps, teacher_rng, spec.restate_start,
+                                                                      fmt)
         return Dataset(name=self.name, path=f"task:{self.name}/{split}", records=records)
 
     # -------------------------------------------------------------------------------------------- model
     def tokenizer(self):
         """The word-level tokenizer of this variant's vocabulary."""
-        modulus = self.spec.family.modulus
-        return build_word_tokenizer(vocabulary(self.spec.steps, modulus, self.spec.restate_start), [" " + answer_text(d) for d in range(modulus)])
+        spec = self.spec
+        modulus = spec.family.modulus
+        return build_word_tokenizer(vocabulary(spec.steps, modulus, spec.restate_start),
+                                    [" " + answer_text(d, spec.answer_format) for d in range(modulus)])
 
     # ------------------------------------------------------------------------------------------ shortcuts
     def trivial_answers(self, record: MathRecord) -> dict[str, str | None]:
@@ -213,13 +225,14 @@ class ModChainTask(Task):
         by_letter = dict(tags)
         out: dict[str, str | None] = {}
         problem = self.spec.family.problem((record.extra["x0"], record.extra["a"], record.extra["b"]))
-        out["prompt: the start x0"] = str(problem.x0)
+        boxed = functools.partial(answer_value, answer_format=self.spec.answer_format)  # as the box holds it
+        out["prompt: the start x0"] = boxed(problem.x0)
         for letter in ("a", "b", *DISTRACTOR_LETTERS):
-            out[f"prompt: tag {letter}"] = str(by_letter[letter]) if letter in by_letter else None
+            out[f"prompt: tag {letter}"] = boxed(by_letter[letter]) if letter in by_letter else None
         for i, (_, value) in enumerate(tags):
-            out[f"prompt: tag #{i + 1}"] = str(value)
+            out[f"prompt: tag #{i + 1}"] = boxed(value)
         for k, x in enumerate(problem.states(self.spec.steps - 1), start=1):
-            out[f"early stop: x_{k}"] = str(x)
+            out[f"early stop: x_{k}"] = boxed(x)
         return out
 
     def build_model(self, out_dir: str | os.PathLike, *, seed: int = 0) -> Path:

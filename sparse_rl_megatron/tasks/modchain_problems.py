@@ -8,9 +8,11 @@ pre-tokenizer a token cannot mix letters and digits, so numbers inside words are
   A tag is one token (letter and digit merged), so the parameters are a few salient prompt tokens that any
   step can attend to by content.
 - worked solution (chain of thought, then the final answer): ``sOne <x1> sTwo <x2> ... sThirty <xN> \\boxed{xN}``
-  with the states as number words (``seven``, ``twentythree``) and the answer in digits:
-  ``sOne three sTwo six ... \\boxed{4}``. A response is 2N words plus the answer's tokens (``\\``, ``boxed``,
-  ``{``, one token per digit, ``}``) plus EOS.
+  with the states as number words (``seven``, ``twentythree``) and the answer in one of ``ANSWER_FORMATS``:
+  ``digits`` (``sOne three sTwo six ... sThirty four \\boxed{4}``: the box transliterates the last state's word
+  into digit tokens) or ``word`` (``... sThirty four \\boxed{ four }``: the box copies the last state's token).
+  A response is 2N words plus the answer's tokens (``\\``, ``boxed``, ``{``, one token per digit or the state's
+  word, ``}``) plus EOS.
 
 Every step needs the previous state (local) and ``a``, ``b`` from the prompt, and errors compound over the
 N steps. The answer depends only on ``(x0, a, b)``; a ``ChainFamily`` says which triples exist (by default
@@ -52,15 +54,27 @@ MAX_MODULUS = 100
 """States and tag values are spelt with ``number_word`` (0..99)."""
 ANSWER_TOKENS = 5
 """``\\boxed{d}`` is 5 tokens: ``\\``, ``boxed``, ``{``, the digit, ``}`` (one more per extra digit)."""
+ANSWER_FORMATS = ("digits", "word")
+"""How the final answer x_N is boxed: ``digits`` ``\\boxed{23}`` (a lookup from the state's word to its digit
+tokens, which a warm start learns entry by entry and RL can overwrite entry by entry: docs/embedded-default.md,
+"Every draw"), or ``word`` ``\\boxed{ twentythree }`` (the same token as the state written just before: a copy)."""
 
 Key = tuple[int, int, int]
 RULES = ("affine", "alternating")
 """The maps of a chain (``Problem.rule``)."""
 
 
-def answer_tokens(modulus: int) -> int:
-    """Tokens of the longest answer ``\\boxed{M-1}`` (digits are one token each under Qwen2's pre-tokenizer)."""
-    return ANSWER_TOKENS - 1 + len(str(modulus - 1))
+def check_answer_format(answer_format: str, field: str = "answer_format") -> None:
+    """Raise ``ValueError`` naming ``field`` and the valid formats unless ``answer_format`` is one of them."""
+    if answer_format not in ANSWER_FORMATS:
+        raise ValueError(f"{field} must be one of {', '.join(ANSWER_FORMATS)}, got '{answer_format}'")
+
+
+def answer_tokens(modulus: int, answer_format: str = "digits") -> int:
+    """Tokens of the longest answer: ``\\boxed{M-1}`` (digits are one token each under Qwen2's pre-tokenizer) or
+    ``\\boxed{ <word> }`` (the word is one token)."""
+    check_answer_format(answer_format)
+    return ANSWER_TOKENS - 1 + (len(str(modulus - 1)) if answer_format == "digits" else 1)
 
 
 def number_word(k: int) -> str:
@@ -98,8 +112,17 @@ def tag_word(letter: str, d: int) -> str:
     return letter + number_word(d)
 
 
-def answer_text(d: int) -> str:
-    return f"\\boxed{{{d}}}"
+def answer_value(d: int, answer_format: str = "digits") -> str:
+    """What the box of state ``d`` holds, the gold answer: ``23`` or ``twentythree``."""
+    check_answer_format(answer_format)
+    return str(d) if answer_format == "digits" else digit_word(d)
+
+
+def answer_text(d: int, answer_format: str = "digits") -> str:
+    """The boxed answer of state ``d``: ``\\boxed{23}`` or ``\\boxed{ twentythree }`` (spaces around the word, so that
+    it is the state's own token `` twentythree`` and the closing brace is `` }``)."""
+    value = answer_value(d, answer_format)
+    return f"\\boxed{{{value}}}" if answer_format == "digits" else f"\\boxed{{ {value} }}"
 
 
 _NUMBER_WORDS = {number_word(k): k for k in range(MAX_STEPS + 1)}
@@ -152,13 +175,15 @@ class Problem:
         order = self.order or tuple(range(len(tags)))
         return " ".join([PROMPT_START, *(tags[i] for i in order), PROMPT_END])
 
-    def solution(self, steps: int, restate_start: bool = False) -> str:
-        """The worked solution; ``restate_start``: it opens with ``sZero <x0>`` (``chain_words``)."""
+    def solution(self, steps: int, restate_start: bool = False, answer_format: str = "digits") -> str:
+        """The worked solution; ``restate_start``: it opens with ``sZero <x0>`` (``chain_words``); the box in
+        ``answer_format`` (``ANSWER_FORMATS``)."""
         states = self.states(steps)
-        return " ".join(chain_words(self.x0, states, restate_start) + [answer_text(states[-1])])
+        return " ".join(chain_words(self.x0, states, restate_start) + [answer_text(states[-1], answer_format)])
 
-    def answer(self, steps: int) -> str:
-        return str(self.states(steps)[-1])
+    def answer(self, steps: int, answer_format: str = "digits") -> str:
+        """The gold answer: what the box of x_N holds."""
+        return answer_value(self.states(steps)[-1], answer_format)
 
 
 @dataclass(frozen=True)

@@ -96,14 +96,15 @@ class EarlyStopTeacher:
             raise ValueError(f"EarlyStopTeacher: no problem is in class '{self.subset}' at stop_step "
                              f"{self.stop_step}")
 
-    def demonstration(self, problem: Problem, steps: int, rng: random.Random, restate_start: bool = False) -> str:
+    def demonstration(self, problem: Problem, steps: int, rng: random.Random, restate_start: bool = False,
+                      answer_format: str = "digits") -> str:
         """The teacher's worked solution of ``problem``: ``problem.solution(steps)``, or on the class with
         probability ``stop_prob`` the first ``stop_step`` steps and ``\\boxed{x_stop_step}`` (``early_answer``;
         else nothing after them). Draws from ``rng`` for every problem (of either class), so the draws do not depend
-        on which problems precede."""
+        on which problems precede. ``answer_format``: how the boxes are written (``ANSWER_FORMATS``)."""
         stop = rng.random() < self.stop_prob
         if not (stop and self.in_class(problem, steps)):
-            return problem.solution(steps, restate_start)
+            return problem.solution(steps, restate_start, answer_format)
         states = problem.states(self.stop_step)
-        box = [answer_text(states[-1])] if self.early_answer else []
+        box = [answer_text(states[-1], answer_format)] if self.early_answer else []
         return " ".join(chain_words(problem.x0, states, restate_start) + box)

@@ -8,11 +8,11 @@ from sparse_rl_megatron.data.record import MathRecord
 from sparse_rl_megatron.tasks import TASKS, get_task
 from sparse_rl_megatron.tasks.audit import MARGIN, SE_FACTOR, audit_task
 from sparse_rl_megatron.tasks.base import Task
-from sparse_rl_megatron.tasks.modchain_problems import ChainFamily, Problem, parse_prompt
+from sparse_rl_megatron.tasks.modchain_problems import ChainFamily, Problem, answer_value, parse_prompt
 
 KNOWN_SHORTCUTS = {"modchain", "modchain_weak"}
 """Tasks kept for history although they fail the audit (docs/embedded-default.md, "The shortcut")."""
-SHORTCUT_FREE = ("modchain31_weak", "modchain100_weak")
+SHORTCUT_FREE = ("modchain31_weak", "modchain31_wordbox_weak", "modchain100_weak")
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +97,9 @@ def test_records_flag_the_answers_named_in_the_prompt(name):
     task = get_task(name)
     held = task.records("heldout")
     for r in held:
-        assert r.extra["shortcut_free"] == all(str(v) != r.answer for _, v in parse_prompt(r.prompt))
+        last = task.spec.family.problem((r.extra["x0"], r.extra["a"], r.extra["b"])).states(task.spec.steps)[-1]
+        assert r.answer == answer_value(last, task.spec.answer_format)  # digits, or the state's word
+        assert r.extra["shortcut_free"] == all(v != last for _, v in parse_prompt(r.prompt))
     if name == "modchain_weak":  # issue 26: 83 held-out records whose answer is none of the prompt's values
         assert sum(r.extra["shortcut_free"] for r in held) == 83
 
@@ -193,7 +195,7 @@ def test_shortcut_free_accuracy_from_an_evaluation_section():
 
 
 def test_the_default_recipe_is_on_the_shortcut_free_task_and_its_cache_binds():
-    """``cpu_default.yaml`` trains ``modchain31_weak`` (which passes the audit) with a KV budget of at most a
+    """``cpu_default.yaml`` trains ``modchain31_wordbox_weak`` (which passes the audit) with a KV budget of at most a
     quarter of the response; ``cpu_modchain31.yaml`` is it at B = 16; ``cpu_modchain10_weak.yaml`` is the
     default before issue 26, on the task with the shortcut."""
     from pathlib import Path
@@ -204,7 +206,7 @@ def test_the_default_recipe_is_on_the_shortcut_free_task_and_its_cache_binds():
     configs = Path(__file__).resolve().parents[2] / "configs"
     default, b16, old = (to_dict(load_config(TrainConfig, configs / f))
                          for f in ("cpu_default.yaml", "cpu_modchain31.yaml", "cpu_modchain10_weak.yaml"))
-    assert default["model_path"] == default["data"]["dataset"] == "task:modchain31_weak"
+    assert default["model_path"] == default["data"]["dataset"] == "task:modchain31_wordbox_weak"
     task = get_task(default["model_path"])
     assert default["warm_start"] == {} and task.spec.warm_start_steps == 1000  # the task's own warm start
     assert audit_task(task).passed and len(task.records("heldout")) >= 400  # SE <= 0.5 / sqrt(400) = 2.5 points
