@@ -69,6 +69,12 @@ SIGNALS.add("contaminated_frac", BudgetSignal(
 SIGNALS.add("veto_frac", BudgetSignal(
     "sparse/would_veto_frac", True, "share of sequences the veto would drop (any rho < veto threshold), every mode"))
 SIGNALS.add("rho_p1", BudgetSignal("sparse/rho_p1", False, "1st percentile of rho over response tokens"))
+SIGNALS.add("token_below_frac", BudgetSignal(
+    "sparse/token_below_frac", True, "share of response tokens with rho < correction.rejection_lower (0.5): a "
+    "per-token rate, which does not saturate as responses grow long (issue 39)"))
+SIGNALS.add("kl_k3", BudgetSignal(
+    "sparse/kl_k3", True, "mean over response tokens of k3 = rho - 1 - log rho, an estimate of KL(sparse sampler || dense "
+    "policy) from the sampled tokens (issue 39)"))
 
 
 def read_signal(name: str, metrics: Mapping[str, float]) -> float:
@@ -86,7 +92,8 @@ class AdaptiveBudgetConfig:
     enabled: bool = False
     """Adapt the budget each step (the first step samples with ``compression.budget``)."""
     signal: str = "contaminated_frac"
-    """Signal held at ``target``: ``contaminated_frac``, ``veto_frac`` or ``rho_p1`` (``SIGNALS``)."""
+    """Signal held at ``target`` (``SIGNALS``): ``contaminated_frac``, ``veto_frac``, ``rho_p1``, ``token_below_frac``
+    or ``kl_k3``."""
     target: float = 0.2
     """Wanted value of the signal (a fraction; for ``rho_p1`` a ratio)."""
     min_budget: int = 16

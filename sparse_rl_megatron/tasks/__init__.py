@@ -54,8 +54,9 @@ MODCHAIN31_WEAK = ModChainSpec(
                                      min_boxes_right=0.95, min_sparse_taught_accuracy=0.9,
                                      min_sampled_taught_accuracy=0.65))
 TASKS.add("modchain31_weak", ModChainTask(MODCHAIN31_WEAK, name="modchain31_weak"))
-# The same problems, demonstrations and warm start with the answer boxed as the last state's own word, a copy of the
-# token just written (`\boxed{ twentyone }`), not its digits: the word-to-digits lookup was where three of the six
+# The same chains, teacher and warm-start recipe (distractors and the teacher's draws are seeded by the task's name,
+# so they are this task's own) with the answer boxed as the last state's own word, a copy of the token just written
+# (`\boxed{ twentyone }`), not its digits: the word-to-digits lookup was where three of the six
 # lotteries of modchain31_weak lived, the last one RL overwriting four of its entries on one draw in 16
 # (docs/embedded-default.md, "Every draw"). The embedded default since issue 38's last pass.
 TASKS.add("modchain31_wordbox_weak", ModChainTask(replace(MODCHAIN31_WEAK, answer_format="word"),

@@ -1,4 +1,4 @@
-"""``sparse-rl train`` with no recipe (the embedded default, ``configs/cpu_default.yaml``: task ``modchain31_weak``) in
+"""``sparse-rl train`` with no recipe (the embedded default, ``configs/cpu_default.yaml``: task ``modchain31_wordbox_weak``) in
 a fast form: the same recipe with a short warm start (unchecked), 2 steps of 4 prompts x 4 samples and a 16-problem held-out
 set. It checks that the default runs from nothing (no data root, no model directory) and writes what the full run
 writes, per-class accuracy included; the full run's rising accuracy (seeds 0-4) is in docs/embedded-default.md,
@@ -20,8 +20,8 @@ FAST = ["steps=2", "warm_start.steps=20", "warm_start.eval_problems=0", "warm_ch
         "rollout.prompts_per_step=4",
         "rollout.samples_per_prompt=4", "global_batch_size=8", "eval.limit=16", "eval.every=1",
         "learner.optim.lr_warmup_steps=0"]  # so the recipe's decay is seen whole in 4 optimizer steps
-FREE_OF_16 = 13
-"""Of the first 16 held-out records of modchain31_weak (seed 0), those whose answer no prompt value equals."""
+FREE_OF_16 = 14
+"""Of the first 16 held-out records of modchain31_wordbox_weak (seed 0), those whose answer no prompt value equals."""
 
 
 def test_the_embedded_default_runs_from_nothing_and_writes_its_outputs(tmp_path):
@@ -36,11 +36,11 @@ def test_the_embedded_default_runs_from_nothing_and_writes_its_outputs(tmp_path)
     # the recipe is the embedded default (only the fast-form fields differ)
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     default = yaml.safe_load((ROOT / "configs" / "cpu_default.yaml").read_text())
-    assert config["model_path"] == default["model_path"] == "task:modchain31_weak"
+    assert config["model_path"] == default["model_path"] == "task:modchain31_wordbox_weak"
     compression = default["rollout"]["compression"]
     assert compression["method"] == "rkv" and compression["scope"] == "response"
     assert {k: config["rollout"]["compression"][k] for k in compression} == compression
-    assert config["data"]["dataset"] == "task:modchain31_weak" and config["steps"] == 2 != default["steps"]
+    assert config["data"]["dataset"] == "task:modchain31_wordbox_weak" and config["steps"] == 2 != default["steps"]
     # the task's model was built and warm-started in the run directory
     assert (run_dir / "model" / "init" / "config.json").is_file()
     warm = json.loads((run_dir / "model" / "warm" / "warm_start.json").read_text())
@@ -62,16 +62,16 @@ def test_the_embedded_default_runs_from_nothing_and_writes_its_outputs(tmp_path)
     for r in records:
         for mode in ("dense", "sparse"):
             assert 0.0 <= r[f"eval/{mode}/accuracy"] <= 1.0
-            assert r[f"eval/{mode}/modchain31_weak/accuracy"] == r[f"eval/{mode}/accuracy"]
+            assert r[f"eval/{mode}/modchain31_wordbox_weak/accuracy"] == r[f"eval/{mode}/accuracy"]
             # per class: the teacher's weak class and the rest, 16 problems between them
-            sizes = [r[f"eval/{mode}/modchain31_weak/subset_{c}/problems"] for c in ("odd_x_stop", "rest")]
-            assert sum(sizes) == 16 and all(0.0 <= r[f"eval/{mode}/modchain31_weak/subset_{c}/accuracy"] <= 1.0
+            sizes = [r[f"eval/{mode}/modchain31_wordbox_weak/subset_{c}/problems"] for c in ("odd_x_stop", "rest")]
+            assert sum(sizes) == 16 and all(0.0 <= r[f"eval/{mode}/modchain31_wordbox_weak/subset_{c}/accuracy"] <= 1.0
                                             for c in ("odd_x_stop", "rest"))
-            # the records whose answer is none of the prompt's values (13 of these 16)
-            assert r[f"eval/{mode}/modchain31_weak/shortcut_free_problems"] == FREE_OF_16
-            assert r[f"eval/{mode}/shortcut_free_accuracy"] == r[f"eval/{mode}/modchain31_weak/shortcut_free_accuracy"]
+            # the records whose answer is none of the prompt's values (14 of these 16)
+            assert r[f"eval/{mode}/modchain31_wordbox_weak/shortcut_free_problems"] == FREE_OF_16
+            assert r[f"eval/{mode}/shortcut_free_accuracy"] == r[f"eval/{mode}/modchain31_wordbox_weak/shortcut_free_accuracy"]
             # the share of responses whose every intermediate state is right
-            assert r[f"eval/{mode}/full_chain_frac"] == r[f"eval/{mode}/modchain31_weak/full_chain_frac"]
+            assert r[f"eval/{mode}/full_chain_frac"] == r[f"eval/{mode}/modchain31_wordbox_weak/full_chain_frac"]
             assert 0.0 <= r[f"eval/{mode}/full_chain_frac"] <= 1.0
     for r in records[1:]:
         assert math.isfinite(r["loss/pg"]) and r["train/optimizer_steps"] == 2
@@ -85,7 +85,7 @@ def test_the_embedded_default_runs_from_nothing_and_writes_its_outputs(tmp_path)
     assert optim["lr"] > lrs[0] > lrs[1] and math.isclose(lrs[1], optim["min_lr"], rel_tol=1e-6), lrs
     sparse_eval = json.loads((run_dir / "eval" / "step_2.sparse.json").read_text())
     assert sparse_eval["compression"].startswith("rkv B=8")
-    assert len(sparse_eval["benchmarks"]["task:modchain31_weak"]["problems"]) == 16
+    assert len(sparse_eval["benchmarks"]["task:modchain31_wordbox_weak"]["problems"]) == 16
     # the final checkpoint
     state = json.loads((run_dir / "checkpoints" / "step_2" / "trainer_state.json").read_text())
     assert state["step"] == 2 and state["data"]["consumed"] == 8

@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 RECIPE = str(ROOT / "configs" / "cpu_default.yaml")
-# The CPU default (task:modchain31_weak, R-KV B = 8), smaller: a 4-step warm start (unchecked: it would miss the
+# The CPU default (task:modchain31_wordbox_weak, R-KV B = 8), smaller: a 4-step warm start (unchecked: it would miss the
 # task's warm-start check, tests/unit/test_task_warm_check.py), 2 prompts x 2 samples of 16 tokens (B = 8 as the
 # default's, so that they compress: B + W = 12 < 16), 2 optimizer steps per rollout, tiny evals.
 SMALL = ["warm_start={steps: 4, eval_problems: 0}", "warm_check.enabled=false", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2",

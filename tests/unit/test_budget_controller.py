@@ -126,9 +126,9 @@ def test_read_signal_and_registry_errors():
     assert read_signal("contaminated_frac", {"sparse/contaminated_frac": 0.3}) == 0.3
     with pytest.raises(KeyError, match="sparse/rho_p1"):
         read_signal("rho_p1", {})
-    with pytest.raises(ValueError, match="valid names: contaminated_frac, rho_p1, veto_frac"):
+    with pytest.raises(ValueError, match="valid names: contaminated_frac, kl_k3, rho_p1, token_below_frac, veto_frac"):
         AdaptiveBudgetConfig(signal="nope")
-    assert set(SIGNALS) == {"contaminated_frac", "veto_frac", "rho_p1"}
+    assert set(SIGNALS) == {"contaminated_frac", "veto_frac", "rho_p1", "token_below_frac", "kl_k3"}
 
 
 @pytest.mark.parametrize("kw, match", [
@@ -142,3 +142,35 @@ def test_read_signal_and_registry_errors():
 def test_bad_values_name_the_field(kw, match):
     with pytest.raises(ValueError, match=match):
         AdaptiveBudgetConfig(**kw)
+
+
+@pytest.mark.parametrize("mode", ["sparse_rl", "none"])
+def test_every_signal_is_logged_by_the_correction_with_its_direction(mode):
+    """Each registered signal's metric is in what ``prepare_correction`` logs, in every correction mode (the naive
+    arm samples with the controller too), and its value moves the right way when the sampler drifts from the dense
+    policy: 2 sequences x 6 tokens, exact values of the per-token signals."""
+    import torch
+
+    from sparse_rl_megatron.algo.config import CorrectionConfig
+    from sparse_rl_megatron.algo.correction import prepare_correction
+
+    old = torch.full((2, 6), -1.0)
+    mask = torch.ones(2, 6, dtype=torch.bool)
+
+    def signals(sampler):
+        prepared = prepare_correction(old, sampler, mask, torch.tensor([1.0, 0.0]), torch.tensor([0, 0]),
+                                      CorrectionConfig(mode=mode))
+        return {name: read_signal(name, prepared.metrics) for name in SIGNALS}
+
+    same = signals(old.clone())
+    drift = old.clone()
+    drift[0, :3] = -1.0 + math.log(4.0)  # rho = 1/4 on 3 of the 12 tokens
+    drift[1, 0] = -1.0 + math.log(1e6)  # and 1e-6 on one (a veto)
+    moved = signals(drift)
+    assert same["token_below_frac"] == same["kl_k3"] == same["contaminated_frac"] == 0.0
+    assert moved["token_below_frac"] == pytest.approx(4 / 12) and moved["contaminated_frac"] == 1.0
+    k3 = lambda rho: rho - 1 - math.log(rho)
+    assert moved["kl_k3"] == pytest.approx((3 * k3(0.25) + k3(1e-6)) / 12)
+    for name, value in moved.items():  # worse in the signal's own direction
+        worse = value > same[name] if SIGNALS.get(name).higher_is_worse else value < same[name]
+        assert worse, (name, same[name], value)

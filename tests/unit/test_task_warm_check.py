@@ -73,7 +73,7 @@ def test_an_untrained_model_misses_the_embedded_defaults_expectations(tmp_path):
 
     task, _ = _records()
     init = task.build_model(tmp_path / "init", seed=0)
-    expected = get_task("modchain31_weak").warm_expectations
+    expected = get_task("modchain31_wordbox_weak").warm_expectations  # the embedded default's
     check = check_warm_start(task, init, WarmStartExpectations(**{**vars(expected), "problems": 12}), loss_last=6.1)
     assert not check.passed and check.measured["problems"] == 12.0
     assert check.measured["taught_full_chains"] == 0.0 and math.isnan(check.measured["boxes_right"])

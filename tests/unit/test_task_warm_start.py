@@ -143,7 +143,7 @@ def test_the_task_sets_its_warm_start_length_and_options_override_it(init_dir, t
 
     from sparse_rl_megatron.tasks import get_task
 
-    assert get_task("task:modchain31_weak").spec.warm_start_steps == 1000  # the embedded default's task
+    assert get_task("task:modchain31_wordbox_weak").spec.warm_start_steps == 1000  # the embedded default's task
     assert get_task("task:modchain_weak").spec.warm_start_steps == 300
     task = ModChainTask(replace(TINY, warm_start_steps=3))
     opts = dict(lr=1e-2, batch_size=8, log_every=0, eval_problems=0)
