@@ -84,6 +84,16 @@ TASKS.add("lagchain31_var_weak", LagChainTask(LagChainSpec(
                                      min_boxes_right=0.95)), name="lagchain31_var_weak"))
 
 
+TASKS.add("lagchain31_var_regs_weak", LagChainTask(LagChainSpec(
+    # lagchain31_var_weak with each state written as two words, its register's letter and its value (`w eight`): the
+    # read is the value word after the register's last letter (an induction over 31 shared value words, not 6 x 31
+    # state tokens), 3L - 1 = 5..14 positions back; the answer boxes the last value word (a copy, as the default's)
+    lags=(2, 3, 4, 5, 6), register_tokens=True, answer_format="word", warm_start_steps=1000,
+    warm_start={"batch_size": 32, "key_dropout_keep_recent": 3, "key_dropout_answer_anchor": True},
+    warm_check=WarmStartExpectations(max_loss=0.02, min_taught_accuracy=0.9, min_taught_full_chains=0.9,
+                                     min_boxes_right=0.95)), name="lagchain31_var_regs_weak"))
+
+
 def is_task_ref(name: str) -> bool:
     """True for ``task:<name>`` references."""
     return str(name).startswith(TASK_PREFIX)

@@ -47,7 +47,8 @@ from sparse_rl_megatron.tasks.modchain import (
     WARM_START, ModChainModel, boxed_answer_starts, encode_demonstrations, save_word_model,
 )
 from sparse_rl_megatron.tasks.modchain_problems import (
-    PROMPT_END, PROMPT_START, SPLIT_SEED, answer_text, answer_tokens, number_word, parse_prompt, step_word,
+    PROMPT_END, PROMPT_START, SPLIT_SEED, answer_text, answer_tokens, answer_value, check_answer_format, digit_word,
+    number_word, parse_prompt, step_word,
 )
 from sparse_rl_megatron.tasks.modchain_teacher import OTHER
 from sparse_rl_megatron.tasks.sft import SFTConfig, check_output_free, supervised_finetune
@@ -98,6 +99,13 @@ class LagChainSpec:
     stop_step: int = 26
     """The weaker teacher's early stop (no answer after it), on its class with probability ``stop_prob``."""
     stop_prob: float = 0.7
+    register_tokens: bool = False
+    """Write a state as two tokens, its register's letter and its value's word (``w eight``), so that a step finds its
+    register's last value as the word after the register's last letter (an induction: the value words are the 31
+    of ``modchain``, shared by the registers); False: one token per state (``wEight``, 6 x 31 state tokens)."""
+    answer_format: str = "digits"
+    """How the answer x_N is boxed (``modchain_problems.ANSWER_FORMATS``): ``digits`` ``\\boxed{12}`` or ``word``
+    ``\\boxed{ twelve }`` (needs ``register_tokens``: a copy of the value word just written)."""
     model: ModChainModel = field(default_factory=ModChainModel)
     warm_start_steps: int = 1000
     warm_start: Mapping[str, Any] = field(default_factory=dict)
@@ -117,6 +125,10 @@ class LagChainSpec:
             raise ValueError(f"LagChainSpec.heldout_size must be in [1, problems), got {self.heldout_size}")
         if any(not 0 < i < self.modulus for i in self.increments):
             raise ValueError(f"LagChainSpec.increments must be in [1, modulus), got {self.increments}")
+        check_answer_format(self.answer_format, "LagChainSpec.answer_format")
+        if self.answer_format == "word" and not self.register_tokens:
+            raise ValueError("LagChainSpec.answer_format 'word' needs register_tokens=True (the box copies a value "
+                             "word, which a one-token state does not write)")
 
     @property
     def told(self) -> bool:
@@ -129,9 +141,10 @@ def lag_of(key: Key) -> int:
     return len(key[0])
 
 
-def read_offset(lag: int) -> int:
-    """How far before its query a step's read lies: the state of its register, written L steps back."""
-    return 2 * lag - 1
+def read_offset(lag: int, register_tokens: bool = False) -> int:
+    """How far before its query a step's read lies: the state of its register, written L steps back (2 tokens a
+    step: 2L - 1; with ``register_tokens`` 3 tokens a step, the query the register's letter: 3L - 1)."""
+    return (3 if register_tokens else 2) * lag - 1
 
 
 def states(key: Key, spec: LagChainSpec) -> list[int]:
@@ -143,14 +156,17 @@ def states(key: Key, spec: LagChainSpec) -> list[int]:
     return xs
 
 
-def state_word(k: int, value: int, lag: int) -> str:
-    """State k as written: its register's letter and the value (``vSeven``)."""
-    return REGISTER_LETTERS[k % lag] + number_word(value)
+def state_word(k: int, value: int, lag: int, register_tokens: bool = False) -> str:
+    """State k as written: its register's letter and the value, one token (``vSeven``) or, with ``register_tokens``,
+    two words (``v seven``)."""
+    letter = REGISTER_LETTERS[k % lag]
+    return f"{letter} {digit_word(value)}" if register_tokens else letter + number_word(value)
 
 
-def chain(xs: list[int], lag: int, last: int) -> list[str]:
-    """``sZero <x_0> ... s<last> <x_last>``."""
-    return [w for k in range(last + 1) for w in (step_word(k), state_word(k, xs[k], lag))]
+def chain(xs: list[int], lag: int, last: int, register_tokens: bool = False) -> list[str]:
+    """The words of ``sZero <x_0> ... s<last> <x_last>`` (a state one word or two: ``state_word``)."""
+    return [w for k in range(last + 1)
+            for w in (step_word(k), *state_word(k, xs[k], lag, register_tokens).split())]
 
 
 def in_class(xs: list[int], spec: LagChainSpec) -> bool:
@@ -177,7 +193,9 @@ class LagChainTask(Task):
 
     @property
     def response_tokens(self) -> int:
-        return 2 * (self.spec.steps + 1) + answer_tokens(self.spec.modulus) + 1
+        spec = self.spec
+        per_step = 3 if spec.register_tokens else 2
+        return per_step * (spec.steps + 1) + answer_tokens(spec.modulus, spec.answer_format) + 1
 
     @functools.cached_property
     def _split(self) -> dict[str, list[Key]]:
@@ -213,20 +231,21 @@ class LagChainTask(Task):
             rng.shuffle(rows)
         teacher = random.Random(f"{self.name}/teacher/{split}/{seed}")
         out = []
+        regs = spec.register_tokens
         for v, key in rows[:limit]:
             prompt, tags = self._prompt(key, rng)
             xs, lag = states(key, spec), lag_of(key)
-            answer = str(xs[spec.steps])
-            solution = " ".join(chain(xs, lag, spec.steps) + [answer_text(xs[spec.steps])])
+            answer = answer_value(xs[spec.steps], spec.answer_format)
+            solution = " ".join(chain(xs, lag, spec.steps, regs) + [answer_text(xs[spec.steps], spec.answer_format)])
             weak = in_class(xs, spec)
             stop = teacher.random() < spec.stop_prob  # drawn for every record: draws do not depend on the order
-            shown = " ".join(chain(xs, lag, spec.stop_step)) if weak and stop else solution  # no answer
+            shown = " ".join(chain(xs, lag, spec.stop_step, regs)) if weak and stop else solution  # no answer
             out.append(MathRecord(
                 prompt=prompt, answer=answer, dataset=self.name, answer_style="boxed",
                 source_id=f"{split}-{'_'.join(map(str, key[0]))}_{key[1]}_{key[2]}-v{v}",
                 extra={"solution": solution, "demonstration": shown, "initial": list(key[0]), "a": key[1], "b": key[2],
-                       SUBSET_KEY: CLASS if weak else OTHER, CHAIN_KEY: " ".join(chain(xs, lag, spec.steps)),
-                       SHORTCUT_FREE_KEY: all(str(value) != answer for _, value in tags)}))
+                       SUBSET_KEY: CLASS if weak else OTHER, CHAIN_KEY: " ".join(chain(xs, lag, spec.steps, regs)),
+                       SHORTCUT_FREE_KEY: all(value != xs[spec.steps] for _, value in tags)}))
         return Dataset(name=self.name, path=f"task:{self.name}/{split}", records=out)
 
     def trivial_answers(self, record: MathRecord) -> dict[str, str | None]:
@@ -234,24 +253,29 @@ class LagChainTask(Task):
         every k < N (None: the tag's letter is absent from this prompt)."""
         tags = parse_prompt(record.prompt)
         by_letter = dict(tags)
+        boxed = functools.partial(answer_value, answer_format=self.spec.answer_format)  # as the box holds it
         out: dict[str, str | None] = {}
         told = (LAG_LETTER,) if self.spec.told else ()
         for letter in (*told, *INITIAL_LETTERS[:self.spec.lag], *INCREMENT_LETTERS, *DISTRACTOR_LETTERS):
-            out[f"prompt: tag {letter}"] = str(by_letter[letter]) if letter in by_letter else None
+            out[f"prompt: tag {letter}"] = boxed(by_letter[letter]) if letter in by_letter else None
         for i, (_, value) in enumerate(tags):
-            out[f"prompt: tag #{i + 1}"] = str(value)
+            out[f"prompt: tag #{i + 1}"] = boxed(value)
         key: Key = (tuple(record.extra["initial"]), record.extra["a"], record.extra["b"])
         for k, x in enumerate(states(key, self.spec)[:self.spec.steps]):
-            out[f"early stop: x_{k}"] = str(x)
+            out[f"early stop: x_{k}"] = boxed(x)
         return out
 
     # -------------------------------------------------------------------------------------------- model
     def tokenizer(self):
         spec = self.spec
         letters = (*INITIAL_LETTERS[:spec.lag], *INCREMENT_LETTERS, *DISTRACTOR_LETTERS, *REGISTER_LETTERS[:spec.lag])
+        if spec.register_tokens:  # prompt tags stay one token; a state is a register letter and a value word
+            letters = letters[:-spec.lag]
         words = [PROMPT_START, PROMPT_END, *(letter + number_word(v) for letter in letters for v in range(spec.modulus)),
                  *(step_word(k) for k in range(spec.steps + 1)), *(LAG_LETTER + number_word(lag) for lag in spec.lags)]
-        return build_word_tokenizer(words, [" " + answer_text(d) for d in range(spec.modulus)])
+        if spec.register_tokens:
+            words += [*REGISTER_LETTERS[:spec.lag], *(digit_word(v) for v in range(spec.modulus))]
+        return build_word_tokenizer(words, [" " + answer_text(d, spec.answer_format) for d in range(spec.modulus)])
 
     def build_model(self, out_dir: str | os.PathLike, *, seed: int = 0) -> Path:
         return save_word_model(self.tokenizer(), self.spec.model, self.prompt_tokens + self.response_tokens, out_dir,
@@ -264,9 +288,13 @@ class LagChainTask(Task):
         examples = encode_demonstrations(self.name, self.records("train", seed=seed), tokenizer)
         return examples, boxed_answer_starts(tokenizer, examples)
 
-    def sft_read_offsets(self, seed: int = 0) -> list[tuple[int]]:
-        """Per training record (``sft_examples``' order): the distance 2L - 1 of its steps' read, L its own."""
-        return [(read_offset(len(r.extra["initial"])),) for r in self.records("train", seed=seed)]
+    def sft_read_offsets(self, seed: int = 0) -> list[tuple[int, ...]]:
+        """Per training record (``sft_examples``' order): the distance of its steps' read (``read_offset``, L its
+        own); with ``register_tokens`` also the register letter before the value read (3L), the key an induction
+        matches."""
+        regs = self.spec.register_tokens
+        return [(read_offset(lag, regs), read_offset(lag, regs) + 1) if regs else (read_offset(lag),)
+                for lag in (len(r.extra["initial"]) for r in self.records("train", seed=seed))]
 
     def warm_start(self, model_dir: str | os.PathLike, out_dir: str | os.PathLike, *, seed: int = 0,
                    **options: Any) -> dict[str, float]:
