@@ -10,7 +10,7 @@ import logging
 import os
 import sys
 
-from sparse_rl_megatron.utils.errors import UsageError, UserError
+from sparse_rl_megatron.utils.errors import StoppedEarly, UsageError, UserError
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -65,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
         logging.INFO if os.environ.get("RANK", "0") == "0" else logging.WARNING)
     try:
         return int(module.run(args) or 0)
+    except StoppedEarly as err:  # a stop the user asked for: one line, no traceback, not an error
+        print(f"sparse-rl {name}: {err}", flush=True)
+        return err.exit_code
     except UserError as err:  # a user's mistake: one line, no traceback
         if isinstance(err, UsageError):
             parser.print_usage(sys.stderr)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from sparse_rl_megatron.data.loader import Dataset
 from sparse_rl_megatron.data.record import MathRecord
@@ -54,9 +54,10 @@ class Task(ABC):
 
     @abstractmethod
     def warm_start(self, model_dir: str | os.PathLike, out_dir: str | os.PathLike, *, seed: int = 0,
-                   **options: Any) -> dict[str, float]:
+                   should_stop: Callable[[], str | None] | None = None, **options: Any) -> dict[str, float]:
         """Supervised training of ``model_dir`` on worked solutions of train problems; writes the trained HF
-        model directory to ``out_dir`` and returns its metrics (loss, steps, seconds, held-out accuracy)."""
+        model directory to ``out_dir`` and returns its metrics (loss, steps, seconds, held-out accuracy).
+        ``should_stop``: asked before every step (a run's stop request); a reason ends it with ``StoppedEarly``."""
 
     def trivial_answers(self, record: MathRecord) -> dict[str, str | None]:
         """``{policy name: answer}`` of the trivial policies this task makes tempting, for one record (values read

@@ -37,7 +37,7 @@ import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from sparse_rl_megatron.data.loader import Dataset
 from sparse_rl_megatron.data.record import MathRecord
@@ -297,7 +297,7 @@ class LagChainTask(Task):
                 for lag in (len(r.extra["initial"]) for r in self.records("train", seed=seed))]
 
     def warm_start(self, model_dir: str | os.PathLike, out_dir: str | os.PathLike, *, seed: int = 0,
-                   **options: Any) -> dict[str, float]:
+                   should_stop: Callable[[], str | None] | None = None, **options: Any) -> dict[str, float]:
         """Supervised stage on the teacher's demonstrations (``SFTConfig`` fields as options over ``WARM_START``
         with the spec's steps and changes); each example's read, 2L - 1 positions back for its own L
         (``sft_read_offsets``), is never dropped."""
@@ -310,4 +310,4 @@ class LagChainTask(Task):
         tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
         examples, starts = self.sft_examples(tok, seed)
         return supervised_finetune(model_dir, out_dir, examples, config, seed=seed, answer_starts=starts,
-                                   example_keep_offsets=self.sft_read_offsets(seed))
+                                   example_keep_offsets=self.sft_read_offsets(seed), should_stop=should_stop)

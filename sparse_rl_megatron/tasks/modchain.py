@@ -18,7 +18,7 @@ import random
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -252,7 +252,7 @@ class ModChainTask(Task):
         return boxed_answer_starts(tokenizer, examples)
 
     def warm_start(self, model_dir: str | os.PathLike, out_dir: str | os.PathLike, *, seed: int = 0,
-                   **options: Any) -> dict[str, float]:
+                   should_stop: Callable[[], str | None] | None = None, **options: Any) -> dict[str, float]:
         """Supervised stage on the training problems' worked solutions: ``SFTConfig`` fields as options (defaults
         ``WARM_START`` with the spec's ``warm_start_steps`` and ``warm_start``), plus ``eval_problems``: held-out problems scored greedily at the end (0 = skip). Works
         from any checkpoint of this task, so it also serves as the equal-time supervised control."""
@@ -265,7 +265,7 @@ class ModChainTask(Task):
         tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
         examples = self.sft_examples(tok, seed)
         metrics = supervised_finetune(model_dir, out_dir, examples, config, seed=seed,
-                                      answer_starts=self.answer_starts(tok, examples))
+                                      answer_starts=self.answer_starts(tok, examples), should_stop=should_stop)
         if eval_problems > 0:
             from sparse_rl_megatron.tasks.accuracy import heldout_accuracy
 

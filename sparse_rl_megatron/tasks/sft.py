@@ -20,6 +20,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from sparse_rl_megatron.utils.errors import StoppedEarly
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
 
@@ -182,12 +184,15 @@ def supervised_finetune(
     log: Callable[[str], None] | None = print,
     answer_starts: Sequence[int] | None = None,
     example_keep_offsets: Sequence[Sequence[int]] | None = None,
+    should_stop: Callable[[], str | None] | None = None,
 ) -> dict[str, float]:
     """Train the HF model of ``model_dir`` on ``examples`` (``(prompt_ids, response_ids)``, EOS included in the
     response) and write it, with ``model_dir``'s tokenizer, to ``out_dir``. ``answer_starts[i]``: where example i's
     final answer starts in its response (needed by ``key_dropout_answer_anchor``). ``example_keep_offsets[i]``: distances
     before each query of example i whose keys the key dropout never drops, beside ``config.key_dropout_keep_offsets``
-    (a task whose read lies at a distance that varies between examples; None: none).
+    (a task whose read lies at a distance that varies between examples; None: none). ``should_stop``: asked before
+    every step; when it names a reason (a run's stop request), training ends there with ``StoppedEarly`` and nothing
+    is written to ``out_dir``.
 
     Returns ``sft/loss_first`` (mean of the first 10 steps), ``sft/loss_last`` (mean of the last 10),
     ``sft/steps``, ``sft/seconds`` (wall), ``sft/cpu_seconds`` (this process), ``sft/seconds_per_step``.
@@ -219,6 +224,9 @@ def supervised_finetune(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         for step in range(config.steps):
+            if should_stop is not None and (reason := should_stop()):
+                raise StoppedEarly(f"stopped by {reason} during the supervised warm start, before step {step + 1} of "
+                                   f"{config.steps}; nothing of it was kept: a re-run builds it again")
             for group in optimizer.param_groups:
                 group["lr"] = config.lr_at(step)
             picked = [rng.randrange(len(examples)) for _ in range(config.batch_size)]

@@ -152,9 +152,10 @@ class _Models:
 
 
 def _build_models(cfg: TrainConfig, plan: RunPlan, run_dir: Path, stack: contextlib.ExitStack,
-                  say: Callable[[str], None]) -> _Models:
-    """Learner (+ reference), every engine and its rank's reward; rank 0 builds the model directories first."""
-    dirs = D.on_main(lambda: prepare_model(cfg, plan.task, run_dir))
+                  say: Callable[[str], None], stop: StopRequest) -> _Models:
+    """Learner (+ reference), every engine and its rank's reward; rank 0 builds the model directories first (a
+    stop asked during a task's warm start ends the run there: ``StoppedEarly``, on every rank)."""
+    dirs = D.on_main(lambda: prepare_model(cfg, plan.task, run_dir, should_stop=lambda: stop.reason))
     for note in dirs.notes:
         say(note)
     facts = plan.device_facts
@@ -200,7 +201,7 @@ def start_run(cfg: TrainConfig):
             stop.clear_stop_file()  # it asked the previous process to stop; this one has just started
         D.wait_for_main()
         heartbeat = Heartbeat(run_dir, D.rank(), cfg.log.heartbeat)
-        models = _build_models(cfg, plan, run_dir, stack, say)
+        models = _build_models(cfg, plan, run_dir, stack, say, stop)
         budget = None
         if cfg.rollout.adaptive_budget.enabled:
             from sparse_rl_megatron.compression.budget_controller import BudgetController

@@ -4,7 +4,8 @@ Commands print a ``UserError`` as one line (``sparse-rl <command>: error: <messa
 of a traceback (``cli.py``). The message names the option, field or file and, where there is a choice, the
 valid values. ``utils.config_io.ConfigError`` is one. A ``UsageError`` is a bad command-line option: the CLI
 prints the command's usage line before it, as argparse does for the errors it finds itself. A ``RunFailed`` is a
-fault of the run's environment (a dead process, a damaged file), printed the same way with exit status 1.
+fault of the run's environment (a dead process, a damaged file), printed the same way with exit status 1. A
+``StoppedEarly`` is a stop the user asked for before there was anything to save: one line, without "error", exit 0.
 """
 from __future__ import annotations
 
@@ -23,6 +24,14 @@ class RunFailed(UserError):
     says what failed, where, and what was kept), but exit status 1: a failure, not a mistake in the command."""
 
     exit_code = 1
+
+
+class StoppedEarly(UserError):
+    """The run was asked to stop (a signal, the ``STOP`` file) while it was still setting up, before it had anything
+    to save (e.g. during a task's supervised warm start): one line saying where it stopped and what a re-run does,
+    exit status 0, as for any stop that was asked for."""
+
+    exit_code = 0
 
 
 class UsageError(UserError):

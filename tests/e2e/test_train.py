@@ -149,6 +149,36 @@ def test_stop_and_resume_equals_the_uninterrupted_run(tmp_path, shared_data):
     assert json.loads((whole / "checkpoints" / "step_4" / "trainer_state.json").read_text())["data"]["consumed"] == 8
 
 
+def test_a_stop_during_the_warm_start_ends_the_run_there_and_a_rerun_builds_it(tmp_path, shared_data):
+    """SIGTERM while the task's (checked) warm start trains: the run stops before the next supervised step, not after
+    the whole stage (minutes, three attempts when checked), in one line, exit 0; the built model is kept, nothing of
+    the interrupted warm start is, and a re-run warm-starts from the kept model and trains."""
+    run_dir = tmp_path / "run"
+    long_warm = ["warm_start.steps=100000", "warm_start.log_every=1", "warm_check.enabled=true", "steps=1"]
+    proc = subprocess.Popen(_train(run_dir, *long_warm), env=_env(shared_data), cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:  # the supervised stage has begun
+        if line.startswith("sft step 1/100000"):
+            break
+    else:
+        pytest.fail(f"no supervised step: {proc.communicate()[1][-3000:]}")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in err, err[-3000:]
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("sparse-rl train: stopped by SIGTERM during the supervised warm start, before step "), out
+    assert last.endswith("of 100000; nothing of it was kept: a re-run builds it again")
+    assert int(last.split("before step ")[1].split()[0]) < 1000  # long before the stage's end
+    model = run_dir / "model"
+    assert (model / "init" / "config.json").is_file() and not (model / "warm").exists()
+    assert not (run_dir / "checkpoints").exists() or not any((run_dir / "checkpoints").iterdir())
+    again = subprocess.run(_train(run_dir), env=_env(shared_data), cwd=tmp_path, capture_output=True, text=True,
+                           timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"warm-started it into {model / 'warm'}" in again.stdout and (model / "warm" / "config.json").is_file()
+    assert "built the" not in again.stdout  # the kept model, not a new one
+
+
 def test_second_run_into_a_busy_run_dir_is_refused_with_the_holders_pid(tmp_path, shared_data):
     hold = ("import sys, time; from sparse_rl_megatron.trainer.runtime.run_dir import RunDirLock; "
             "RunDirLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(120)")

@@ -151,3 +151,26 @@ def test_the_task_sets_its_warm_start_length_and_options_override_it(init_dir, t
     assert task.warm_start(init_dir, tmp_path / "b", steps=2, **opts)["sft/steps"] == 2
     with pytest.raises(ValueError, match="warm_start_steps must be >= 1"):
         replace(TINY, warm_start_steps=0)
+
+
+def test_a_stop_request_ends_the_warm_start_at_the_next_step_and_writes_nothing(init_dir, tmp_path):
+    """``should_stop`` is asked before every step (the trainer passes its stop request): the first reason ends the
+    warm start with ``StoppedEarly`` (exit status 0 in the CLI), naming the reason and the step, and ``out_dir``
+    gets nothing; without a reason it trains to the end."""
+    from sparse_rl_megatron.utils.errors import StoppedEarly
+
+    task = ModChainTask(TINY)
+    asked = []
+
+    def stop_after_3():
+        asked.append(len(asked))
+        return "SIGTERM" if len(asked) > 3 else None
+
+    opts = dict(steps=50, lr=1e-2, batch_size=8, log_every=0, eval_problems=0)
+    with pytest.raises(StoppedEarly, match=r"^stopped by SIGTERM during the supervised warm start, before step 4 of "
+                                           r"50; nothing of it was kept: a re-run builds it again$") as stopped:
+        task.warm_start(init_dir, tmp_path / "stopped", should_stop=stop_after_3, **opts)
+    assert stopped.value.exit_code == 0 and len(asked) == 4
+    assert not (tmp_path / "stopped").exists()
+    m = task.warm_start(init_dir, tmp_path / "whole", should_stop=lambda: None, **{**opts, "steps": 3})
+    assert m["sft/steps"] == 3 and (tmp_path / "whole" / "config.json").is_file()

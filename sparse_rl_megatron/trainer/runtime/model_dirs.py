@@ -53,8 +53,10 @@ def build_once(out: Path, build: Callable[[Path], Any]) -> bool:
     return True
 
 
-def prepare_model(cfg, task, run_dir: Path) -> ModelDirs:
-    """Rank 0: resolve ``cfg.model_path`` to model directories, building what is missing."""
+def prepare_model(cfg, task, run_dir: Path, should_stop: Callable[[], str | None] | None = None) -> ModelDirs:
+    """Rank 0: resolve ``cfg.model_path`` to model directories, building what is missing. ``should_stop``: the run's
+    stop request, asked during a task's warm start (minutes), which then ends with ``StoppedEarly`` and keeps nothing
+    of the interrupted attempt (a re-run builds it again; the model it starts from is kept)."""
     root = run_dir / MODEL_DIR
     init = root / "init"
     if cfg.model_path in TINY_MODELS:
@@ -72,9 +74,9 @@ def prepare_model(cfg, task, run_dir: Path) -> ModelDirs:
         if warm.is_dir():
             notes.append(f"reusing the warm-started model in {warm}{_recorded_verdict(cfg, root)}")
         elif checked:
-            notes += checked_warm_start(cfg, task, init, warm)
+            notes += checked_warm_start(cfg, task, init, warm, should_stop)
         else:
-            build_once(warm, lambda d: _warm_start(cfg, task, init, d))
+            build_once(warm, lambda d: _warm_start(cfg, task, init, d, should_stop))
             notes.append(f"warm-started it into {warm}: {(warm / WARM_METRICS).read_text().strip()}")
         return ModelDirs(str(warm), str(warm), notes)
     if (Path(cfg.model_path) / MEGATRON_META_FILE).is_file():
@@ -82,10 +84,10 @@ def prepare_model(cfg, task, run_dir: Path) -> ModelDirs:
     return ModelDirs(cfg.model_path, cfg.model_path)
 
 
-def _warm_start(cfg, task, init: Path, out: Path) -> None:
+def _warm_start(cfg, task, init: Path, out: Path, should_stop: Callable[[], str | None] | None = None) -> None:
     """The task's warm start of ``init`` into ``out`` (created) with the run's seed, unchecked; its metrics go to
     ``out/warm_start.json``."""
-    metrics = task.warm_start(init, out, seed=cfg.seed, **dict(cfg.warm_start))
+    metrics = task.warm_start(init, out, seed=cfg.seed, should_stop=should_stop, **dict(cfg.warm_start))
     (out / WARM_METRICS).write_text(json.dumps(metrics, indent=2) + "\n")
 
 
@@ -113,7 +115,8 @@ def _read_record(root: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def checked_warm_start(cfg, task, init: Path, warm: Path) -> list[str]:
+def checked_warm_start(cfg, task, init: Path, warm: Path,
+                       should_stop: Callable[[], str | None] | None = None) -> list[str]:
     """Warm-start ``init`` into ``warm`` and check it against the task's expectations (``tasks/warm_check.py``: dense,
     and with the compressed cache the run samples with, ``rollout.compression``); on a miss, again with the next seed
     (``WarmCheckConfig.seed``), up to ``cfg.warm_check.attempts`` in all. Every attempt's verdict goes to
@@ -133,7 +136,7 @@ def checked_warm_start(cfg, task, init: Path, warm: Path) -> list[str]:
         seed = cfg.warm_check.seed(cfg.seed, attempt)
         partial = warm.with_name(warm.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
-        metrics = {**task.warm_start(init, partial, seed=seed, **options)}
+        metrics = {**task.warm_start(init, partial, seed=seed, should_stop=should_stop, **options)}
         check = check_warm_start(task, partial, expected, metrics["sft/loss_last"], seed=HELDOUT_SEED,
                                  compression=cfg.rollout.compression, temperature=cfg.rollout.sampling.temperature)
         metrics.update({"sft/heldout_acc": check.measured["heldout_accuracy"], "sft/seed": float(seed),
