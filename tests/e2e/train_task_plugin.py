@@ -36,7 +36,7 @@ class TinySums(Task):
 
         return save_tiny_hf_checkpoint(out_dir, seed=seed, init_std=0.2)
 
-    def warm_start(self, model_dir, out_dir, *, seed=0, **options):
+    def warm_start(self, model_dir, out_dir, *, seed=0, should_stop=None, **options):
         shutil.copytree(model_dir, out_dir, dirs_exist_ok=True)
         (Path(out_dir) / "warm_options.json").write_text(json.dumps(options))
         return {"warm/copied": 1.0, "warm/options": float(len(options))}

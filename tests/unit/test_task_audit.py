@@ -76,7 +76,7 @@ class _Planted(Task):
     def build_model(self, out_dir, *, seed=0):
         raise NotImplementedError
 
-    def warm_start(self, model_dir, out_dir, *, seed=0, **options):
+    def warm_start(self, model_dir, out_dir, *, seed=0, should_stop=None, **options):
         raise NotImplementedError
 
 

@@ -144,10 +144,11 @@ class LotteryTask(ModChainTask):
         self.warm_expectations = LOOSE
         self.miss_seeds, self.seeds = miss_seeds, []
 
-    def warm_start(self, model_dir, out_dir, *, seed=0, **options):
+    def warm_start(self, model_dir, out_dir, *, seed=0, should_stop=None, **options):
         self.seeds.append(seed)
-        return super().warm_start(model_dir, out_dir, seed=seed, **{**options, **QUICK,
-                                                                     "steps": 1 if seed in self.miss_seeds else 40})
+        steps = 1 if seed in self.miss_seeds else 40
+        return super().warm_start(model_dir, out_dir, seed=seed, should_stop=should_stop,
+                                  **{**options, **QUICK, "steps": steps})
 
 
 def _prepare(tmp_path, task, **warm_check):

@@ -142,7 +142,7 @@ class CountingTask:
         (Path(out_dir) / "config.json").write_text("{}")
         return Path(out_dir)
 
-    def warm_start(self, model_dir, out_dir, *, seed=0, **options):
+    def warm_start(self, model_dir, out_dir, *, seed=0, should_stop=None, **options):
         self.calls.append(("warm", Path(model_dir).name, Path(out_dir).name, seed, options))
         Path(out_dir).mkdir()
         (Path(out_dir) / "config.json").write_text("{}")
