@@ -22,6 +22,8 @@ A config refers to a task as ``task:<name>``; ``get_task`` resolves it (unknown 
   cache must keep the right response tokens). The weaker teacher as above.
 - ``lagchain31_var_weak``: the same with 2 to 6 registers, drawn per problem and told by the prompt (tag ``l<L>``),
   so the read lies 3 to 11 positions back and the share of problems whose reads a budget keeps grows with it.
+- ``lagchain31_var_regs_weak``: the same with each state written as its register's letter and its value word
+  (``LagChainSpec.register_tokens``) and a word box; measured, not learned by its warm start (docs/experiments.md).
 """
 from __future__ import annotations
 
@@ -87,7 +89,8 @@ TASKS.add("lagchain31_var_weak", LagChainTask(LagChainSpec(
 TASKS.add("lagchain31_var_regs_weak", LagChainTask(LagChainSpec(
     # lagchain31_var_weak with each state written as two words, its register's letter and its value (`w eight`): the
     # read is the value word after the register's last letter (an induction over 31 shared value words, not 6 x 31
-    # state tokens), 3L - 1 = 5..14 positions back; the answer boxes the last value word (a copy, as the default's)
+    # state tokens), 3L - 1 = 5..17 positions back; the answer boxes the last value word (a copy, as the default's);
+    # its warm start did not learn it (3000 steps: taught 0.66; docs/experiments.md, "Third design tried")
     lags=(2, 3, 4, 5, 6), register_tokens=True, answer_format="word", warm_start_steps=1000,
     warm_start={"batch_size": 32, "key_dropout_keep_recent": 3, "key_dropout_answer_anchor": True},
     warm_check=WarmStartExpectations(max_loss=0.02, min_taught_accuracy=0.9, min_taught_full_chains=0.9,
