@@ -96,7 +96,7 @@ def test_the_warm_start_spares_each_examples_read(task, tmp_path, monkeypatch):
     task.tokenizer().save_pretrained(tmp_path / "model")
     seen = {}
 
-    def fake(model_dir, out_dir, examples, config, *, seed, answer_starts, example_keep_offsets):
+    def fake(model_dir, out_dir, examples, config, *, seed, answer_starts, example_keep_offsets, should_stop):
         seen.update(examples=examples, config=config, offsets=example_keep_offsets)
         return {}
 

@@ -307,7 +307,7 @@ def test_adaptive_budget_section_is_typed_and_checked():
          r"^rollout: compression.budget \(16\) is the adaptive budget's start and must be within "
          r"\[adaptive_budget.min_budget, max_budget\] = \[4, 12\]"),
         ({"signal": "p1"}, {}, "hf", r"^rollout.adaptive_budget: AdaptiveBudgetConfig.signal: unknown adaptive budget "
-                                     r"signal 'p1'; valid names: contaminated_frac, rho_p1, veto_frac"),
+                                     r"signal 'p1'; valid names: contaminated_frac, kl_k3, rho_p1, token_below_frac, veto_frac"),
         ({"gain": -1.0}, {}, "hf", r"^rollout.adaptive_budget: AdaptiveBudgetConfig.gain must be > 0"),
         ({"tartget": 0.1}, {}, "hf", r"^rollout.adaptive_budget: unknown key\(s\) tartget; valid keys: deadband"),
     ]
