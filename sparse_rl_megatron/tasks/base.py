@@ -12,11 +12,14 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from sparse_rl_megatron.data.loader import Dataset
 from sparse_rl_megatron.data.record import MathRecord
 from sparse_rl_megatron.tasks.warm_check import WarmStartExpectations
+
+if TYPE_CHECKING:
+    from sparse_rl_megatron.tasks.sft import StopCheck
 
 SPLITS = ("train", "heldout")
 HELDOUT_SEED = 0
@@ -54,7 +57,7 @@ class Task(ABC):
 
     @abstractmethod
     def warm_start(self, model_dir: str | os.PathLike, out_dir: str | os.PathLike, *, seed: int = 0,
-                   should_stop: Callable[[], str | None] | None = None, **options: Any) -> dict[str, float]:
+                   should_stop: StopCheck | None = None, **options: Any) -> dict[str, float]:
         """Supervised training of ``model_dir`` on worked solutions of train problems; writes the trained HF
         model directory to ``out_dir`` and returns its metrics (loss, steps, seconds, held-out accuracy).
         ``should_stop``: asked before every step (a run's stop request); a reason ends it with ``StoppedEarly``."""

@@ -39,7 +39,7 @@ import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from sparse_rl_megatron.data.loader import Dataset
 from sparse_rl_megatron.data.record import MathRecord
@@ -53,7 +53,7 @@ from sparse_rl_megatron.tasks.modchain_problems import (
     number_word, parse_prompt, step_word,
 )
 from sparse_rl_megatron.tasks.modchain_teacher import OTHER
-from sparse_rl_megatron.tasks.sft import SFTConfig, check_output_free, supervised_finetune
+from sparse_rl_megatron.tasks.sft import SFTConfig, StopCheck, check_output_free, supervised_finetune
 from sparse_rl_megatron.tasks.warm_check import WarmStartExpectations
 from sparse_rl_megatron.tasks.word_tokenizer import build_word_tokenizer
 from sparse_rl_megatron.utils.config_io import from_dict
@@ -270,9 +270,9 @@ class LagChainTask(Task):
     # -------------------------------------------------------------------------------------------- model
     def tokenizer(self):
         spec = self.spec
-        letters = (*INITIAL_LETTERS[:spec.lag], *INCREMENT_LETTERS, *DISTRACTOR_LETTERS, *REGISTER_LETTERS[:spec.lag])
-        if spec.register_tokens:  # prompt tags stay one token; a state is a register letter and a value word
-            letters = letters[:-spec.lag]
+        # one-token states are letter + value like the prompt's tags; with register_tokens a letter and a value word
+        states = () if spec.register_tokens else REGISTER_LETTERS[:spec.lag]
+        letters = (*INITIAL_LETTERS[:spec.lag], *INCREMENT_LETTERS, *DISTRACTOR_LETTERS, *states)
         words = [PROMPT_START, PROMPT_END, *(letter + number_word(v) for letter in letters for v in range(spec.modulus)),
                  *(step_word(k) for k in range(spec.steps + 1)), *(LAG_LETTER + number_word(lag) for lag in spec.lags)]
         if spec.register_tokens:
@@ -295,14 +295,14 @@ class LagChainTask(Task):
         own); with ``register_tokens`` also the register letter before the value read (3L), the key an induction
         matches."""
         regs = self.spec.register_tokens
-        return [(read_offset(lag, regs), read_offset(lag, regs) + 1) if regs else (read_offset(lag),)
-                for lag in (len(r.extra["initial"]) for r in self.records("train", seed=seed))]
+        reads = (read_offset(len(r.extra["initial"]), regs) for r in self.records("train", seed=seed))
+        return [(read, read + 1) if regs else (read,) for read in reads]
 
     def warm_start(self, model_dir: str | os.PathLike, out_dir: str | os.PathLike, *, seed: int = 0,
-                   should_stop: Callable[[], str | None] | None = None, **options: Any) -> dict[str, float]:
+                   should_stop: StopCheck | None = None, **options: Any) -> dict[str, float]:
         """Supervised stage on the teacher's demonstrations (``SFTConfig`` fields as options over ``WARM_START``
-        with the spec's steps and changes); each example's read, 2L - 1 positions back for its own L
-        (``sft_read_offsets``), is never dropped."""
+        with the spec's steps and changes); each example's read, for its own L (``sft_read_offsets``: 2L - 1 positions
+        back, 3L - 1 with ``register_tokens``), is never dropped."""
         from transformers import AutoTokenizer
 
         options.pop("eval_problems", None)  # the trainer's check scores the warm start

@@ -18,7 +18,7 @@ import random
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import torch
 
@@ -30,7 +30,7 @@ from sparse_rl_megatron.tasks.modchain_problems import (
     parse_prompt, split_keys, vocabulary,
 )
 from sparse_rl_megatron.tasks.modchain_teacher import EarlyStopTeacher
-from sparse_rl_megatron.tasks.sft import SFTConfig, check_output_free, save_model_dir, supervised_finetune
+from sparse_rl_megatron.tasks.sft import SFTConfig, StopCheck, check_output_free, save_model_dir, supervised_finetune
 from sparse_rl_megatron.tasks.warm_check import WarmStartExpectations
 from sparse_rl_megatron.tasks.word_tokenizer import build_word_tokenizer
 from sparse_rl_megatron.models.tiny import tiny_config
@@ -59,7 +59,6 @@ class ModChainModel:
     """KV heads (GQA groups)."""
     intermediate_size: int = 512
     """FFN width."""
-
 
 
 def save_word_model(tokenizer, model: ModChainModel, sequence_tokens: int, out_dir: str | os.PathLike,
@@ -101,6 +100,7 @@ def boxed_answer_starts(tokenizer, examples: list[tuple[list[int], list[int]]]) 
     an answer (a weaker teacher's early stop): its response length."""
     box = tokenizer(" " + answer_text(0), add_special_tokens=False)["input_ids"][0]
     return [max((i for i, t in enumerate(response) if t == box), default=len(response)) for _, response in examples]
+
 
 @dataclass(frozen=True)
 class ModChainSpec:
@@ -252,7 +252,7 @@ class ModChainTask(Task):
         return boxed_answer_starts(tokenizer, examples)
 
     def warm_start(self, model_dir: str | os.PathLike, out_dir: str | os.PathLike, *, seed: int = 0,
-                   should_stop: Callable[[], str | None] | None = None, **options: Any) -> dict[str, float]:
+                   should_stop: StopCheck | None = None, **options: Any) -> dict[str, float]:
         """Supervised stage on the training problems' worked solutions: ``SFTConfig`` fields as options (defaults
         ``WARM_START`` with the spec's ``warm_start_steps`` and ``warm_start``), plus ``eval_problems``: held-out problems scored greedily at the end (0 = skip). Works
         from any checkpoint of this task, so it also serves as the equal-time supervised control."""

@@ -22,6 +22,9 @@ import torch
 
 from sparse_rl_megatron.utils.errors import StoppedEarly
 
+StopCheck = Callable[[], "str | None"]
+"""Asked before every supervised step: why to stop now (a run's stop request: a signal's name, the ``STOP`` file), or
+None to go on."""
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
 
@@ -184,7 +187,7 @@ def supervised_finetune(
     log: Callable[[str], None] | None = print,
     answer_starts: Sequence[int] | None = None,
     example_keep_offsets: Sequence[Sequence[int]] | None = None,
-    should_stop: Callable[[], str | None] | None = None,
+    should_stop: StopCheck | None = None,
 ) -> dict[str, float]:
     """Train the HF model of ``model_dir`` on ``examples`` (``(prompt_ids, response_ids)``, EOS included in the
     response) and write it, with ``model_dir``'s tokenizer, to ``out_dir``. ``answer_starts[i]``: where example i's

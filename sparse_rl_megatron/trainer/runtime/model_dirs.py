@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from sparse_rl_megatron.tasks import HELDOUT_SEED, is_task_ref
+from sparse_rl_megatron.tasks.sft import StopCheck
 from sparse_rl_megatron.tasks.warm_check import check_warm_start
 from sparse_rl_megatron.trainer.config import TINY_MODELS
 from sparse_rl_megatron.trainer.runtime import distributed as D
@@ -53,7 +54,7 @@ def build_once(out: Path, build: Callable[[Path], Any]) -> bool:
     return True
 
 
-def prepare_model(cfg, task, run_dir: Path, should_stop: Callable[[], str | None] | None = None) -> ModelDirs:
+def prepare_model(cfg, task, run_dir: Path, should_stop: StopCheck | None = None) -> ModelDirs:
     """Rank 0: resolve ``cfg.model_path`` to model directories, building what is missing. ``should_stop``: the run's
     stop request, asked during a task's warm start (minutes), which then ends with ``StoppedEarly`` and keeps nothing
     of the interrupted attempt (a re-run builds it again; the model it starts from is kept)."""
@@ -84,7 +85,7 @@ def prepare_model(cfg, task, run_dir: Path, should_stop: Callable[[], str | None
     return ModelDirs(cfg.model_path, cfg.model_path)
 
 
-def _warm_start(cfg, task, init: Path, out: Path, should_stop: Callable[[], str | None] | None = None) -> None:
+def _warm_start(cfg, task, init: Path, out: Path, should_stop: StopCheck | None = None) -> None:
     """The task's warm start of ``init`` into ``out`` (created) with the run's seed, unchecked; its metrics go to
     ``out/warm_start.json``."""
     metrics = task.warm_start(init, out, seed=cfg.seed, should_stop=should_stop, **dict(cfg.warm_start))
@@ -115,8 +116,7 @@ def _read_record(root: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def checked_warm_start(cfg, task, init: Path, warm: Path,
-                       should_stop: Callable[[], str | None] | None = None) -> list[str]:
+def checked_warm_start(cfg, task, init: Path, warm: Path, should_stop: StopCheck | None = None) -> list[str]:
     """Warm-start ``init`` into ``warm`` and check it against the task's expectations (``tasks/warm_check.py``: dense,
     and with the compressed cache the run samples with, ``rollout.compression``); on a miss, again with the next seed
     (``WarmCheckConfig.seed``), up to ``cfg.warm_check.attempts`` in all. Every attempt's verdict goes to
