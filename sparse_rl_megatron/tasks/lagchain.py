@@ -105,6 +105,11 @@ class LagChainSpec:
     """Write a state as two tokens, its register's letter and its value's word (``w eight``), so that a step finds its
     register's last value as the word after the register's last letter (an induction: the value words are the 31
     of ``modchain``, shared by the registers); False: one token per state (``wEight``, 6 x 31 state tokens)."""
+    register_letters: str = REGISTER_LETTERS
+    """The letters registers 0 .. L-1 are written with: ``REGISTER_LETTERS`` (their own), or ``INITIAL_LETTERS``, the
+    tags of the initial values, so that register i's states are the same tokens as x_i's prompt tag (``dSeven``):
+    restating x_i copies its tag, and a read finds its register's last value among tokens it shares with the
+    prompt."""
     answer_format: str = "digits"
     """How the answer x_N is boxed (``modchain_problems.ANSWER_FORMATS``): ``digits`` ``\\boxed{12}`` or ``word``
     ``\\boxed{ twelve }`` (needs ``register_tokens``: a copy of the value word just written)."""
@@ -127,6 +132,9 @@ class LagChainSpec:
             raise ValueError(f"LagChainSpec.heldout_size must be in [1, problems), got {self.heldout_size}")
         if any(not 0 < i < self.modulus for i in self.increments):
             raise ValueError(f"LagChainSpec.increments must be in [1, modulus), got {self.increments}")
+        if self.register_letters not in (REGISTER_LETTERS, INITIAL_LETTERS):
+            raise ValueError(f"LagChainSpec.register_letters must be '{REGISTER_LETTERS}' (the registers' own) or "
+                             f"'{INITIAL_LETTERS}' (the initial values' tags), got '{self.register_letters}'")
         check_answer_format(self.answer_format, "LagChainSpec.answer_format")
         if self.answer_format == "word" and not self.register_tokens:
             raise ValueError("LagChainSpec.answer_format 'word' needs register_tokens=True (the box copies a value "
@@ -158,17 +166,18 @@ def states(key: Key, spec: LagChainSpec) -> list[int]:
     return xs
 
 
-def state_word(k: int, value: int, lag: int, register_tokens: bool = False) -> str:
-    """State k as written: its register's letter and the value, one token (``vSeven``) or, with ``register_tokens``,
-    two words (``v seven``)."""
-    letter = REGISTER_LETTERS[k % lag]
+def state_word(k: int, value: int, lag: int, register_tokens: bool = False, letters: str = REGISTER_LETTERS) -> str:
+    """State k as written: its register's letter (``letters[k mod L]``) and the value, one token (``vSeven``) or,
+    with ``register_tokens``, two words (``v seven``)."""
+    letter = letters[k % lag]
     return f"{letter} {digit_word(value)}" if register_tokens else letter + number_word(value)
 
 
-def chain(xs: list[int], lag: int, last: int, register_tokens: bool = False) -> list[str]:
+def chain(xs: list[int], lag: int, last: int, register_tokens: bool = False,
+          letters: str = REGISTER_LETTERS) -> list[str]:
     """The words of ``sZero <x_0> ... s<last> <x_last>`` (a state one word or two: ``state_word``)."""
     return [w for k in range(last + 1)
-            for w in (step_word(k), *state_word(k, xs[k], lag, register_tokens).split())]
+            for w in (step_word(k), *state_word(k, xs[k], lag, register_tokens, letters).split())]
 
 
 def in_class(xs: list[int], spec: LagChainSpec) -> bool:
@@ -233,20 +242,20 @@ class LagChainTask(Task):
             rng.shuffle(rows)
         teacher = random.Random(f"{self.name}/teacher/{split}/{seed}")
         out = []
-        regs = spec.register_tokens
+        regs, letters = spec.register_tokens, spec.register_letters
         for v, key in rows[:limit]:
             prompt, tags = self._prompt(key, rng)
             xs, lag = states(key, spec), lag_of(key)
             answer = answer_value(xs[spec.steps], spec.answer_format)
-            solution = " ".join(chain(xs, lag, spec.steps, regs) + [answer_text(xs[spec.steps], spec.answer_format)])
+            solution = " ".join(chain(xs, lag, spec.steps, regs, letters) + [answer_text(xs[spec.steps], spec.answer_format)])
             weak = in_class(xs, spec)
             stop = teacher.random() < spec.stop_prob  # drawn for every record: draws do not depend on the order
-            shown = " ".join(chain(xs, lag, spec.stop_step, regs)) if weak and stop else solution  # no answer
+            shown = " ".join(chain(xs, lag, spec.stop_step, regs, letters)) if weak and stop else solution  # no answer
             out.append(MathRecord(
                 prompt=prompt, answer=answer, dataset=self.name, answer_style="boxed",
                 source_id=f"{split}-{'_'.join(map(str, key[0]))}_{key[1]}_{key[2]}-v{v}",
                 extra={"solution": solution, "demonstration": shown, "initial": list(key[0]), "a": key[1], "b": key[2],
-                       SUBSET_KEY: CLASS if weak else OTHER, CHAIN_KEY: " ".join(chain(xs, lag, spec.steps, regs)),
+                       SUBSET_KEY: CLASS if weak else OTHER, CHAIN_KEY: " ".join(chain(xs, lag, spec.steps, regs, letters)),
                        SHORTCUT_FREE_KEY: all(value != xs[spec.steps] for _, value in tags)}))
         return Dataset(name=self.name, path=f"task:{self.name}/{split}", records=out)
 
@@ -271,12 +280,13 @@ class LagChainTask(Task):
     def tokenizer(self):
         spec = self.spec
         # one-token states are letter + value like the prompt's tags; with register_tokens a letter and a value word
-        states = () if spec.register_tokens else REGISTER_LETTERS[:spec.lag]
+        own = spec.register_letters != INITIAL_LETTERS  # else the states are the initial tags' tokens
+        states = spec.register_letters[:spec.lag] if own and not spec.register_tokens else ()
         letters = (*INITIAL_LETTERS[:spec.lag], *INCREMENT_LETTERS, *DISTRACTOR_LETTERS, *states)
         words = [PROMPT_START, PROMPT_END, *(letter + number_word(v) for letter in letters for v in range(spec.modulus)),
                  *(step_word(k) for k in range(spec.steps + 1)), *(LAG_LETTER + number_word(lag) for lag in spec.lags)]
         if spec.register_tokens:
-            words += [*REGISTER_LETTERS[:spec.lag], *(digit_word(v) for v in range(spec.modulus))]
+            words += [*spec.register_letters[:spec.lag], *(digit_word(v) for v in range(spec.modulus))]
         return build_word_tokenizer(words, [" " + answer_text(d, spec.answer_format) for d in range(spec.modulus)])
 
     def build_model(self, out_dir: str | os.PathLike, *, seed: int = 0) -> Path:
