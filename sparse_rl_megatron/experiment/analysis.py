@@ -1,8 +1,9 @@
 """The pre-registered analyses (docs/experiments.md): endpoints, collapse, the primary tests with Holm, the
 manipulation check, and the secondary comparisons (``analysis_report.write_analysis`` writes them as
 ``analysis.json`` / ``analysis.md``). ``DESIGNS`` holds each registration's tests by name
-(``experiment.analysis``): ``issue20`` and ``issue27`` (endpoint on the shortcut-free records, the tracking tests
-of the fixed budgets as a fixed sequence, and the adaptive arm's footprint rule, ``footprint_rule``).
+(``experiment.analysis``): ``issue20``, ``issue27`` (endpoint on the shortcut-free records, the tracking tests
+of the fixed budgets as a fixed sequence, and the adaptive arm's footprint rule, ``footprint_rule``) and ``issue39``
+(the tracking tests in the Holm family, naive at two budgets).
 
 Endpoint of a run in a mode: the mean of its last ``ENDPOINT_EVALS`` evaluations of greedy held-out accuracy
 (points). A paired difference takes, per seed, one arm's endpoint minus another's (the arms of a seed share
@@ -15,7 +16,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from sparse_rl_megatron.experiment.figure import CLAIM_PANELS, CLAIM_PANELS_27, SMOOTHED_27
+from sparse_rl_megatron.experiment.figure import (
+    CLAIM_PANELS, CLAIM_PANELS_27, CLAIM_PANELS_39, SMOOTHED_27, SMOOTHED_39,
+)
 from sparse_rl_megatron.experiment.stats import holm, paired_summary
 from sparse_rl_megatron.utils.registry import Registry
 
@@ -92,6 +95,25 @@ TESTS_27 = (
 )
 
 
+TESTS_39 = (
+    Test("C1", "naive at the low budget degrades GRPO", "dense", "naive_low", metric="_shortcut_free"),
+    Test("C1m", "naive at the mid budget degrades GRPO", "dense", "naive_mid", metric="_shortcut_free"),
+    Test("C2", "the correction helps at the low budget (Sparse-RL beats naive)", "sparse_rl_low", "naive_low",
+         metric="_shortcut_free"),
+    Test("T_low", "Sparse-RL at the low budget tracks dense (within 5 points)", "sparse_rl_low", "dense",
+         margin=-5.0, metric="_shortcut_free"),
+    Test("T_mid", "Sparse-RL at the mid budget tracks dense (within 5 points)", "sparse_rl_mid", "dense",
+         margin=-5.0, metric="_shortcut_free"),
+    Test("C3", "Sparse-RL (mid budget) is more robust under sparse inference (mid-budget cache)", "sparse_rl_mid",
+         "dense", mode="sparse", metric="_shortcut_free"),
+    Test("A", "the adaptive budget tracks dense (within 5 points)", "sparse_rl_adaptive", "dense", margin=-5.0,
+         metric="_shortcut_free"),
+    Test("check", "dense RL learns (manipulation check)", "dense", "start", primary=False, metric="_shortcut_free"),
+)
+"""Issue 39's registered tests (docs/experiments.md, "Issue 39: pre-registration"): the paper's comparison, naive
+rollouts degrade GRPO at a budget where Sparse-RL tracks dense, is C1 with T_low or C1m with T_mid."""
+
+
 @dataclass(frozen=True)
 class Footprint:
     """The adaptive arm's claim (issue 27): its tracking test ``test`` supported AND its mean KV tokens per
@@ -132,6 +154,10 @@ DESIGNS.add("issue27", Design(TESTS_27, ("C1", "C2b", "G", "A", "T_high", "T_mid
                                         ("T_low", "T_mid", "T_high")),
                               holm_note="Holm over C1, C2b, C3, G, A; T_high -> T_mid -> T_low a fixed sequence",
                               panels=CLAIM_PANELS_27, smoothed=SMOOTHED_27, mark_adaptive_target=True))
+DESIGNS.add("issue39", Design(TESTS_39, ("C1", "C1m", "C2", "T_low", "T_mid", "A"),
+                              Footprint("A", "sparse_rl_adaptive", ("sparse_rl_low", "sparse_rl_mid"), ("T_low", "T_mid")),
+                              holm_note="Holm over C1, C1m, C2, T_low, T_mid, C3, A",
+                              panels=CLAIM_PANELS_39, smoothed=SMOOTHED_39, mark_adaptive_target=True))
 
 
 def evals(records: list[dict], key: str) -> list[tuple[int, float]]:

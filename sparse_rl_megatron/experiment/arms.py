@@ -3,8 +3,10 @@
 The claims they test (Sparse-RL, Luo et al. 2026): naive compressed-KV rollouts degrade GRPO (``naive`` vs
 ``dense``, and ``naive_harsh`` at a smaller budget as a dose arm); rejection + reweighting restores it
 (``sparse_rl``, ``sparse_rl_snapkv``); RL beats the obvious alternative, more supervised training (``sft``).
-Issue 27's arms run at budget levels chosen by the contamination rule (``naive_low``, ``sparse_rl_{low,mid,high}``)
-or with the adaptive budget (``sparse_rl_adaptive``).
+Issue 27's arms run at budget levels chosen by the contamination rule (``naive_{low,mid,high}``,
+``sparse_rl_{low,mid,high}``) or with the adaptive budget (``sparse_rl_adaptive``). The compressed arms sample with
+the base recipe's compressor (``train.rollout.compression``: R-KV in the issue-20 and issue-27 recipes, StreamingLLM
+in issue 39's), ``sparse_rl_snapkv`` with SnapKV.
 """
 from __future__ import annotations
 
@@ -31,29 +33,33 @@ class Arm:
     level: str | None = None
     """Runs at the budget of this level of ``experiment.level_budgets`` (issue 27: ``low``, ``mid``, ``high``;
     with the adaptive budget: its start)."""
+    recipe_compressor: bool = False
+    """Samples with the base recipe's compressor (which must compress: ``ExperimentConfig`` refuses ``none``)."""
 
 
-_RKV_NAIVE = {"rollout": {"compression": {"method": "rkv"}}, "correction": {"mode": "none"}}
-_RKV_SPARSE_RL = {"rollout": {"compression": {"method": "rkv"}}, "correction": {"mode": "sparse_rl"}}
-"""The overrides shared by the R-KV arms (budgets come from the recipe, the dose budget or a level)."""
+_NAIVE = {"correction": {"mode": "none"}}
+_SPARSE_RL = {"correction": {"mode": "sparse_rl"}}
+"""The overrides shared by the compressed arms (the recipe's compressor; budgets from the recipe, the dose budget or
+a level)."""
 
 ARMS: Registry[Arm] = Registry("experiment arm")
 ARMS.add("dense", Arm("GRPO, dense rollouts", {"rollout": {"compression": {"method": "none"}},
                                                "correction": {"mode": "none"}}))
-ARMS.add("naive", Arm("GRPO, R-KV rollouts, no correction", _RKV_NAIVE, sweeps=True))
-ARMS.add("sparse_rl", Arm("Sparse-RL, R-KV rollouts", _RKV_SPARSE_RL, sweeps=True))
+ARMS.add("naive", Arm("GRPO, compressed rollouts, no correction", _NAIVE, sweeps=True, recipe_compressor=True))
+ARMS.add("sparse_rl", Arm("Sparse-RL, compressed rollouts", _SPARSE_RL, sweeps=True, recipe_compressor=True))
 ARMS.add("sparse_rl_snapkv", Arm("Sparse-RL, SnapKV rollouts", {"rollout": {"compression": {"method": "snapkv"}},
                                                                 "correction": {"mode": "sparse_rl"}}))
-ARMS.add("naive_harsh", Arm("GRPO, R-KV rollouts at the harsher dose budget B_h, no correction", _RKV_NAIVE,
-                            harsh=True))
-ARMS.add("naive_low", Arm("GRPO, R-KV rollouts at the low budget level, no correction", _RKV_NAIVE, level="low"))
+ARMS.add("naive_harsh", Arm("GRPO, compressed rollouts at the harsher dose budget B_h, no correction", _NAIVE,
+                            harsh=True, recipe_compressor=True))
 for _level in ("low", "mid", "high"):
-    ARMS.add(f"sparse_rl_{_level}", Arm(f"Sparse-RL, R-KV rollouts at the {_level} budget level", _RKV_SPARSE_RL,
-                                        level=_level))
+    ARMS.add(f"naive_{_level}", Arm(f"GRPO, compressed rollouts at the {_level} budget level, no correction", _NAIVE,
+                                    level=_level, recipe_compressor=True))
+    ARMS.add(f"sparse_rl_{_level}", Arm(f"Sparse-RL, compressed rollouts at the {_level} budget level", _SPARSE_RL,
+                                        level=_level, recipe_compressor=True))
 ARMS.add("sparse_rl_adaptive", Arm(
-    "Sparse-RL, R-KV rollouts, adaptive budget (rollout.adaptive_budget) starting at the mid budget level",
-    {"rollout": {"compression": {"method": "rkv"}, "adaptive_budget": {"enabled": True}},
-     "correction": {"mode": "sparse_rl"}}, level="mid"))
+    "Sparse-RL, compressed rollouts, adaptive budget (rollout.adaptive_budget) starting at the mid budget level",
+    {"rollout": {"adaptive_budget": {"enabled": True}}, "correction": {"mode": "sparse_rl"}}, level="mid",
+    recipe_compressor=True))
 ARMS.add("sft", Arm("supervised, equal CPU time (or experiment.control.steps)", supervised=True))
 
 

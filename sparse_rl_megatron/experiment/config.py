@@ -185,3 +185,8 @@ class ExperimentConfig:
         if not is_task_ref(self.train.model_path):
             raise ValueError(f"train.model_path must be task:<name> (the arms share its warm start), got "
                              f"'{self.train.model_path}'")
+        compressed = [a for a in self.experiment.arms if ARMS.get(a).recipe_compressor]
+        if compressed and self.train.rollout.compression.is_dense:
+            raise ValueError(f"train.rollout.compression.method must name a compressor for the compressed arm(s) "
+                             f"{', '.join(compressed)}, which sample with the recipe's; got "
+                             f"'{self.train.rollout.compression.method}'")

@@ -43,6 +43,18 @@ CLAIM_PANELS_27 = {
 """Panels of the issue-27 figure (``figure_claims.png``): accuracy, budget and contamination over the steps."""
 SMOOTHED_27 = frozenset({"KV budget sampled with", "contaminated sequences (any rho < 0.5)", "train reward"})
 """Per-step panels of the issue-27 figure drawn as trailing means (``SMOOTH_STEPS``)."""
+CLAIM_PANELS_39 = {
+    "shortcut-free accuracy, dense inference": "eval/dense/shortcut_free_accuracy",
+    "shortcut-free accuracy, sparse inference": "eval/sparse/shortcut_free_accuracy",
+    "KV budget sampled with": "rollout/budget_sampled_mean",
+    "tokens with rho < 0.5": "sparse/token_below_frac",
+    "contaminated sequences (any rho < 0.5)": "sparse/contaminated_frac",
+    "KV tokens held per sequence (peak)": "rollout/kv_tokens_peak_mean",
+    "train reward": "rollout/reward_mean",
+    "grad norm (log scale)": "train/grad_norm",
+}
+"""Panels of the issue-39 figure: issue 27's, the adaptive arm's signal (the token share) and the grad norm."""
+SMOOTHED_39 = SMOOTHED_27 | {"tokens with rho < 0.5"}
 
 
 SMOOTH_STEPS = 10

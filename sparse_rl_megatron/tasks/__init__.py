@@ -22,6 +22,9 @@ A config refers to a task as ``task:<name>``; ``get_task`` resolves it (unknown 
   cache must keep the right response tokens). The weaker teacher as above.
 - ``lagchain31_var_weak``: the same with 2 to 6 registers, drawn per problem and told by the prompt (tag ``l<L>``),
   so the read lies 3 to 11 positions back and the share of problems whose reads a budget keeps grows with it.
+- ``lagchain31_var_tags_weak``: the same problems with register i's states written with x_i's prompt tag letter
+  (``LagChainSpec.register_letters``: restating x_i copies its tag; its own split), which the warm start learns where
+  the own-letter design's did not (docs/experiments.md, "Fourth design").
 - ``lagchain31_var_regs_weak``: the same with each state written as its register's letter and its value word
   (``LagChainSpec.register_tokens``) and a word box; measured, not learned by its warm start (docs/experiments.md).
 """
@@ -89,9 +92,9 @@ TASKS.add("lagchain31_var_weak", LagChainTask(LAGCHAIN31_VAR, name="lagchain31_v
 # The same problems, split and teacher, with register i's states written as x_i's prompt tag (`dFourteen`): restating
 # x_i copies its tag, and a read finds its register's last value among tokens shared with the prompt. The own-letter
 # design's warm start missed its check on every seed tried (taught 0.33-0.89); this one learns it (docs/experiments.md,
-# "Fourth design")
-TASKS.add("lagchain31_var_tags_weak", LagChainTask(replace(LAGCHAIN31_VAR, register_letters=INITIAL_LETTERS),
-                                                   name="lagchain31_var_tags_weak"))
+# "Fourth design"); 5000 supervised steps: at 3000 one seed of two missed the check on its full chains (0.85)
+TASKS.add("lagchain31_var_tags_weak", LagChainTask(replace(LAGCHAIN31_VAR, register_letters=INITIAL_LETTERS,
+                                                           warm_start_steps=5000), name="lagchain31_var_tags_weak"))
 
 TASKS.add("lagchain31_var_regs_weak", LagChainTask(LagChainSpec(
     # lagchain31_var_weak with each state written as two words, its register's letter and its value (`w eight`): the

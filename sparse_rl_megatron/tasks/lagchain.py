@@ -23,8 +23,9 @@ Formats (words separated by single spaces, each one token; ``word_tokenizer.py``
 - prompt: ``Q`` (with ``lags``: then L's tag ``l<L>``), then the tags of x_0 .. x_{L-1} (letters ``c d e f g h``), of
   a and b, and D distractor tags (other letters, random values) in a random order, then ``:``;
 - worked solution: ``sZero <v x_0> sOne <w x_1> ... sN <reg x_N> \\boxed{x_N}``, where a state is written with its
-  register's letter (``vSeven``: register v holds 7), so a step finds its register's last value by content; with
-  ``register_tokens`` as two words (``sOne w seven``: the read is the value word after the register's last letter)
+  register's letter (``vSeven``: register v holds 7; with ``register_letters = INITIAL_LETTERS`` the letter of its
+  initial value's tag, ``dSeven``, so restating x_i copies the tag), so a step finds its register's last value by
+  content; with ``register_tokens`` as two words (``sOne w seven``: the read is the value word after the register's last letter)
   and, with ``answer_format: word``, the box holds the last value word (``\\boxed{ seven }``).
 
 The answer is x_N = x_{N mod L} + (rounds) x increment, a function of one initial value and one increment: no
@@ -186,7 +187,7 @@ def in_class(xs: list[int], spec: LagChainSpec) -> bool:
 
 
 class LagChainTask(Task):
-    """``task:lagchain31_weak`` and ``task:lagchain31_var_weak`` (see the module docstring)."""
+    """The ``lagchain31_*`` tasks (see the module docstring)."""
 
     description = "L registers updated in turn, each by a prompt increment, from the response L steps back"
     template = "raw"
