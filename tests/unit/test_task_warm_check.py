@@ -3,6 +3,7 @@ retry with the next warm-start seed, record every attempt's verdict, stop in one
 from __future__ import annotations
 
 import json
+import shutil
 import math
 
 import pytest
@@ -200,6 +201,37 @@ def test_a_warm_start_that_misses_on_every_attempt_stops_the_run_in_one_line(tmp
     with pytest.raises(RunFailed, match="on all 2 attempts already, with these settings"):
         _prepare(tmp_path, task, attempts=2)  # the same seeds would miss the same way: said at once
     assert task.seeds == [5, 1005]
+
+
+def test_a_run_stopped_between_attempts_goes_on_at_the_next_one(tmp_path, capsys):
+    from sparse_rl_megatron.trainer.config import TrainConfig
+    from sparse_rl_megatron.trainer.runtime.model_dirs import prepare_model
+    from sparse_rl_megatron.utils.config_io import from_dict
+    from sparse_rl_megatron.utils.errors import StoppedEarly
+
+    task = LotteryTask(miss_seeds={5})
+    cfg = from_dict(TrainConfig, {"model_path": "task:tiny_lottery", "seed": 5, "run_dir": str(tmp_path)})
+    with pytest.raises(StoppedEarly):  # stopped during attempt 2, after attempt 1 missed
+        prepare_model(cfg, task, tmp_path, should_stop=lambda: "SIGTERM" if len(task.seeds) == 2 else None)
+    model = tmp_path / "model"
+    assert task.seeds == [5, 1005] and (model / "warm.missed-1").is_dir() and not (model / "warm").exists()
+    assert json.loads((model / "warm_check.json").read_text())["verdict"] == "retrying"
+    capsys.readouterr()
+    dirs = _prepare(tmp_path, task)
+    assert task.seeds == [5, 1005, 1005]  # attempt 1 (seed 5) is not built again
+    assert dirs.notes[0] == ("attempt 1 of an earlier run with these settings missed the check (kept as "
+                             "warm.missed-*): going on at attempt 2")
+    assert "attempt 2 of 3, warm-start seed 1005); check passed" in dirs.notes[-1]
+    verdicts = json.loads((model / "warm_check.json").read_text())
+    assert verdicts["verdict"] == "passed" and [a["seed"] for a in verdicts["attempts"]] == [5, 1005]
+    # other settings, or the missed model gone: every attempt again from the first
+    other = tmp_path / "other"
+    task = LotteryTask(miss_seeds={5})
+    with pytest.raises(StoppedEarly):
+        prepare_model(cfg, task, other, should_stop=lambda: "SIGTERM" if len(task.seeds) == 2 else None)
+    shutil.rmtree(other / "model" / "warm.missed-1")
+    prepare_model(cfg, task, other)
+    assert task.seeds == [5, 1005, 5, 1005]
 
 
 def test_without_the_check_the_first_warm_start_is_used_as_it_is(tmp_path):

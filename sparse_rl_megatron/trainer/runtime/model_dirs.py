@@ -122,7 +122,9 @@ def checked_warm_start(cfg, task, init: Path, warm: Path, should_stop: StopCheck
     (``WarmCheckConfig.seed``), up to ``cfg.warm_check.attempts`` in all. Every attempt's verdict goes to
     ``model/warm_check.json`` with the settings it was built with; a missed model is kept as ``warm.missed-<attempt>``
     (and said at once). Raises ``RunFailed`` when every attempt missed, at once when a run with the same settings
-    already found that (the same seeds miss the same way). Returns the notes to print."""
+    already found that (the same seeds miss the same way). A run stopped between attempts goes on at the next one:
+    the attempts its record holds as missed, with the same settings and their models kept, are not built again (the
+    same seed misses the same way; minutes each). Returns the notes to print."""
     expected, attempts, settings = task.warm_expectations, cfg.warm_check.attempts, _settings(cfg)
     earlier = _read_record(warm.parent)
     if earlier is not None and earlier.get("verdict") == "missed" and earlier.get("settings") == settings:
@@ -132,7 +134,15 @@ def checked_warm_start(cfg, task, init: Path, warm: Path, should_stop: StopCheck
     record: dict[str, Any] = {"task": task.name, "settings": settings, "attempts": [], "rule": (
         f"warm start again with seed + {cfg.warm_check.seed(0, 1)} x attempt on a miss, {attempts} attempts in all, "
         "then stop")}
-    for attempt in range(attempts):
+    notes = []
+    done = _missed_before(earlier, settings, warm)
+    if done:
+        record["attempts"] = earlier["attempts"][:done]
+        which = f"attempts 1-{done}" if done > 1 else "attempt 1"
+        notes.append(f"{which} of an earlier run with these settings missed the check (kept as "
+                     f"{warm.name}.missed-*): going on at attempt {done + 1}")
+        print(notes[-1], flush=True)
+    for attempt in range(done, attempts):
         seed = cfg.warm_check.seed(cfg.seed, attempt)
         partial = warm.with_name(warm.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
@@ -148,13 +158,26 @@ def checked_warm_start(cfg, task, init: Path, warm: Path, should_stop: StopCheck
         where = f"attempt {attempt + 1} of {attempts}, warm-start seed {seed}"
         if check.passed:
             partial.rename(warm)
-            return [f"warm-started it into {warm} ({where}); check {check.summary()}"]
+            return [*notes, f"warm-started it into {warm} ({where}); check {check.summary()}"]
         missed = warm.with_name(f"{warm.name}.missed-{attempt + 1}")
         shutil.rmtree(missed, ignore_errors=True)
         partial.rename(missed)
         # said now, not with the notes: the next attempt takes minutes
         print(f"warm start {where} {check.summary()}; kept as {missed}", flush=True)
     raise RunFailed(_all_missed(task, record, warm.parent, ""))
+
+
+def _missed_before(earlier: dict[str, Any] | None, settings: dict[str, Any], warm: Path) -> int:
+    """How many leading attempts an earlier run with the same ``settings`` recorded as missed, each with its model
+    kept (``warm.missed-<k>``), while it was still retrying; 0 for anything else."""
+    if earlier is None or earlier.get("verdict") != "retrying" or earlier.get("settings") != settings:
+        return 0
+    done = 0
+    for k, a in enumerate(earlier.get("attempts", []), start=1):
+        if a.get("attempt") != k or a.get("passed") or not warm.with_name(f"{warm.name}.missed-{k}").is_dir():
+            break
+        done = k
+    return done
 
 
 def _all_missed(task, record: dict[str, Any], root: Path, when: str) -> str:
