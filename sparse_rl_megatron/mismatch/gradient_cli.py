@@ -50,8 +50,10 @@ def _check(args: argparse.Namespace) -> list[str]:
     if args.samples < 2 or args.reference_samples < 2:
         raise UserError("--samples and --reference-samples must be >= 2 (GRPO's advantages need a group)")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    for m in modes:
-        CORRECTION_MODES.check(m, "--modes")
+    unknown = [m for m in modes if m not in CORRECTION_MODES.names()]
+    if unknown or not modes:
+        raise UserError(f"--modes: unknown correction mode(s) {', '.join(unknown) or '(none given)'}; valid: "
+                        f"{', '.join(CORRECTION_MODES.names())}")
     if Path(args.output).is_dir():
         raise UserError(f"--output: {args.output} is a directory; give the results file's path")
     return modes

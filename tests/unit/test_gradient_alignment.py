@@ -89,3 +89,19 @@ def test_equal_rewards_give_no_gradient_and_align_measures_direction(model):
     v = torch.tensor([3.0, 4.0], dtype=torch.float64)
     assert align(v, v, 1.0).cosine == pytest.approx(1.0) and align(2 * v, v, 1.0).norm_ratio == pytest.approx(2.0)
     assert align(-v, v, 1.0).cosine == pytest.approx(-1.0) and align(0 * v, v, 0.0).cosine == 0.0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--modes", "bogus"], "--modes: unknown correction mode(s) bogus; valid: custom, none"),
+    (["--samples", "1"], "--samples and --reference-samples must be >= 2"),
+    (["--repeats", "0"], "--repeats must be >= 1, got 0"),
+    (["rollout.compression.method=none"], "rollout.compression.method is dense"),
+    (["--budgets", "8,x"], "--budgets: 'x' is not a positive whole number"),
+])
+def test_the_command_refuses_bad_options_in_one_line(argv, message, tmp_path, capsys):
+    from sparse_rl_megatron.cli import main
+
+    assert main(["gradients", "--output", str(tmp_path / "g.json"), f"run_dir={tmp_path}", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "g.json").exists() and not (tmp_path / "model").exists()
