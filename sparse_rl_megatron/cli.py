@@ -20,8 +20,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("sparse_rl_megatron.eval.cli", "evaluate a model on math benchmarks, dense or compressed-KV"),
     "experiment": ("sparse_rl_megatron.experiment.cli", "the paper's claims as arms of training runs (dense, naive sparse, "
                                                         "Sparse-RL, supervised control) with a table and a figure"),
-    "gradients": ("sparse_rl_megatron.mismatch.gradient_cli", "the gradient of each correction on compressed rollouts "
-                                                              "vs the dense on-policy gradient, per budget"),
+    "gradients": ("sparse_rl_megatron.mismatch.gradient_cli",
+                  "the gradient of each correction on compressed rollouts vs the dense on-policy gradient, per budget"),
     "mismatch": ("sparse_rl_megatron.mismatch.cli", "rho = pi_old / pi_sparse per KV budget vs dense: choose a budget "
                                                     "before training"),
     "plot": ("sparse_rl_megatron.observability.plot_cli", "draw a run's metric curves (PNG) from its metrics.jsonl"),

@@ -155,7 +155,8 @@ DESIGNS.add("issue27", Design(TESTS_27, ("C1", "C2b", "G", "A", "T_high", "T_mid
                               holm_note="Holm over C1, C2b, C3, G, A; T_high -> T_mid -> T_low a fixed sequence",
                               panels=CLAIM_PANELS_27, smoothed=SMOOTHED_27, mark_adaptive_target=True))
 DESIGNS.add("issue39", Design(TESTS_39, ("C1", "C1m", "C2", "T_low", "T_mid", "A"),
-                              Footprint("A", "sparse_rl_adaptive", ("sparse_rl_low", "sparse_rl_mid"), ("T_low", "T_mid")),
+                              Footprint("A", "sparse_rl_adaptive", ("sparse_rl_low", "sparse_rl_mid"),
+                                        ("T_low", "T_mid")),
                               holm_note="Holm over C1, C1m, C2, T_low, T_mid, C3, A",
                               panels=CLAIM_PANELS_39, smoothed=SMOOTHED_39, mark_adaptive_target=True))
 

@@ -25,8 +25,8 @@ Formats (words separated by single spaces, each one token; ``word_tokenizer.py``
 - worked solution: ``sZero <v x_0> sOne <w x_1> ... sN <reg x_N> \\boxed{x_N}``, where a state is written with its
   register's letter (``vSeven``: register v holds 7; with ``register_letters = INITIAL_LETTERS`` the letter of its
   initial value's tag, ``dSeven``, so restating x_i copies the tag), so a step finds its register's last value by
-  content; with ``register_tokens`` as two words (``sOne w seven``: the read is the value word after the register's last letter)
-  and, with ``answer_format: word``, the box holds the last value word (``\\boxed{ seven }``).
+  content; with ``register_tokens`` as two words (``sOne w seven``: the read is the value word after the register's
+  last letter) and, with ``answer_format: word``, the box holds the last value word (``\\boxed{ seven }``).
 
 The answer is x_N = x_{N mod L} + (rounds) x increment, a function of one initial value and one increment: no
 prompt value, constant or early state gives it (``sparse-rl audit``). A weaker teacher (``modchain_teacher.py``'s
@@ -248,7 +248,8 @@ class LagChainTask(Task):
             prompt, tags = self._prompt(key, rng)
             xs, lag = states(key, spec), lag_of(key)
             answer = answer_value(xs[spec.steps], spec.answer_format)
-            solution = " ".join(chain(xs, lag, spec.steps, regs, letters) + [answer_text(xs[spec.steps], spec.answer_format)])
+            worked = chain(xs, lag, spec.steps, regs, letters)
+            solution = " ".join(worked + [answer_text(xs[spec.steps], spec.answer_format)])
             weak = in_class(xs, spec)
             stop = teacher.random() < spec.stop_prob  # drawn for every record: draws do not depend on the order
             shown = " ".join(chain(xs, lag, spec.stop_step, regs, letters)) if weak and stop else solution  # no answer
@@ -256,7 +257,7 @@ class LagChainTask(Task):
                 prompt=prompt, answer=answer, dataset=self.name, answer_style="boxed",
                 source_id=f"{split}-{'_'.join(map(str, key[0]))}_{key[1]}_{key[2]}-v{v}",
                 extra={"solution": solution, "demonstration": shown, "initial": list(key[0]), "a": key[1], "b": key[2],
-                       SUBSET_KEY: CLASS if weak else OTHER, CHAIN_KEY: " ".join(chain(xs, lag, spec.steps, regs, letters)),
+                       SUBSET_KEY: CLASS if weak else OTHER, CHAIN_KEY: " ".join(worked),
                        SHORTCUT_FREE_KEY: all(value != xs[spec.steps] for _, value in tags)}))
         return Dataset(name=self.name, path=f"task:{self.name}/{split}", records=out)
 
