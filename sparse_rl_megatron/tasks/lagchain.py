@@ -106,6 +106,10 @@ class LagChainSpec:
     """Write a state as two tokens, its register's letter and its value's word (``w eight``), so that a step finds its
     register's last value as the word after the register's last letter (an induction: the value words are the 31
     of ``modchain``, shared by the registers); False: one token per state (``wEight``, 6 x 31 state tokens)."""
+    register_marker: bool = False
+    """Write each state after a bare marker, its register's letter (``sFive d dTwentyTwo``): the step first names the
+    register (the successor of the last marker, wrapping at L), then its state token's read is the token after that
+    marker's last occurrence, 3L - 1 back (an induction, the same for every L); False: the state token alone."""
     register_letters: str = REGISTER_LETTERS
     """The letters registers 0 .. L-1 are written with: ``REGISTER_LETTERS`` (their own), or ``INITIAL_LETTERS``, the
     tags of the initial values, so that register i's states are the same tokens as x_i's prompt tag (``dSeven``):
@@ -136,10 +140,17 @@ class LagChainSpec:
         if self.register_letters not in (REGISTER_LETTERS, INITIAL_LETTERS):
             raise ValueError(f"LagChainSpec.register_letters must be '{REGISTER_LETTERS}' (the registers' own) or "
                              f"'{INITIAL_LETTERS}' (the initial values' tags), got '{self.register_letters}'")
+        if self.register_marker and self.register_tokens:
+            raise ValueError("LagChainSpec.register_marker and register_tokens are two ways to write a state: set one")
         check_answer_format(self.answer_format, "LagChainSpec.answer_format")
         if self.answer_format == "word" and not self.register_tokens:
             raise ValueError("LagChainSpec.answer_format 'word' needs register_tokens=True (the box copies a value "
                              "word, which a one-token state does not write)")
+
+    @property
+    def tokens_per_step(self) -> int:
+        """The step word and the state: 2 tokens, or 3 with a register marker or a letter + value word state."""
+        return 3 if self.register_tokens or self.register_marker else 2
 
     @property
     def told(self) -> bool:
@@ -167,18 +178,21 @@ def states(key: Key, spec: LagChainSpec) -> list[int]:
     return xs
 
 
-def state_word(k: int, value: int, lag: int, register_tokens: bool = False, letters: str = REGISTER_LETTERS) -> str:
-    """State k as written: its register's letter (``letters[k mod L]``) and the value, one token (``vSeven``) or,
-    with ``register_tokens``, two words (``v seven``)."""
+def state_word(k: int, value: int, lag: int, register_tokens: bool = False, letters: str = REGISTER_LETTERS,
+               marker: bool = False) -> str:
+    """State k as written: its register's letter (``letters[k mod L]``) and the value, one token (``vSeven``), with
+    ``register_tokens`` two words (``v seven``), with ``marker`` the letter then the token (``v vSeven``)."""
     letter = letters[k % lag]
-    return f"{letter} {digit_word(value)}" if register_tokens else letter + number_word(value)
+    if register_tokens:
+        return f"{letter} {digit_word(value)}"
+    return f"{letter} {letter}{number_word(value)}" if marker else letter + number_word(value)
 
 
 def chain(xs: list[int], lag: int, last: int, register_tokens: bool = False,
-          letters: str = REGISTER_LETTERS) -> list[str]:
+          letters: str = REGISTER_LETTERS, marker: bool = False) -> list[str]:
     """The words of ``sZero <x_0> ... s<last> <x_last>`` (a state one word or two: ``state_word``)."""
     return [w for k in range(last + 1)
-            for w in (step_word(k), *state_word(k, xs[k], lag, register_tokens, letters).split())]
+            for w in (step_word(k), *state_word(k, xs[k], lag, register_tokens, letters, marker).split())]
 
 
 def in_class(xs: list[int], spec: LagChainSpec) -> bool:
@@ -206,8 +220,7 @@ class LagChainTask(Task):
     @property
     def response_tokens(self) -> int:
         spec = self.spec
-        per_step = 3 if spec.register_tokens else 2
-        return per_step * (spec.steps + 1) + answer_tokens(spec.modulus, spec.answer_format) + 1
+        return spec.tokens_per_step * (spec.steps + 1) + answer_tokens(spec.modulus, spec.answer_format) + 1
 
     @functools.cached_property
     def _split(self) -> dict[str, list[Key]]:
@@ -243,16 +256,16 @@ class LagChainTask(Task):
             rng.shuffle(rows)
         teacher = random.Random(f"{self.name}/teacher/{split}/{seed}")
         out = []
-        regs, letters = spec.register_tokens, spec.register_letters
+        regs, letters, marker = spec.register_tokens, spec.register_letters, spec.register_marker
         for v, key in rows[:limit]:
             prompt, tags = self._prompt(key, rng)
             xs, lag = states(key, spec), lag_of(key)
             answer = answer_value(xs[spec.steps], spec.answer_format)
-            worked = chain(xs, lag, spec.steps, regs, letters)
+            worked = chain(xs, lag, spec.steps, regs, letters, marker)
             solution = " ".join(worked + [answer_text(xs[spec.steps], spec.answer_format)])
             weak = in_class(xs, spec)
             stop = teacher.random() < spec.stop_prob  # drawn for every record: draws do not depend on the order
-            shown = " ".join(chain(xs, lag, spec.stop_step, regs, letters)) if weak and stop else solution  # no answer
+            shown = " ".join(chain(xs, lag, spec.stop_step, regs, letters, marker)) if weak and stop else solution
             out.append(MathRecord(
                 prompt=prompt, answer=answer, dataset=self.name, answer_style="boxed",
                 source_id=f"{split}-{'_'.join(map(str, key[0]))}_{key[1]}_{key[2]}-v{v}",
@@ -287,6 +300,8 @@ class LagChainTask(Task):
         letters = (*INITIAL_LETTERS[:spec.lag], *INCREMENT_LETTERS, *DISTRACTOR_LETTERS, *states)
         words = [PROMPT_START, PROMPT_END, *(letter + number_word(v) for letter in letters for v in range(spec.modulus)),
                  *(step_word(k) for k in range(spec.steps + 1)), *(LAG_LETTER + number_word(lag) for lag in spec.lags)]
+        if spec.register_marker:
+            words += [*spec.register_letters[:spec.lag]]
         if spec.register_tokens:
             words += [*spec.register_letters[:spec.lag], *(digit_word(v) for v in range(spec.modulus))]
         return build_word_tokenizer(words, [" " + answer_text(d, spec.answer_format) for d in range(spec.modulus)])
@@ -306,7 +321,7 @@ class LagChainTask(Task):
         """Per training record (``sft_examples``' order): the distance of its steps' read (``read_offset``, L its
         own); with ``register_tokens`` also the register letter before the value read (3L), the key an induction
         matches."""
-        regs = self.spec.register_tokens
+        regs = self.spec.tokens_per_step == 3  # the query is the register's letter (or marker), just written
         reads = (read_offset(len(r.extra["initial"]), regs) for r in self.records("train", seed=seed))
         return [(read, read + 1) if regs else (read,) for read in reads]
 

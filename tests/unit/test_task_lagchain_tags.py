@@ -69,3 +69,28 @@ def test_it_passes_the_shortcut_audit(task):
 def test_other_register_letters_are_refused_naming_the_field():
     with pytest.raises(ValueError, match="LagChainSpec.register_letters must be 'vwxyzj'.*'cdefgh'.*got 'abcdef'"):
         LagChainSpec(register_letters="abcdef")
+
+
+def test_a_register_marker_names_the_register_before_its_state_and_the_read_is_3L_minus_1_back(task):
+    from dataclasses import replace
+
+    from sparse_rl_megatron.tasks.lagchain import LagChainTask
+
+    marked = LagChainTask(replace(task.spec, register_marker=True), name=task.name)
+    assert marked.response_tokens == 97 and marked.spec.tokens_per_step == 3
+    tok = marked.tokenizer()
+    examples, _ = marked.sft_examples(tok)
+    records = marked.records("train")
+    for (_, response), keep, r in list(zip(examples, marked.sft_read_offsets(), records))[:100]:
+        lag = len(r.extra["initial"])
+        assert keep == (3 * lag - 1, 3 * lag)
+        words = [tok.decode([t]).strip() for t in response]
+        xs = states((tuple(r.extra["initial"]), r.extra["a"], r.extra["b"]), marked.spec)
+        for k in range(lag, min(30, len(words) // 3)):
+            marker = 3 * k + 1  # the query of state k: its register's letter, just written
+            letter = INITIAL_LETTERS[k % lag]
+            assert words[marker] == letter and words[marker + 1] == letter + number_word(xs[k])
+            assert words[marker - keep[1]] == letter  # the same marker, L steps back
+            assert words[marker - keep[0]] == letter + number_word(xs[k - lag])  # the value it reads
+    with pytest.raises(ValueError, match="register_marker and register_tokens are two ways"):
+        LagChainSpec(register_marker=True, register_tokens=True)
