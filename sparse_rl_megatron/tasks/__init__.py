@@ -25,6 +25,8 @@ A config refers to a task as ``task:<name>``; ``get_task`` resolves it (unknown 
 - ``lagchain31_var_tags_weak``: the same problems with register i's states written with x_i's prompt tag letter
   (``LagChainSpec.register_letters``: restating x_i copies its tag; its own split), which the warm start learns where
   the own-letter design's did not (docs/experiments.md, "Fourth design").
+- ``lagchain31_var_marker_weak``: the tags design with each state written after its register's bare letter
+  (``LagChainSpec.register_marker``: the read an induction 3L - 1 back; 97 response tokens; its own split).
 - ``lagchain31_var_regs_weak``: the same with each state written as its register's letter and its value word
   (``LagChainSpec.register_tokens``) and a word box; measured, not learned by its warm start (docs/experiments.md).
 """
@@ -95,6 +97,13 @@ TASKS.add("lagchain31_var_weak", LagChainTask(LAGCHAIN31_VAR, name="lagchain31_v
 # "Fourth design"); 5000 supervised steps: at 3000 one seed of two missed the check on its full chains (0.85)
 TASKS.add("lagchain31_var_tags_weak", LagChainTask(replace(LAGCHAIN31_VAR, register_letters=INITIAL_LETTERS,
                                                            warm_start_steps=5000), name="lagchain31_var_tags_weak"))
+# The same with each state written after its register's bare letter (`sFive d dTwentyTwo`, 97 response tokens): the read
+# is an induction 3L - 1 back, the same mechanism for every L; its warm start found the reads by step ~1000 on seeds
+# 0, 2 and 100, where the tags design's stayed on its plateau past step 3500 on seeds 0 and 100 (docs/experiments.md,
+# "Fifth design")
+TASKS.add("lagchain31_var_marker_weak", LagChainTask(replace(LAGCHAIN31_VAR, register_letters=INITIAL_LETTERS,
+                                                             register_marker=True, warm_start_steps=3000),
+                                                     name="lagchain31_var_marker_weak"))
 
 TASKS.add("lagchain31_var_regs_weak", LagChainTask(LagChainSpec(
     # lagchain31_var_weak with each state written as two words, its register's letter and its value (`w eight`): the

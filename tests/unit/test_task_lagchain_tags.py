@@ -94,3 +94,15 @@ def test_a_register_marker_names_the_register_before_its_state_and_the_read_is_3
             assert words[marker - keep[0]] == letter + number_word(xs[k - lag])  # the value it reads
     with pytest.raises(ValueError, match="register_marker and register_tokens are two ways"):
         LagChainSpec(register_marker=True, register_tokens=True)
+
+
+def test_the_marker_task_is_registered_and_passes_the_audit():
+    from sparse_rl_megatron.tasks.audit import audit_task
+
+    marked = get_task("lagchain31_var_marker_weak")
+    assert marked.spec.register_marker and marked.spec.register_letters == INITIAL_LETTERS
+    assert marked.response_tokens == 97 and marked.spec.warm_start_steps == 3000
+    words = marked.records("heldout", limit=1).records[0].extra["chain"].split()
+    assert words[:3] == ["sZero", "c", words[2]] and words[2].startswith("c")
+    audit = audit_task(marked)
+    assert audit.passed, "\n".join(audit.lines())
