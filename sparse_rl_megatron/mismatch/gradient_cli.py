@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 from pathlib import Path
 
@@ -70,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from sparse_rl_megatron.trainer.run_plan import preflight
     from sparse_rl_megatron.trainer.runtime.model_dirs import prepare_model
     from sparse_rl_megatron.trainer.runtime.prompts import PromptOrder
+    from sparse_rl_megatron.utils.atomic_write import write_json_atomic
     from sparse_rl_megatron.utils.errors import UserError
 
     modes = _check(args)
@@ -130,9 +130,7 @@ def run(args: argparse.Namespace) -> int:
                 "rows": rows, "summary": summary}
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + ".partial")
-    tmp.write_text(json.dumps(document, indent=1))
-    tmp.replace(out)
+    write_json_atomic(out, document)
     print(f"{'row':32s} {'cos to dense ref':>18s} {'|g|/|g_ref|':>14s} {'tokens kept':>12s} {'reward':>8s}")
     for k, s in summary.items():
         print(f"{k:32s} {_fmt(s['cosine']):>18s} {_fmt(s['norm_ratio']):>14s} {_fmt(s['kept_tokens']):>12s} "

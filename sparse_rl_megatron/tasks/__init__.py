@@ -91,10 +91,11 @@ LAGCHAIN31_VAR = LagChainSpec(
                                      min_boxes_right=0.95))
 TASKS.add("lagchain31_var_weak", LagChainTask(LAGCHAIN31_VAR, name="lagchain31_var_weak"))
 
-# The same problems, split and teacher, with register i's states written as x_i's prompt tag (`dFourteen`): restating
-# x_i copies its tag, and a read finds its register's last value among tokens shared with the prompt. The own-letter
-# design's warm start missed its check on every seed tried (taught 0.33-0.89); this one learns it (docs/experiments.md,
-# "Fourth design"); 5000 supervised steps: at 3000 one seed of two missed the check on its full chains (0.85)
+# The same spec (its own split and teacher draws, by its name), register i's states written as x_i's prompt tag
+# (`dFourteen`): restating x_i copies its tag, and a read finds its register's last value among tokens shared with
+# the prompt. The own-letter design's warm start missed its check on every seed tried (taught 0.33-0.89); this one
+# learns it on about half its first attempts (docs/experiments.md, "Fourth design"); 5000 supervised steps: at 3000
+# one seed of two missed the check on its full chains (0.85)
 TASKS.add("lagchain31_var_tags_weak", LagChainTask(replace(LAGCHAIN31_VAR, register_letters=INITIAL_LETTERS,
                                                            warm_start_steps=5000), name="lagchain31_var_tags_weak"))
 # The same with each state written after its register's bare letter (`sFive d dTwentyTwo`, 97 response tokens): the read

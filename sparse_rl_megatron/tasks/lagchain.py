@@ -178,21 +178,24 @@ def states(key: Key, spec: LagChainSpec) -> list[int]:
     return xs
 
 
-def state_word(k: int, value: int, lag: int, register_tokens: bool = False, letters: str = REGISTER_LETTERS,
-               marker: bool = False) -> str:
-    """State k as written: its register's letter (``letters[k mod L]``) and the value, one token (``vSeven``), with
-    ``register_tokens`` two words (``v seven``), with ``marker`` the letter then the token (``v vSeven``)."""
-    letter = letters[k % lag]
-    if register_tokens:
+def state_word(k: int, value: int, lag: int, spec: LagChainSpec) -> str:
+    """State k as ``spec`` writes it: its register's letter (``spec.register_letters[k mod L]``) and the value, one
+    token (``vSeven``), with ``register_tokens`` two words (``v seven``), with ``register_marker`` the letter then the
+    token (``v vSeven``)."""
+    letter = spec.register_letters[k % lag]
+    if spec.register_tokens:
         return f"{letter} {digit_word(value)}"
-    return f"{letter} {letter}{number_word(value)}" if marker else letter + number_word(value)
+    return f"{letter} {letter}{number_word(value)}" if spec.register_marker else letter + number_word(value)
 
 
-def chain(xs: list[int], lag: int, last: int, register_tokens: bool = False,
-          letters: str = REGISTER_LETTERS, marker: bool = False) -> list[str]:
-    """The words of ``sZero <x_0> ... s<last> <x_last>`` (a state one word or two: ``state_word``)."""
-    return [w for k in range(last + 1)
-            for w in (step_word(k), *state_word(k, xs[k], lag, register_tokens, letters, marker).split())]
+def chain(xs: list[int], lag: int, last: int, spec: LagChainSpec) -> list[str]:
+    """The words of ``sZero <x_0> ... s<last> <x_last>`` (a state one word or more: ``state_word``)."""
+    return [w for k in range(last + 1) for w in (step_word(k), *state_word(k, xs[k], lag, spec).split())]
+
+
+def record_key(record: MathRecord) -> Key:
+    """The problem a record poses (its initial values and increments, from its extras)."""
+    return tuple(record.extra["initial"]), record.extra["a"], record.extra["b"]
 
 
 def in_class(xs: list[int], spec: LagChainSpec) -> bool:
@@ -256,16 +259,15 @@ class LagChainTask(Task):
             rng.shuffle(rows)
         teacher = random.Random(f"{self.name}/teacher/{split}/{seed}")
         out = []
-        regs, letters, marker = spec.register_tokens, spec.register_letters, spec.register_marker
         for v, key in rows[:limit]:
             prompt, tags = self._prompt(key, rng)
             xs, lag = states(key, spec), lag_of(key)
             answer = answer_value(xs[spec.steps], spec.answer_format)
-            worked = chain(xs, lag, spec.steps, regs, letters, marker)
+            worked = chain(xs, lag, spec.steps, spec)
             solution = " ".join(worked + [answer_text(xs[spec.steps], spec.answer_format)])
             weak = in_class(xs, spec)
             stop = teacher.random() < spec.stop_prob  # drawn for every record: draws do not depend on the order
-            shown = " ".join(chain(xs, lag, spec.stop_step, regs, letters, marker)) if weak and stop else solution
+            shown = " ".join(chain(xs, lag, spec.stop_step, spec)) if weak and stop else solution  # no answer
             out.append(MathRecord(
                 prompt=prompt, answer=answer, dataset=self.name, answer_style="boxed",
                 source_id=f"{split}-{'_'.join(map(str, key[0]))}_{key[1]}_{key[2]}-v{v}",
@@ -286,8 +288,7 @@ class LagChainTask(Task):
             out[f"prompt: tag {letter}"] = boxed(by_letter[letter]) if letter in by_letter else None
         for i, (_, value) in enumerate(tags):
             out[f"prompt: tag #{i + 1}"] = boxed(value)
-        key: Key = (tuple(record.extra["initial"]), record.extra["a"], record.extra["b"])
-        for k, x in enumerate(states(key, self.spec)[:self.spec.steps]):
+        for k, x in enumerate(states(record_key(record), self.spec)[:self.spec.steps]):
             out[f"early stop: x_{k}"] = boxed(x)
         return out
 
@@ -300,10 +301,10 @@ class LagChainTask(Task):
         letters = (*INITIAL_LETTERS[:spec.lag], *INCREMENT_LETTERS, *DISTRACTOR_LETTERS, *states)
         words = [PROMPT_START, PROMPT_END, *(letter + number_word(v) for letter in letters for v in range(spec.modulus)),
                  *(step_word(k) for k in range(spec.steps + 1)), *(LAG_LETTER + number_word(lag) for lag in spec.lags)]
-        if spec.register_marker:
+        if spec.tokens_per_step == 3:  # a bare register letter before the value (a word, or the state token)
             words += [*spec.register_letters[:spec.lag]]
         if spec.register_tokens:
-            words += [*spec.register_letters[:spec.lag], *(digit_word(v) for v in range(spec.modulus))]
+            words += [digit_word(v) for v in range(spec.modulus)]
         return build_word_tokenizer(words, [" " + answer_text(d, spec.answer_format) for d in range(spec.modulus)])
 
     def build_model(self, out_dir: str | os.PathLike, *, seed: int = 0) -> Path:

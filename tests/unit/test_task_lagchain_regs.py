@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sparse_rl_megatron.tasks import get_task
-from sparse_rl_megatron.tasks.lagchain import REGISTER_LETTERS, LagChainSpec, read_offset, states
+from sparse_rl_megatron.tasks.lagchain import REGISTER_LETTERS, LagChainSpec, read_offset, record_key, states
 from sparse_rl_megatron.tasks.modchain_problems import digit_word, parse_prompt
 
 
@@ -18,7 +18,7 @@ def task():
 def test_a_state_is_its_registers_letter_then_its_value_word(task):
     for r in task.records("heldout", limit=60):
         lag = len(r.extra["initial"])
-        xs = states((tuple(r.extra["initial"]), r.extra["a"], r.extra["b"]), task.spec)
+        xs = states(record_key(r), task.spec)
         words = r.extra["solution"].split()
         steps = [words[3 * k:3 * k + 3] for k in range(30)]
         assert [s[1] for s in steps] == [REGISTER_LETTERS[k % lag] for k in range(30)]
@@ -48,7 +48,7 @@ def test_the_read_lies_3L_minus_1_tokens_back_and_the_warm_start_keeps_it_and_it
         for k in range(lag, 30):
             query = 3 * k + 1  # the register letter of step k
             assert response[query - keep[1]] == response[query]  # the same register's letter, L steps back
-            xs = states((tuple(r.extra["initial"]), r.extra["a"], r.extra["b"]), task.spec)
+            xs = states(record_key(r), task.spec)
             assert tok.decode([response[query - keep[0]]]).strip() == digit_word(xs[k - lag])
         assert response[start + 3] == response[start - 1]  # \ boxed { <the last value word> }
     assert checked > 100

@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 
 from sparse_rl_megatron.tasks import get_task
-from sparse_rl_megatron.tasks.lagchain import INITIAL_LETTERS, REGISTER_LETTERS, LagChainSpec, read_offset, states
+from sparse_rl_megatron.tasks.lagchain import (
+    INITIAL_LETTERS, REGISTER_LETTERS, LagChainSpec, read_offset, record_key, states,
+)
 from sparse_rl_megatron.tasks.modchain_problems import number_word, parse_prompt
 
 
@@ -19,7 +21,7 @@ def task():
 def test_register_i_is_written_with_x_i_tags_letter_and_restating_copies_the_tag(task):
     for r in task.records("heldout", limit=100):
         lag = len(r.extra["initial"])
-        xs = states((tuple(r.extra["initial"]), r.extra["a"], r.extra["b"]), task.spec)
+        xs = states(record_key(r), task.spec)
         solution = r.extra["solution"].split()
         assert solution[1:60:2] == [INITIAL_LETTERS[k % lag] + number_word(x) for k, x in enumerate(xs)]
         prompt_words = r.prompt.split()
@@ -37,7 +39,7 @@ def test_the_read_is_the_same_token_family_2L_minus_1_back_and_the_warm_start_sp
     for (prompt, response), (offset,), r in list(zip(examples, offsets, records))[:200]:
         lag = len(r.extra["initial"])
         assert offset == read_offset(lag) == 2 * lag - 1
-        xs = states((tuple(r.extra["initial"]), r.extra["a"], r.extra["b"]), task.spec)
+        xs = states(record_key(r), task.spec)
         restated = [response[2 * i + 1] for i in range(lag)]
         assert all(t in prompt for t in restated)  # the prompt tag's token id itself
         steps = (len(response) - 1) // 2 if len(response) < task.response_tokens else 30
@@ -85,7 +87,7 @@ def test_a_register_marker_names_the_register_before_its_state_and_the_read_is_3
         lag = len(r.extra["initial"])
         assert keep == (3 * lag - 1, 3 * lag)
         words = [tok.decode([t]).strip() for t in response]
-        xs = states((tuple(r.extra["initial"]), r.extra["a"], r.extra["b"]), marked.spec)
+        xs = states(record_key(r), marked.spec)
         for k in range(lag, min(30, len(words) // 3)):
             marker = 3 * k + 1  # the query of state k: its register's letter, just written
             letter = INITIAL_LETTERS[k % lag]
