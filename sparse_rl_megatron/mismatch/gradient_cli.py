@@ -107,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"reference: dense, {args.prompts} prompts x {args.reference_samples} samples", flush=True)
         reference, _ = policy_gradient(engine.model, draw(args.reference_samples, cfg.seed + REFERENCE_SEED_OFFSET,
                                                           dense), plain, cfg.learner.loss, pad_id)
+        check_reference(reference, args.prompts, args.reference_samples)
         rows: dict[str, list[dict]] = {}
         for r in range(args.repeats):
             seed = cfg.seed + 1 + r
@@ -137,6 +138,15 @@ def run(args: argparse.Namespace) -> int:
               f"{_fmt(s['reward']):>8s}")
     print(f"results written to {out}")
     return 0
+
+
+def check_reference(reference, prompts: int, samples: int) -> None:
+    """Refuse a reference gradient of zero (no direction to compare with: every group's rewards were equal)."""
+    from sparse_rl_megatron.utils.errors import UserError
+
+    if not float(reference.norm()) > 0:
+        raise UserError(f"the dense reference batch ({prompts} prompts x {samples} samples) has no gradient: every "
+                        "prompt's samples got the same reward; give more --prompts or --reference-samples")
 
 
 def _mean_reward(samples) -> float:

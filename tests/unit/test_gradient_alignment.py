@@ -105,3 +105,12 @@ def test_the_command_refuses_bad_options_in_one_line(argv, message, tmp_path, ca
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not (tmp_path / "g.json").exists() and not (tmp_path / "model").exists()
+
+
+def test_a_reference_without_gradient_is_refused_in_one_line():
+    from sparse_rl_megatron.mismatch.gradient_cli import check_reference
+    from sparse_rl_megatron.utils.errors import UserError
+
+    with pytest.raises(UserError, match=r"dense reference batch \(4 prompts x 4 samples\) has no gradient"):
+        check_reference(torch.zeros(3, dtype=torch.float64), 4, 4)
+    check_reference(torch.tensor([0.0, 1e-9], dtype=torch.float64), 4, 4)
