@@ -173,16 +173,21 @@ def test_a_killed_engine_scheduler_fails_every_rank_in_one_line_naming_it_and_th
         _cleanup(launcher, procs)
     text = log.read_text()
     errors = [x for x in text.splitlines() if "sparse-rl train: error:" in x]
-    step1 = run_dir / "checkpoints" / "step_1"
     # the kill lands in the rollout of step 2 (each engine decodes its 2 responses of up to 500 tokens for
-    # seconds); the watch names the phase of its next engine call, on a loaded machine possibly after the rollout
-    assert len(errors) == 1 and re.search(
+    # seconds); the watch names the phase of its next engine call, on a loaded machine possibly after the rollout,
+    # or (the process listing before the kill slowed down) the next step's: the step named and the last
+    # checkpoint named must agree
+    found_error = len(errors) == 1 and re.search(
         rf"sparse-rl train: error: the SGLang engine's process scheduler_0 \(pid {scheduler.pid}\) was killed by "
-        rf"signal SIGKILL; in the (rollout|train|sync) of step 2 on rank 0; last complete checkpoint: {step1}; rerun "
-        r"the same command to resume \(checkpoint.resume: auto\)$", errors[0]), text[-4000:]
+        rf"signal SIGKILL; in the (rollout|train|sync) of step (\d+) on rank 0; last complete checkpoint: "
+        rf"{run_dir / 'checkpoints'}/step_(\d+); rerun the same command to resume \(checkpoint.resume: auto\)$",
+        errors[0])
+    assert found_error, text[-4000:]
+    step, saved = int(found_error.group(2)), int(found_error.group(3))
+    assert step >= 2 and saved == step - 1, errors[0]
     rank_tracebacks = [x for x in text.splitlines() if x.startswith(("[rank0]: Traceback", "[rank1]: Traceback"))]
     assert not rank_tracebacks, text[-6000:]
-    assert (step1 / "trainer_state.json").is_file()
+    assert (run_dir / "checkpoints" / f"step_{saved}" / "trainer_state.json").is_file()
 
 
 def test_killed_checkpoint_writers_on_one_rank_fail_the_save_on_every_rank_and_the_rerun_resumes(tmp_path,
