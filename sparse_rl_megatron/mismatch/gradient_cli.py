@@ -17,6 +17,7 @@ import statistics
 from pathlib import Path
 
 from sparse_rl_megatron.mismatch.cli import STUDY_OVERRIDES, parse_budgets
+from sparse_rl_megatron.utils.errors import UserError
 
 MODES = ("none", "sparse_rl")
 """Correction modes compared by default: naive (no correction) and Sparse-RL."""
@@ -41,7 +42,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _check(args: argparse.Namespace) -> list[str]:
     from sparse_rl_megatron.algo.config import CORRECTION_MODES
-    from sparse_rl_megatron.utils.errors import UserError
 
     for name in ("prompts", "samples", "reference_samples", "repeats"):
         if getattr(args, name) < 1:
@@ -70,7 +70,6 @@ def run(args: argparse.Namespace) -> int:
     from sparse_rl_megatron.trainer.runtime.model_dirs import prepare_model
     from sparse_rl_megatron.trainer.runtime.prompts import PromptOrder
     from sparse_rl_megatron.utils.atomic_write import write_json_atomic
-    from sparse_rl_megatron.utils.errors import UserError
 
     modes = _check(args)
     cfg = load(argparse.Namespace(config=args.config, overrides=[*args.overrides, *STUDY_OVERRIDES]))
@@ -142,8 +141,6 @@ def run(args: argparse.Namespace) -> int:
 
 def check_reference(reference, prompts: int, samples: int) -> None:
     """Refuse a reference gradient of zero (no direction to compare with: every group's rewards were equal)."""
-    from sparse_rl_megatron.utils.errors import UserError
-
     if not float(reference.norm()) > 0:
         raise UserError(f"the dense reference batch ({prompts} prompts x {samples} samples) has no gradient: every "
                         "prompt's samples got the same reward; give more --prompts or --reference-samples")

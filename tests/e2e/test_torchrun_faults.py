@@ -180,7 +180,8 @@ def test_a_killed_engine_scheduler_fails_every_rank_in_one_line_naming_it_and_th
     found_error = len(errors) == 1 and re.search(
         rf"sparse-rl train: error: the SGLang engine's process scheduler_0 \(pid {scheduler.pid}\) was killed by "
         rf"signal SIGKILL; in the (rollout|train|sync) of step (\d+) on rank 0; last complete checkpoint: "
-        rf"{run_dir / 'checkpoints'}/step_(\d+); rerun the same command to resume \(checkpoint.resume: auto\)$",
+        rf"{re.escape(str(run_dir / 'checkpoints'))}/step_(\d+); rerun the same command to resume "
+        r"\(checkpoint.resume: auto\)$",
         errors[0])
     assert found_error, text[-4000:]
     step, saved = int(found_error.group(2)), int(found_error.group(3))
