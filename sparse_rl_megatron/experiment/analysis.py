@@ -30,7 +30,8 @@ COLLAPSE_AFTER_STEP = 50
 COLLAPSE_DROP, COLLAPSE_STAY = 15.0, 10.0
 """Collapse (a): after step 50 dense accuracy falls >= 15 points below its running max and stays >= 10 below."""
 COLLAPSE_BAD_OUTPUT = 0.25
-"""Collapse (b): dense no-answer + truncated >= 25% at some evaluation."""
+"""Collapse (b): dense no-answer + truncated >= 25% at an evaluation after step 0, and above the warm start's own
+share (step 0: a warm start that stops early on an untaught class is not a collapse of the RL run)."""
 COLLAPSE_REPETITION, COLLAPSE_REPETITION_STEPS = 0.02, 10
 """Collapse (c): rollout repeated-4-gram rate >= 0.02 for 10 consecutive steps."""
 FREE_KEYS = ("eval/dense/shortcut_free_accuracy", "eval/sparse/shortcut_free_accuracy")
@@ -185,10 +186,11 @@ def collapse(records: list[dict]) -> str | None:
         if step > COLLAPSE_AFTER_STEP and 100 * (best - acc) >= COLLAPSE_DROP and all(
                 100 * (best - later) >= COLLAPSE_STAY for _, later in dense[i:]):
             return "a"
-    for r in records:
-        bad = (r.get("eval/dense/no_answer_frac") or 0.0) + (r.get("eval/dense/truncated_frac") or 0.0)
-        if r.get("eval/dense/accuracy") is not None and bad >= COLLAPSE_BAD_OUTPUT:
-            return "b"
+    bad = [(r["step"], (r.get("eval/dense/no_answer_frac") or 0.0) + (r.get("eval/dense/truncated_frac") or 0.0))
+           for r in sorted(records, key=lambda r: r["step"]) if r.get("eval/dense/accuracy") is not None]
+    warm = bad[0][1] if bad and bad[0][0] == 0 else 0.0
+    if any(step > 0 and share >= COLLAPSE_BAD_OUTPUT and share > warm for step, share in bad):
+        return "b"
     run = 0
     for r in sorted((r for r in records if r.get("rollout/repetition_rate") is not None), key=lambda r: r["step"]):
         run = run + 1 if r["rollout/repetition_rate"] >= COLLAPSE_REPETITION else 0

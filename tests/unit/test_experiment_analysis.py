@@ -40,6 +40,12 @@ def test_collapse_criteria():
     bad = _run([0.4, 0.5, 0.6])
     bad[1]["eval/dense/no_answer_frac"], bad[1]["eval/dense/truncated_frac"] = 0.2, 0.05
     assert collapse(bad) == "b"
+    # the warm start's own bad outputs (step 0) are not a collapse of the run, nor is a share that falls from them
+    early_stop = _run([0.4, 0.5, 0.6])
+    early_stop[0]["eval/dense/no_answer_frac"], early_stop[1]["eval/dense/no_answer_frac"] = 0.345, 0.3
+    assert collapse(early_stop) is None
+    early_stop[2]["eval/dense/no_answer_frac"] = 0.36  # worse than the warm start, and >= 25%
+    assert collapse(early_stop) == "b"
     rep = _run([0.4, 0.5], steps={s: {"rollout/repetition_rate": 0.03 if 5 <= s < 15 else 0.0} for s in range(1, 30)})
     assert collapse(rep) == "c"
     rep9 = _run([0.4, 0.5], steps={s: {"rollout/repetition_rate": 0.03 if 5 <= s < 14 else 0.0} for s in range(1, 30)})
