@@ -123,14 +123,19 @@ def draw_figure(records: dict[str, dict[int, list[dict]]], out: str | Path, what
         ax.set_xlabel("rollout step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(panels):]:
+    spare = list(axes.flat)[len(panels):]
+    for ax in spare:
         ax.axis("off")
     handles, labels = axes.flat[1].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower right", fontsize=9, ncol=1)
+    # the legend in a spare panel, else in a row under the grid: never over a panel's data
+    if spare:
+        spare[0].legend(handles, labels, loc="center", fontsize=9, ncol=1)
+    else:
+        fig.legend(handles, labels, loc="lower center", fontsize=9, ncol=len(labels))
     seeds = sorted({s for by_seed in records.values() for s in by_seed})
     fig.suptitle(f"Sparse-RL claims at CPU scale, {what} (seeds {', '.join(map(str, seeds))}; lines: mean over seeds, "
                  "band: min-max)")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0 if spare else 0.05, 1, 1))
     out = Path(out)
     fig.savefig(out, dpi=90)
     plt.close(fig)
