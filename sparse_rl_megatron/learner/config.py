@@ -14,6 +14,7 @@ from sparse_rl_megatron.algo.loss import LossConfig
 from sparse_rl_megatron.learner.batch import BATCH_LAYOUTS
 from sparse_rl_megatron.learner.logprobs import DEFAULT_CHUNK_TOKENS
 from sparse_rl_megatron.learner.model_provider import LAYER_SPECS
+from sparse_rl_megatron.learner.offload import OFFLOAD_MODES
 from sparse_rl_megatron.models.arch import DEFAULT_VOCAB_MULTIPLE
 from sparse_rl_megatron.utils.device import DeviceFacts, resolve
 
@@ -161,6 +162,9 @@ class LearnerSettings:
     """The corrected GRPO loss (from ``sparse_rl_megatron.algo``)."""
     moe: MoESettings = field(default_factory=MoESettings)
     """Load-balancing loss and router precision of a mixture-of-experts model."""
+    offload: str = "none"
+    """What of the learner sleeps while the colocated engines decode and evaluate (``learner/offload.py``): none,
+    optimizer (Adam's moments and fp32 main weights), all (weights, gradients and optimizer state)."""
     megatron_overrides: dict[str, Any] = field(default_factory=dict)
     """Extra ``TransformerConfig`` fields, e.g. ``{"recompute_granularity": "full", "sequence_parallel": True}``
     (sequence parallel: TP >= 2 and Transformer Engine norms; context parallel is refused)."""
@@ -179,6 +183,7 @@ class LearnerSettings:
             raise ValueError(f"LearnerConfig.params_dtype must be one of {', '.join(PARAM_DTYPES)}, got {self.params_dtype!r}")
         LAYER_SPECS.check(self.layer_spec, "LearnerConfig.layer_spec")
         BATCH_LAYOUTS.check(self.batch_layout, "LearnerConfig.batch_layout")
+        OFFLOAD_MODES.check(self.offload, "learner.offload")
         if self.max_tokens_per_device < 1:
             raise ValueError(f"LearnerConfig.max_tokens_per_device must be >= 1, got {self.max_tokens_per_device}")
         if self.logprob_chunk_tokens < 0:
