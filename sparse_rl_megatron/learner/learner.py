@@ -9,6 +9,7 @@ same (global) batch; results (log-probs, metrics, exported buckets) are identica
     metrics = learner.train_step(TrainBatch(seqs, prepared))
     for bucket in learner.export_weights(): engine.update_weights(bucket, version)
     learner.save("ckpt/step_1")
+    learner.sleep(); ...; learner.wake()              # learner.offload: hand the GPU to colocated engines
 
 A reference policy for the KL term is a second ``Learner(..., trainable=False)`` (no optimizer, no DDP).
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -30,6 +31,7 @@ from sparse_rl_megatron.learner.config import LearnerConfig, LearnerSettings
 from sparse_rl_megatron.learner.forward import run_schedule
 from sparse_rl_megatron.learner.hf_io import HFCheckpointWriter, load_hf_into_model, read_arch, torch_dtype
 from sparse_rl_megatron.learner.logprobs import to_response_aligned, token_logprobs
+from sparse_rl_megatron.learner.offload import OFFLOAD_PARTS, Sleeper, part_storages, part_tensors, storage_bytes
 from sparse_rl_megatron.learner.model_provider import build_stage_model, check_sequence_parallel, resolve_layer_spec
 from sparse_rl_megatron.learner.parallel import current_layout, device, init_model_parallel
 from sparse_rl_megatron.learner.weight_export import DEFAULT_BUCKET_BYTES, Bucket, export_hf_buckets
@@ -114,12 +116,49 @@ class Learner:
 
             self.ddp = wrap_ddp(self.model, config, self.device_facts)
             self.optimizer, self.scheduler = build_optimizer(self.ddp, config, self.device_facts)
+        self._sleeper = Sleeper(config.offload)
         if _is_megatron_checkpoint(config.model_path):
             self.load(config.model_path, load_optimizer=False)
         else:
             load_hf_into_model(self.model, self.arch, config.model_path)
             if trainable:  # fp32 main weights of bf16 params follow the loaded weights (no-op for fp32)
                 self.optimizer.reload_model_params()
+
+    # ------------------------------------------------------------------ sleep / wake
+    @property
+    def asleep(self) -> bool:
+        """Some part of this learner is off its device (``sleep``)."""
+        return self._sleeper.asleep
+
+    @property
+    def asleep_parts(self) -> frozenset[str]:
+        """The parts (of ``offload.OFFLOAD_PARTS``) off the device now."""
+        return self._sleeper.asleep_parts
+
+    def sleep(self, parts: Iterable[str] | None = None) -> dict[str, int]:
+        """Put ``parts`` (None: every part ``config.offload`` names; a part the mode keeps stays) to sleep
+        (``learner/offload.py``) while others use the device; returns the device bytes freed per part. Local (no
+        collective); a no-op for ``offload: none``."""
+        return self._sleeper.sleep(self._part_tensors(), device(), parts)
+
+    def wake(self, parts: Iterable[str] | None = None) -> None:
+        """Bring ``parts`` (None: every sleeping part) back, bit for bit (gradients as the zeros the next step
+        starts from)."""
+        self._sleeper.wake(parts)
+
+    def resident_bytes(self) -> dict[str, int]:
+        """Device bytes each part holds now, measured from the tensors' storages (a sleeping part: 0)."""
+        storages = part_storages(self._part_tensors(), device())
+        return {part: storage_bytes(storages[part]) for part in OFFLOAD_PARTS}
+
+    def _part_tensors(self) -> dict[str, list[torch.Tensor]]:
+        return part_tensors(self.model, self.ddp, self.optimizer)
+
+    def _check_awake(self, what: str, parts: Iterable[str] = OFFLOAD_PARTS) -> None:
+        asleep = [p for p in parts if p in self._sleeper.asleep_parts]
+        if asleep:
+            raise RuntimeError(f"Learner.{what} called while its {', '.join(asleep)} sleep (learner.offload="
+                               f"{self.config.offload}); call wake() first")
 
     # ------------------------------------------------------------------ log-probs
     @torch.no_grad()
@@ -129,6 +168,7 @@ class Learner:
         Collective; identical on every rank."""
         from megatron.core import parallel_state as ps
 
+        self._check_awake("logprobs", ("weights",))
         cfg = self.config
         batch.check_vocab(self.arch.vocab_size)
         mbs = self.micro_batches(batch)
@@ -191,6 +231,7 @@ class Learner:
         """One optimizer step on a ``TrainBatch``; metrics reduced over all ranks (``train_step.py``)."""
         if not self.trainable:
             raise RuntimeError("this Learner was built with trainable=False (a reference policy); it cannot train")
+        self._check_awake("train_step")
         return train_step(self, batch)
 
     def advance_schedule(self) -> float:
@@ -204,6 +245,7 @@ class Learner:
     # ------------------------------------------------------------------ weights
     def export_weights(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES, dtype: torch.dtype | None = None) -> Iterator[Bucket]:
         """Full HF-named tensors in buckets of ~``bucket_bytes`` (collective; every rank gets every bucket)."""
+        self._check_awake("export_weights", ("weights",))
         return export_hf_buckets(self.model, self.arch, bucket_bytes=bucket_bytes, dtype=dtype)
 
     def save_hf(self, out_dir: str | os.PathLike, dtype: str | None = None,
@@ -231,6 +273,7 @@ class Learner:
 
         The optimizer is saved once it has state, i.e. after the first successful step (Adam creates its
         moments lazily; a checkpoint without them loads into a fresh optimizer)."""
+        self._check_awake("save")
         with_opt = self.optimizer is not None and self.steps > 0
         return ckpt.save_checkpoint(
             ckpt_dir, self.model, self.arch, self.hf_config,
@@ -241,6 +284,7 @@ class Learner:
 
     def load(self, ckpt_dir: str | os.PathLike, load_optimizer: bool = True) -> None:
         """Load a checkpoint saved at any TP x PP layout (optimizer state too when present and asked for)."""
+        self._check_awake("load")
         meta = ckpt.read_meta(ckpt_dir)
         with_opt = load_optimizer and self.optimizer is not None and meta.get("has_optimizer", False)
         extra = ckpt.load_checkpoint(
@@ -263,6 +307,8 @@ class Learner:
                    if self.arch.is_moe else "")
         patches = cpu_compat.applied_patches()  # megatron-core's CPU workarounds in this process (learner/cpu_compat.py)
         compat = f" cpu_compat={patches[0]}..{patches[-1]}" if patches else ""
+        if self.config.offload != "none":
+            extras.append(f"offload={self.config.offload}")
         return (f"{self.arch.family} L={self.arch.num_layers} H={self.arch.hidden_size} TP={lay.tp} PP={lay.pp} "
                 f"DP={lay.dp}{experts} dtype={self.params_dtype}{compat} spec={self.spec} "
                 f"fusions={','.join(fused) or 'none'}" + "".join(f" {e}" for e in extras))

@@ -94,8 +94,10 @@ def part_tensors(model, ddp, optimizer) -> dict[str, list[torch.Tensor]]:
     return {"weights": weights, "gradients": gradients, "optimizer": optim}
 
 
-def part_storages(tensors: dict[str, list[torch.Tensor]]) -> dict[str, list[torch.UntypedStorage]]:
-    """Each part's distinct non-empty storages; one reached by several parts belongs to the first in
+def part_storages(tensors: dict[str, list[torch.Tensor]],
+                  device: torch.device | None = None) -> dict[str, list[torch.UntypedStorage]]:
+    """Each part's distinct non-empty storages on ``device``'s type (None: any; a GPU learner's host-side scalars,
+    such as Adam's step counts, are not device memory); one reached by several parts belongs to the first in
     ``OFFLOAD_PARTS`` (FP32Optimizer's main weights are the model's parameters: weights)."""
     seen: set[int] = set()
     out: dict[str, list[torch.UntypedStorage]] = {}
@@ -104,7 +106,7 @@ def part_storages(tensors: dict[str, list[torch.Tensor]]) -> dict[str, list[torc
         for t in tensors.get(part, ()):
             storage = t.untyped_storage()
             key = storage.data_ptr()
-            if storage.nbytes() == 0 or key in seen:
+            if (device is not None and storage.device.type != device.type) or storage.nbytes() == 0 or key in seen:
                 continue
             seen.add(key)
             out[part].append(storage)
@@ -121,73 +123,82 @@ def _as_bytes(storage: torch.UntypedStorage) -> torch.Tensor:
 
 
 class Sleeper:
-    """Puts the parts of one offload mode of one learner to sleep and wakes them.
+    """Puts parts of one learner to sleep and wakes them, within what its offload mode allows.
 
-    ``sleep(tensors)`` takes ``part_tensors(...)`` as they are at that moment (Adam creates its moments at the
-    first step, so they are collected at each sleep); ``wake()`` restores exactly the storages it put to sleep."""
+    ``sleep(tensors, device, parts)`` takes ``part_tensors(...)`` as they are at that moment (Adam creates its moments
+    at the first step, so they are collected at each sleep) and moves the storages of ``parts`` (None: every part
+    of the mode) that are awake; ``wake(parts)`` restores exactly the storages those parts put to sleep. So the
+    weights can be awake for a recompute or a weight push while the gradients and the optimizer state sleep."""
 
     def __init__(self, mode: str):
         self.mode = mode
         self.parts = offload_parts(mode)
-        self._asleep: list[tuple[str, torch.UntypedStorage, int]] = []  # (part, storage, bytes it had)
-        self._host: dict[int, torch.Tensor] = {}  # id(storage object's impl) -> host copy, reused across sleeps
-        self.asleep = False
+        self._asleep: dict[str, list[tuple[torch.UntypedStorage, int]]] = {}  # part -> (storage, bytes it had)
+        self._host: dict[int, torch.Tensor] = {}  # storage impl -> host copy, reused across sleeps
         self.host_bytes = 0
         """Bytes of host memory holding sleeping parts (gradients are not copied)."""
 
-    def sleep(self, tensors: dict[str, list[torch.Tensor]]) -> dict[str, int]:
-        """Move every storage of the sleeping parts off the device. Returns the bytes freed per part."""
-        if self.asleep:
-            raise RuntimeError("Sleeper.sleep: the learner is already asleep")
-        freed = {part: 0 for part in OFFLOAD_PARTS}
-        storages = part_storages(tensors)
-        device_is_cuda = False
-        for part in OFFLOAD_PARTS:
-            if part not in self.parts:
-                continue
+    @property
+    def asleep_parts(self) -> frozenset[str]:
+        return frozenset(self._asleep)
+
+    @property
+    def asleep(self) -> bool:
+        return bool(self._asleep)
+
+    def sleep(self, tensors: dict[str, list[torch.Tensor]], device: torch.device,
+              parts: Iterable[str] | None = None) -> dict[str, int]:
+        """Move every storage of ``parts`` (of the mode's; None: all of them) that is awake off ``device``. Returns
+        the bytes freed per part."""
+        todo = [p for p in OFFLOAD_PARTS if p in (self.parts if parts is None else set(parts) & self.parts)
+                and p not in self._asleep]
+        freed = dict.fromkeys(OFFLOAD_PARTS, 0)
+        if not todo:
+            return freed
+        storages = part_storages(tensors, device)  # an asleep part's storages are empty: not reached again
+        cuda = device.type == "cuda"
+        moved: dict[str, list[tuple[torch.UntypedStorage, int]]] = {}
+        for part in todo:
+            moved[part] = []
             for storage in storages[part]:
                 nbytes = storage.nbytes()
-                device_is_cuda = device_is_cuda or storage.device.type == "cuda"
                 if part != "gradients":  # zeroed before every step: nothing to keep
-                    host = self._host_copy(storage, nbytes)
-                    host.copy_(_as_bytes(storage), non_blocking=storage.device.type == "cuda")
-                self._asleep.append((part, storage, nbytes))
+                    self._host_copy(storage, nbytes).copy_(_as_bytes(storage), non_blocking=cuda)
+                moved[part].append((storage, nbytes))
                 freed[part] += nbytes
-        if device_is_cuda:
+        if cuda:
             torch.cuda.synchronize()  # the copies are done before the storages go
-        for _, storage, _ in self._asleep:
-            storage.resize_(0)
-        if device_is_cuda:
+        for part, entries in moved.items():
+            for storage, _ in entries:
+                storage.resize_(0)
+            self._asleep[part] = entries
+        if cuda:
             torch.cuda.empty_cache()  # back to the driver: the engine's scheduler is another process
-        self.asleep = True
         return freed
 
-    def wake(self) -> None:
-        """Give every sleeping storage its bytes back (gradients as zeros)."""
-        if not self.asleep:
-            raise RuntimeError("Sleeper.wake: the learner is not asleep")
-        device_is_cuda = False
-        for part, storage, nbytes in self._asleep:
-            storage.resize_(nbytes)
-            view = _as_bytes(storage)
-            if part == "gradients":
-                view.zero_()
-            else:
-                view.copy_(self._host[_key(storage)], non_blocking=storage.device.type == "cuda")
-            device_is_cuda = device_is_cuda or storage.device.type == "cuda"
-        if device_is_cuda:
+    def wake(self, parts: Iterable[str] | None = None) -> None:
+        """Give the sleeping storages of ``parts`` (None: every sleeping part) their bytes back (gradients as zeros)."""
+        todo = [p for p in OFFLOAD_PARTS if p in self._asleep and (parts is None or p in set(parts))]
+        cuda = False
+        for part in todo:
+            for storage, nbytes in self._asleep.pop(part):
+                storage.resize_(nbytes)
+                view = _as_bytes(storage)
+                cuda = cuda or storage.device.type == "cuda"
+                if part == "gradients":
+                    view.zero_()
+                else:
+                    view.copy_(self._host[_key(storage)], non_blocking=storage.device.type == "cuda")
+        if cuda:
             torch.cuda.synchronize()
-        self._asleep = []
-        self.asleep = False
 
     def _host_copy(self, storage: torch.UntypedStorage, nbytes: int) -> torch.Tensor:
         key = _key(storage)
         host = self._host.get(key)
         if host is None or host.numel() != nbytes:
-            pin = storage.device.type == "cuda"
-            host = torch.empty(nbytes, dtype=torch.uint8, device="cpu", pin_memory=pin)
-            if key in self._host:
-                self.host_bytes -= self._host[key].numel()
+            if host is not None:
+                self.host_bytes -= host.numel()
+            host = torch.empty(nbytes, dtype=torch.uint8, device="cpu", pin_memory=storage.device.type == "cuda")
             self._host[key] = host
             self.host_bytes += nbytes
         return host

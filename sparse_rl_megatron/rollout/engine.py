@@ -68,6 +68,19 @@ def check_group_ids(group_ids: Sequence[int] | None, prompts: int) -> list[int]:
     return ids
 
 
+ENGINE_MEMORY_PARTS: tuple[str, ...] = ("weights", "kv_cache")
+"""What an engine's ``resume_memory`` can take back, one part at a time: the weights first (a weight sync needs only
+them), the KV cache (with SGLang's captured graphs) once the learner has gone to sleep."""
+
+
+def check_memory_parts(parts: Sequence[str], where: str) -> tuple[str, ...]:
+    """``parts`` if each is one of ``ENGINE_MEMORY_PARTS``; ``ValueError`` naming the valid ones otherwise."""
+    unknown = [p for p in parts if p not in ENGINE_MEMORY_PARTS]
+    if unknown or not parts:
+        raise ValueError(f"{where}: memory parts {list(parts)}; valid: {', '.join(ENGINE_MEMORY_PARTS)} (one or more)")
+    return tuple(parts)
+
+
 @runtime_checkable
 class RolloutEngine(Protocol):
     """A generator of GRPO groups that can receive new weights: everything the trainer, the evaluator and the
@@ -117,12 +130,14 @@ class RolloutEngine(Protocol):
         ``tensor`` sync); other engines refuse it."""
         ...
 
-    def release_memory(self) -> None:
-        """Free what the engine can while the learner trains (KV cache, optionally weights)."""
+    def release_memory(self, parts: Sequence[str] = ENGINE_MEMORY_PARTS) -> None:
+        """Free ``parts`` (of ``ENGINE_MEMORY_PARTS``; one already released is left as it is) while the learner
+        uses the device; generation and scoring need both parts, weight loading the weights. Released weights
+        come back undefined (SGLang's memory saver keeps no copy): a weight push follows their resume."""
         ...
 
-    def resume_memory(self) -> None:
-        """Undo ``release_memory``."""
+    def resume_memory(self, parts: Sequence[str] = ENGINE_MEMORY_PARTS) -> None:
+        """Undo ``release_memory`` for ``parts`` (a part not released is left as it is)."""
         ...
 
     def shutdown(self) -> None:

@@ -15,7 +15,9 @@ from typing import Iterable, Sequence
 import torch
 
 from sparse_rl_megatron.compression import CompressionConfig, CompressionSchedule
-from sparse_rl_megatron.rollout.engine import SamplingParams, check_group_ids, encode_prompt
+from sparse_rl_megatron.rollout.engine import (
+    ENGINE_MEMORY_PARTS, SamplingParams, check_group_ids, check_memory_parts, encode_prompt,
+)
 from sparse_rl_megatron.rollout.hf_forward import HFDecoder
 from sparse_rl_megatron.rollout.kv_cache import CompressedKVCache, align_keys
 from sparse_rl_megatron.rollout.sample import CompressionInfo, Sample
@@ -70,7 +72,7 @@ class HFRolloutEngine:
         self.show_progress = show_progress
         self.weight_version = weight_version
         self.decoder = HFDecoder(self.model)
-        self._released = False
+        self._released: set[str] = set()  # ENGINE_MEMORY_PARTS not resumed since release_memory
         self._newline_ids: torch.Tensor | None = None
 
     @property
@@ -80,6 +82,7 @@ class HFRolloutEngine:
     # ------------------------------------------------------------------------------------------- weights
     def update_weights(self, named_tensors: Iterable, version: int) -> None:
         """Load HF-named tensors (any subset; pairs or buckets of pairs, possibly lazy) and set the weight version."""
+        self._check_resumed("update_weights", ("weights",))
         copy_named_tensors(self.model, iter_pairs(named_tensors))
         self.weight_version = version
 
@@ -99,12 +102,13 @@ class HFRolloutEngine:
     def shutdown(self) -> None:
         """Nothing to stop: the engine is this process's model."""
 
-    def release_memory(self) -> None:
-        """Nothing persists between ``generate`` calls (KV caches are per call); refuse generation until resumed."""
-        self._released = True
+    def release_memory(self, parts: Sequence[str] = ENGINE_MEMORY_PARTS) -> None:
+        """Nothing persists between ``generate`` calls (KV caches are per call) and the weights stay; refuse what
+        the released parts would serve until they are resumed, as an engine that frees them must."""
+        self._released |= set(check_memory_parts(parts, "HFRolloutEngine.release_memory"))
 
-    def resume_memory(self) -> None:
-        self._released = False
+    def resume_memory(self, parts: Sequence[str] = ENGINE_MEMORY_PARTS) -> None:
+        self._released -= set(check_memory_parts(parts, "HFRolloutEngine.resume_memory"))
 
     # ------------------------------------------------------------------------------------------ generate
     def generate(self, prompts: Sequence[str | list[int]], n: int, sampling: SamplingParams, *,
@@ -250,9 +254,11 @@ batched with other rows may get other BLAS kernels; see ``kv_cache.KEY_ALIGN``).
             out.append(r)
         return out
 
-    def _check_resumed(self, what: str) -> None:
-        if self._released:
-            raise RuntimeError(f"HFRolloutEngine.{what} called after release_memory(); call resume_memory() first")
+    def _check_resumed(self, what: str, parts: Sequence[str] = ENGINE_MEMORY_PARTS) -> None:
+        released = [p for p in parts if p in self._released]
+        if released:
+            raise RuntimeError(f"HFRolloutEngine.{what} called after release_memory() with {', '.join(released)} "
+                               f"still released; call resume_memory() first")
 
     def _encode(self, prompt: str | list[int], index: int) -> list[int]:
         return encode_prompt(prompt, index, self.tokenizer, self.model.config.vocab_size)

@@ -15,7 +15,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import Any, Sequence
 
 from sparse_rl_megatron.rollout.sglang_config import FLUSH_TIMEOUT_S
 from sparse_rl_megatron.utils.errors import RunFailed
@@ -34,6 +34,16 @@ _REQUEST_CLASSES = {
     "init_weights_update_group": "InitWeightsUpdateGroupReqInput",
     "destroy_weights_update_group": "DestroyWeightsUpdateGroupReqInput",
 }
+
+
+SGLANG_MEMORY_TAGS: dict[str, tuple[str, ...]] = {"weights": ("weights",), "kv_cache": ("kv_cache", "cuda_graph")}
+"""SGLang's memory tags (``sglang.srt.constants.GPU_MEMORY_TYPE_*``) of each of ``ENGINE_MEMORY_PARTS``: the
+captured CUDA graphs come back with the KV cache they read."""
+
+
+def sglang_memory_tags(parts: Sequence[str]) -> list[str]:
+    """The SGLang tags to resume for ``parts`` (each a key of ``SGLANG_MEMORY_TAGS``)."""
+    return [tag for part in parts for tag in SGLANG_MEMORY_TAGS[part]]
 
 
 def _check(call: str, result: Any) -> Any:
@@ -295,16 +305,16 @@ class InProcessClient:
         if not result.success:
             raise _not_flushed("the in-process SGLang engine", timeout_s, result.message)
 
-    def release_memory(self) -> None:
+    def release_memory(self, parts: Sequence[str]) -> None:
         from sglang.srt.managers.io_struct import ReleaseMemoryOccupationReqInput
 
-        obj = ReleaseMemoryOccupationReqInput(tags=None)
+        obj = ReleaseMemoryOccupationReqInput(tags=sglang_memory_tags(parts))
         self._wait(self.engine.tokenizer_manager.release_memory_occupation(obj, None))
 
-    def resume_memory(self) -> None:
+    def resume_memory(self, parts: Sequence[str]) -> None:
         from sglang.srt.managers.io_struct import ResumeMemoryOccupationReqInput
 
-        obj = ResumeMemoryOccupationReqInput(tags=None)
+        obj = ResumeMemoryOccupationReqInput(tags=sglang_memory_tags(parts))
         self._wait(self.engine.tokenizer_manager.resume_memory_occupation(obj, None))
 
     def shutdown(self) -> None:
@@ -437,13 +447,13 @@ class HttpClient:
             except HttpRefused as err:
                 raise _not_flushed(f"SGLang server {url}", timeout_s, err.detail) from None
 
-    def release_memory(self) -> None:
+    def release_memory(self, parts: Sequence[str]) -> None:
         for url in self.urls:
-            self._request(url, "/release_memory_occupation", {})
+            self._request(url, "/release_memory_occupation", {"tags": sglang_memory_tags(parts)})
 
-    def resume_memory(self) -> None:
+    def resume_memory(self, parts: Sequence[str]) -> None:
         for url in self.urls:
-            self._request(url, "/resume_memory_occupation", {})
+            self._request(url, "/resume_memory_occupation", {"tags": sglang_memory_tags(parts)})
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False)

@@ -49,7 +49,9 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from sparse_rl_megatron.compression import CompressionConfig
-from sparse_rl_megatron.rollout.engine import SamplingParams, check_group_ids, encode_prompt
+from sparse_rl_megatron.rollout.engine import (
+    ENGINE_MEMORY_PARTS, SamplingParams, check_group_ids, check_memory_parts, encode_prompt,
+)
 from sparse_rl_megatron.rollout.sample import CompressionInfo, Sample
 from sparse_rl_megatron.rollout.sampling import sample_seed
 from sparse_rl_megatron.rollout.sglang_client import CacheNotFlushed, InProcessClient
@@ -87,7 +89,7 @@ class SGLangRolloutEngine:
         self.config = config
         self.weight_version = weight_version
         self.tokenizer = self._load_tokenizer()
-        self._released = False
+        self._released: set[str] = set()  # ENGINE_MEMORY_PARTS not resumed since release_memory
         self._cache_stale = False
         """Weights changed and the radix caches were not flushed yet (``_weights_loaded``)."""
         self.resubmitted = 0
@@ -150,8 +152,7 @@ class SGLangRolloutEngine:
         which also picks each request's sampling seed. ``compression`` overrides the engine's for these requests
         (within the server's window and B + W); ``budgets[p]`` is prompt p's own budget B (its requests decode
         beside the others, and the plugin admits each by its own B + W + 1 future tokens)."""
-        if self._released:
-            raise RuntimeError("SGLangRolloutEngine.generate called after release_memory(); call resume_memory() first")
+        self._check_resumed("generate")
         if n < 1:
             raise ValueError(f"generate: n must be >= 1; got {n}")
         if sampling.stop and self.tokenizer is None:
@@ -208,8 +209,7 @@ class SGLangRolloutEngine:
         """``[len(response)]`` T=1 log-probs of each given response after its prompt, under full attention
         (compression off for these requests; one prefill each, at temperature 1 so SGLang's input log-probs
         are unscaled). The weight-sync probe's engine side."""
-        if self._released:
-            raise RuntimeError("SGLangRolloutEngine.dense_logprobs called after release_memory(); call resume_memory()")
+        self._check_resumed("dense_logprobs")
         ids = [list(map(int, p)) + list(map(int, r)) for p, r in zip(prompts, responses)]
         if any(len(p) < 1 for p in prompts):
             raise ValueError("dense_logprobs: every prompt needs at least one token")
@@ -354,14 +354,27 @@ class SGLangRolloutEngine:
         self._cache_stale = False
 
     # ------------------------------------------------------------------------------------------- memory
-    def release_memory(self) -> None:
-        """Free SGLang's KV cache and weights while the learner trains (CUDA; a no-op on CPU)."""
-        self.client.release_memory()
-        self._released = True
+    def release_memory(self, parts: Sequence[str] = ENGINE_MEMORY_PARTS) -> None:
+        """Free ``parts`` of SGLang's memory (its tags: ``weights``; ``kv_cache`` with the captured graphs) while the
+        learner uses the GPU (CUDA with ``memory_saver``; on CPU SGLang only records them); a part already released
+        is skipped (SGLang would pause its memory twice)."""
+        todo = [p for p in check_memory_parts(parts, "SGLangRolloutEngine.release_memory") if p not in self._released]
+        if todo:
+            self.client.release_memory(todo)
+            self._released |= set(todo)
 
-    def resume_memory(self) -> None:
-        self.client.resume_memory()
-        self._released = False
+    def resume_memory(self, parts: Sequence[str] = ENGINE_MEMORY_PARTS) -> None:
+        """Take back ``parts`` (SGLang's memory tags: ``weights``; ``kv_cache`` with the captured graphs); a part
+        that is not released is skipped (SGLang refuses to resume a tag twice)."""
+        todo = [p for p in check_memory_parts(parts, "SGLangRolloutEngine.resume_memory") if p in self._released]
+        if todo:
+            self.client.resume_memory(todo)
+            self._released -= set(todo)
+
+    def _check_resumed(self, what: str) -> None:
+        if self._released:
+            raise RuntimeError(f"SGLangRolloutEngine.{what} called after release_memory() with "
+                               f"{', '.join(sorted(self._released))} still released; call resume_memory() first")
 
     def shutdown(self) -> None:
         try:
@@ -411,11 +424,11 @@ class CompressionView:
     def update_weights_from_payloads(self, payloads: Iterable[list], version: int) -> None:
         self.engine.update_weights_from_payloads(payloads, version)
 
-    def release_memory(self) -> None:
-        self.engine.release_memory()
+    def release_memory(self, parts: Sequence[str] = ENGINE_MEMORY_PARTS) -> None:
+        self.engine.release_memory(parts)
 
-    def resume_memory(self) -> None:
-        self.engine.resume_memory()
+    def resume_memory(self, parts: Sequence[str] = ENGINE_MEMORY_PARTS) -> None:
+        self.engine.resume_memory(parts)
 
     def shutdown(self) -> None:
         """Nothing: the engine is shut down by its owner."""

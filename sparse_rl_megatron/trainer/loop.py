@@ -1,13 +1,15 @@
 """The Sparse-RL training loop (``sparse-rl train``), top to bottom.
 
-Per rollout step k (every rank runs it; the engines live on the ranks of ``rollout/layout.py``):
+Per rollout step k (every rank runs it; the engines live on the ranks of ``rollout/layout.py``; the learner and
+the engines take turns on the device, ``runtime/device_turns.py``):
   1. rollout of n samples per prompt on the (compressed-KV) engines, each on its share of the groups, and reward
-     where the samples are; dense recompute of pi_old (+ reference log-probs when KL is on), rejection +
-     reweighting + advantages on the whole batch;
+     where the samples are (the learner asleep); dense recompute of pi_old (+ reference log-probs when KL is on),
+     rejection + reweighting + advantages on the whole batch (the engines' memory released);
   2. optimizer steps on ``global_batch_size`` slices (none when correction rejected everything);
-  3. weight sync to every engine as version k, verified by the log-prob probe on each;
-  4. metrics; a checkpoint every ``save_every`` steps, at the end, and when a stop is requested
-     (SIGTERM / SIGUSR1 / Ctrl-C / STOP file: save, then exit 0); held-out evaluation dense and sparse.
+  3. a checkpoint every ``save_every`` steps, at the end, and when a stop is requested (SIGTERM / SIGUSR1 / Ctrl-C /
+     STOP file: save, then exit 0 at the end of the step);
+  4. weight sync to every engine as version k, verified by the log-prob probe on each;
+  5. held-out evaluation dense and sparse; metrics.
 Set-up, resume and the services called here live in ``run.py``; the data half of a step in ``step.py``.
 """
 from __future__ import annotations
@@ -16,12 +18,10 @@ import time
 
 from sparse_rl_megatron.observability.metrics_writer import read_metrics
 from sparse_rl_megatron.trainer.config import TrainConfig
-from sparse_rl_megatron.trainer.optimize import optimizer_steps
 from sparse_rl_megatron.trainer.run import Run, exit_note, start_run
 from sparse_rl_megatron.trainer.runtime import distributed as D
 from sparse_rl_megatron.trainer.runtime.expected_result import expected_result_line
 from sparse_rl_megatron.trainer.runtime.progress import print_step
-from sparse_rl_megatron.trainer.step import rollout_step
 from sparse_rl_megatron.utils.errors import RunFailed
 
 
@@ -54,33 +54,29 @@ def _loop(cfg: TrainConfig, run: Run) -> dict[str, float]:
         hb.phase(step, "rollout")
         records = run.prompts.take(cfg.rollout.prompts_per_step) if main else None
         budget = run.budget.budget if run.budget is not None else None  # the adaptive budget of this step
-        batch = rollout_step(learner=run.learner, pool=run.pool, records=records, template=run.plan.template,
-                             n=cfg.rollout.samples_per_prompt, sampling=cfg.rollout.sampling,
-                             correction=cfg.correction, seed=cfg.seed, step=step, ref_learner=run.ref_learner,
-                             budget=budget)
+        batch = run.rollout(step, records, budget)
         if run.budget is not None:  # the next step's budget, from this step's mismatch (same on every rank)
             batch.metrics.update(run.budget.metrics())
             run.budget.update_from_metrics(batch.metrics)
             batch.metrics["rollout/budget_signal"] = run.budget.last_signal
-        # 2. optimizer steps on global-batch slices (the engine lends its memory meanwhile)
+        # 2. optimizer steps on global-batch slices (the engines' memory still released)
         hb.phase(step, "train")
         t0 = time.perf_counter()
-        run.pool.release_memory()
-        train = optimizer_steps(run.learner, batch, cfg.optimizer_steps_per_rollout, cfg.log.progress and main)
+        train = run.optimize(batch)
         if not batch.trainable:
             run.say(f"[yellow]step {step}: correction rejected every sample; no optimizer step[/]")
-        run.pool.resume_memory()
         train["time/train_s"] = time.perf_counter() - t0
-        # 3. weight sync learner -> engine (version = step), checked by the probe
-        hb.phase(step, "sync")
-        sync = run.sync(version=step)
-        metrics = {**batch.metrics, **train, **sync, "time/sync_s": sync["sync/seconds"]}
-        # 4. checkpoint (periodic, last step, or stop requested on any rank), evaluation, metrics
+        # 3. checkpoint (periodic, last step, or stop requested on any rank) while the whole learner is awake
         stop = _stop_reason(run)
         every = cfg.checkpoint.save_every
         if stop or step == cfg.steps or (every and step % every == 0):
             hb.phase(step, "save")
             run.save(step)
+        # 4. weight sync learner -> engine (version = step), checked by the probe; the learner then sleeps
+        hb.phase(step, "sync")
+        sync = run.sync(version=step)
+        metrics = {**batch.metrics, **train, **sync, "time/sync_s": sync["sync/seconds"]}
+        # 5. evaluation, metrics
         if step == cfg.steps or (cfg.eval.every and step % cfg.eval.every == 0):
             hb.phase(step, "evaluation")
             metrics.update(run.evaluate(step))

@@ -4,8 +4,10 @@ Order of set-up (each step fails with one clear line before the costly ones star
 preflight (every rank: config vs files, registries, world size, the rollout layout; the data is loaded) ->
 process groups -> rank 0 takes the run-directory lock and decides fresh start (earlier outputs archived) or
 resume (metrics past the checkpoint dropped) -> models built once (tiny / task warm start) -> learner
-(+ reference policy when KL is on) -> every engine and its rank's reward (``engines/pool.py``) -> checkpoint
-loaded -> weights synced to every engine and probed on each.
+(+ reference policy when KL is on) -> the learner goes to sleep (``learner.offload``) -> every engine and its rank's
+reward (``engines/pool.py``), each sizing its memory from what the sleeping learner left free -> checkpoint loaded
+-> weights synced to every engine and probed on each. The learner and the engines take turns on the device from
+there (``runtime/device_turns.py``): every service below enters the turn it needs.
 """
 from __future__ import annotations
 
@@ -27,19 +29,24 @@ from sparse_rl_megatron.trainer.config import TrainConfig
 from sparse_rl_megatron.trainer.engines.pool import EnginePool
 from sparse_rl_megatron.trainer.engines.weight_probe import probe_sequence, probe_tolerance
 from sparse_rl_megatron.trainer.evaluation import EVAL_DIR, evaluate_pool
+from sparse_rl_megatron.trainer.optimize import optimizer_steps
 from sparse_rl_megatron.trainer.run_plan import RunPlan, preflight
+from sparse_rl_megatron.trainer.runtime.device_turns import DeviceTurns
 from sparse_rl_megatron.trainer.runtime import distributed as D
 from sparse_rl_megatron.trainer.runtime.model_dirs import export_for_engine, prepare_model
 from sparse_rl_megatron.trainer.runtime.progress import HEARTBEAT_DIR, Heartbeat
 from sparse_rl_megatron.trainer.runtime.prompts import PromptOrder
+from sparse_rl_megatron.trainer.step import RolloutBatch, prepare_batch, rollout_samples
 from sparse_rl_megatron.trainer.runtime.run_dir import RunDirLock, archive_previous_outputs
 from sparse_rl_megatron.trainer.runtime.signals import StopRequest
 from sparse_rl_megatron.utils.config_io import to_dict
 
 if TYPE_CHECKING:
+    import torch
     from rich.console import Console
 
     from sparse_rl_megatron.compression.budget_controller import BudgetController
+    from sparse_rl_megatron.data.record import MathRecord
     from sparse_rl_megatron.learner.batch import SequenceBatch
     from sparse_rl_megatron.learner.learner import Learner
     from sparse_rl_megatron.observability.metrics_writer import MetricsWriter
@@ -71,6 +78,8 @@ class Run:
     """The run's rollout engines as this rank sees them (its own engines and reward)."""
     probe: "SequenceBatch"
     """The weight-sync probe sequence (``engines/weight_probe.py``)."""
+    turns: DeviceTurns
+    """Who holds the device, the engines or the learner (``runtime/device_turns.py``)."""
     heartbeat: "Heartbeat"
     stop: "StopRequest"
     prompts: "PromptOrder | None"
@@ -82,6 +91,9 @@ class Run:
     step: int = 0
     """Rollout steps completed (the checkpoint's step when resumed)."""
     resumed_from: Path | None = None
+    start_probe: "torch.Tensor | None" = None
+    """The learner's log-probs of ``probe`` as built (taken before it first slept): what the engines, which loaded the
+    same weights from disk, are probed against at a fresh start."""
 
     # ------------------------------------------------------------------------------------------------ log
     def say(self, text: str) -> None:
@@ -92,19 +104,61 @@ class Run:
         if D.is_main():
             self.writer.write(step, metrics)
 
+    # ------------------------------------------------------------------------------------------- rollout
+    def rollout(self, step: int, records: "list[MathRecord] | None", budget: int | None) -> RolloutBatch:
+        """Rollout and reward on every engine (the engines' turn), then the dense recompute (+ reference) and the
+        correction on the whole batch (the recompute turn: the learners' weights). ``records``: rank 0's prompts;
+        ``budget``: this step's KV budget (the adaptive budget's; None: the engines' own)."""
+        cfg = self.cfg
+        self.turns.enter("engines")
+        samples, metrics = rollout_samples(self.pool, records, self.plan.template, cfg.rollout.samples_per_prompt,
+                                           cfg.rollout.sampling, cfg.seed, step, budget)
+        self.turns.enter("recompute")
+        batch = prepare_batch(self.learner, samples, cfg.correction, self.ref_learner)
+        batch.metrics = {**metrics, **batch.metrics}
+        return batch
+
+    def optimize(self, batch: RolloutBatch) -> dict[str, float]:
+        """The optimizer steps on ``batch`` (the train turn: the whole policy learner awake, the reference asleep)."""
+        self.turns.enter("train")
+        return optimizer_steps(self.learner, batch, self.cfg.optimizer_steps_per_rollout,
+                               self.cfg.log.progress and D.is_main())
+
     # ----------------------------------------------------------------------------------------------- sync
-    def sync(self, version: int, push: bool = True) -> dict[str, float]:
-        """Push the learner's weights to every engine as ``version`` (unless ``push`` is False), then probe each."""
-        metrics: dict[str, float] = {}
-        if push:
-            metrics.update(self.pool.sync(self.learner, version, self.cfg.sync.bucket_mb))
-        if self.cfg.sync.probe:
-            tol = probe_tolerance(self.cfg, self.learner)
-            metrics.update(self.pool.probe(self.learner, self.probe, tol, version))
+    def push(self, version: int) -> dict[str, float]:
+        """Push the learner's weights to every engine as ``version`` (the sync turn: the engines' weights back, their
+        KV pool not yet)."""
+        self.turns.enter("sync")
+        return self.pool.sync(self.learner, version, self.cfg.sync.bucket_mb)
+
+    def probe_engines(self, version: int) -> dict[str, float]:
+        """The learner's probe log-probs (its weights are awake in the sync turn), then the device to the engines,
+        and every engine probed against them (``version``: the one just pushed)."""
+        learner_lp = self.learner.logprobs(self.probe) if self.cfg.sync.probe else None
+        self.turns.enter("engines")
+        if learner_lp is None:
+            return {}
+        return self.pool.probe(learner_lp, self.probe, probe_tolerance(self.cfg, self.learner), version)
+
+    def sync(self, version: int) -> dict[str, float]:
+        """``push`` then ``probe_engines``."""
+        metrics = self.push(version)
+        metrics.update(self.probe_engines(version))
         return metrics
+
+    def probe_start(self) -> dict[str, float]:
+        """A fresh start: probe the engines, which loaded the built model from disk, against the learner as built
+        (version 0, nothing pushed)."""
+        if self.start_probe is None:
+            return {}
+        self.turns.enter("engines")
+        return self.pool.probe(self.start_probe, self.probe, probe_tolerance(self.cfg, self.learner), self.step)
 
     # ----------------------------------------------------------------------------------------------- save
     def save(self, step: int) -> Path:
+        """A checkpoint of ``step`` (the train turn: the optimizer state is read; the loop saves before the weight
+        push, which gives the engines their weights back)."""
+        self.turns.enter("train")
         state = D.on_main(lambda: TrainerState.capture(self, step, self.cfg.seed))
         return checkpoints.save(self.run_dir, step, self.learner, state, self.cfg.checkpoint.keep_last)
 
@@ -115,6 +169,7 @@ class Run:
         next step samples with (``trainer/evaluation.py``)."""
         if not self.plan.eval_data:
             return {}
+        self.turns.enter("engines")
         return evaluate_pool(self.pool, self.plan.eval_data, self.cfg, self.plan.template, step, self.run_dir,
                              controller_budget=None if self.budget is None else self.budget.budget)
 
@@ -149,12 +204,15 @@ class _Models:
     ref_learner: "Learner | None"
     pool: "EnginePool"
     probe: "SequenceBatch"
+    turns: DeviceTurns
+    start_probe: "torch.Tensor | None"
 
 
 def _build_models(cfg: TrainConfig, plan: RunPlan, run_dir: Path, stack: contextlib.ExitStack,
                   say: Callable[[str], None], stop: StopRequest) -> _Models:
-    """Learner (+ reference), every engine and its rank's reward; rank 0 builds the model directories first (a
-    stop asked during a task's warm start ends the run there: ``StoppedEarly``, on every rank)."""
+    """Learner (+ reference), every engine and its rank's reward, the engines started once the learners sleep; rank 0
+    builds the model directories first (a stop asked during a task's warm start ends the run there: ``StoppedEarly``,
+    on every rank)."""
     dirs = D.on_main(lambda: prepare_model(cfg, plan.task, run_dir, should_stop=lambda: stop.reason))
     for note in dirs.notes:
         say(note)
@@ -165,9 +223,11 @@ def _build_models(cfg: TrainConfig, plan: RunPlan, run_dir: Path, stack: context
         ref_learner = Learner(cfg.learner_config(dirs.learner), trainable=False, device_facts=facts)
     hf_dir = dirs.engine_hf or export_for_engine(learner, run_dir)
     probe = probe_sequence(learner.arch.vocab_size, cfg.sync.probe_tokens, cfg.seed)
+    start_probe = learner.logprobs(probe) if cfg.sync.probe else None
     say(plan.layout.describe())
-    pool = EnginePool.start(cfg, plan.layout, hf_dir, stack, lambda: make_reward(cfg, plan))
-    return _Models(learner, ref_learner, pool, probe)
+    turns = DeviceTurns(learner, ref_learner)
+    pool = turns.start_engines(lambda: EnginePool.start(cfg, plan.layout, hf_dir, stack, lambda: make_reward(cfg, plan)))
+    return _Models(learner, ref_learner, pool, probe, turns, start_probe)
 
 
 def make_reward(cfg: TrainConfig, plan: RunPlan):
@@ -208,12 +268,14 @@ def start_run(cfg: TrainConfig):
 
             budget = BudgetController(cfg.rollout.adaptive_budget, cfg.rollout.compression.budget)
         run = Run(cfg=cfg, plan=plan, run_dir=run_dir, console=console, learner=models.learner,
-                  ref_learner=models.ref_learner, pool=models.pool, probe=models.probe, heartbeat=heartbeat, stop=stop,
+                  ref_learner=models.ref_learner, pool=models.pool, probe=models.probe, turns=models.turns,
+                  start_probe=models.start_probe, heartbeat=heartbeat, stop=stop,
                   prompts=PromptOrder(plan.train_data.records, cfg.seed, cfg.data.shuffle) if D.is_main() else None,
                   budget=budget)
         if resume is not None:  # an older intact checkpoint if this one does not load (resume.py)
             from sparse_rl_megatron.trainer.checkpointing.resume import load as load_checkpoint
 
+            run.turns.enter("train")
             choice = load_checkpoint(run, choice)
             run.resumed_from = choice.path
             for warning in choice.state.restore(run, D.world_size()):
@@ -229,7 +291,7 @@ def start_run(cfg: TrainConfig):
                     f"{cfg.steps} steps x {cfg.rollout.prompts_per_step} prompts x {cfg.rollout.samples_per_prompt} "
                     f"samples, {cfg.optimizer_steps_per_rollout} optimizer step(s) each")
         # the engine serves the learner's weights from here on: pushed after a resume, probed always
-        startup = run.sync(version=run.step, push=resume is not None)
+        startup = run.sync(version=run.step) if resume is not None else run.probe_start()
         if "sync/probe_mean_abs_diff" in startup:
             count = run.plan.layout.num_engines
             run.say(f"engine '{cfg.rollout.engine}' serves the learner's weights (version {run.step}) on "

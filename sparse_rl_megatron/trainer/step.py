@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from sparse_rl_megatron.rollout.engine import SamplingParams
     from sparse_rl_megatron.rollout.sample import Sample
 
-__all__ = ["EngineError", "RolloutBatch", "prepare_batch", "rollout_metrics", "rollout_step", "step_seed"]
+__all__ = ["EngineError", "RolloutBatch", "prepare_batch", "rollout_metrics", "rollout_samples", "rollout_step",
+           "step_seed"]
 
 
 @dataclass
@@ -76,15 +77,23 @@ def prepare_batch(learner, samples: list["Sample"], correction: "CorrectionConfi
     return RolloutBatch(samples, seqs, prepared, ref, metrics)
 
 
+def rollout_samples(pool: "EnginePool", records: "list[MathRecord] | None", template: str, n: int,
+                    sampling: "SamplingParams", seed: int, step: int, budget: int | None = None
+                    ) -> tuple[list["Sample"], dict[str, float]]:
+    """Rollout and reward on every engine of ``pool`` (each scores its own samples) for rollout step ``step``,
+    sampled with the step's seed. ``records`` are rank 0's (None elsewhere); ``budget``: this step's KV budget B
+    (the adaptive budget's; None: the engines' own). Collective."""
+    sampling = dataclasses.replace(sampling, seed=step_seed(seed, step))
+    return pool.generate(records, template, n, sampling, step, budget)
+
+
 def rollout_step(*, learner: "Learner", pool: "EnginePool", records: "list[MathRecord] | None", template: str,
                  n: int, sampling: "SamplingParams", correction: "CorrectionConfig", seed: int, step: int,
                  ref_learner: "Learner | None" = None, budget: int | None = None) -> RolloutBatch:
-    """Rollout and reward on every engine of ``pool`` (each scores its own samples) -> recompute and correction
-    (every rank) for rollout step ``step``. ``records`` are rank 0's (None elsewhere); ``budget``: this step's KV
-    budget B (the adaptive budget's; None: the engines' own). One engine a caller built itself:
-    ``with EnginePool.single(engine, reward, name) as pool``."""
-    sampling = dataclasses.replace(sampling, seed=step_seed(seed, step))
-    samples, metrics = pool.generate(records, template, n, sampling, step, budget)
+    """``rollout_samples`` -> recompute and correction (every rank) for rollout step ``step``. One engine a caller
+    built itself: ``with EnginePool.single(engine, reward, name) as pool``. (``sparse-rl train`` runs the two halves
+    in the engines' and the learner's turns: ``Run.rollout``.)"""
+    samples, metrics = rollout_samples(pool, records, template, n, sampling, seed, step, budget)
     batch = prepare_batch(learner, samples, correction, ref_learner)
     batch.metrics = {**metrics, **batch.metrics}
     return batch

@@ -1,5 +1,5 @@
-"""``sparse-rl train`` end to end on CPU: the embedded default in a fast form, stop + resume equal to an
-uninterrupted run, interrupted checkpoints ignored, the run-directory lock, and two torchrun agents (two "nodes"
+"""``sparse-rl train`` end to end on CPU: the embedded default in a fast form, stop + resume with the learner put to
+sleep between its turns (``learner.offload: all``) equal to an uninterrupted run that keeps it awake, interrupted checkpoints ignored, the run-directory lock, and two torchrun agents (two "nodes"
 on a localhost c10d rendezvous, TP = 2 across them, one engine each) training a task model with KL on until one
 node's engine dies, then resuming."""
 from __future__ import annotations
@@ -28,6 +28,7 @@ SMALL = ["warm_start={steps: 4, eval_problems: 0}", "warm_check.enabled=false", 
 # (the PNG plot, ~2 CPU s at the end of each run, is drawn by the uninterrupted run of the stop-and-resume test)
 # Metrics that measure time differ between two identical runs; everything else must not.
 TIMING = ("time", "time/", "throughput/", "train/step_time_s", "train/tokens_per_s", "sync/seconds")
+OFFLOAD = "learner.offload=all"  # weights, gradients and Adam state off the device between the learner's turns
 
 
 def _env(shared_data: Path) -> dict:
@@ -96,7 +97,8 @@ def test_stop_and_resume_equals_the_uninterrupted_run(tmp_path, shared_data):
     # the uninterrupted run (the embedded default, fast form) and the first half of the split one, side by side
     a = subprocess.Popen(_train(whole, "steps=4", "log.plot=true"), env=env, cwd=tmp_path, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
-    b = subprocess.Popen(_train(split, "steps=4"), env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+    # the split run's learner sleeps while the engine rolls out and evaluates: bit-identical to one that does not
+    b = subprocess.Popen(_train(split, "steps=4", OFFLOAD), env=env, cwd=tmp_path, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 400
     while not ((split / "metrics.jsonl").is_file() and any(r["step"] >= 1 for r in _records(split))):
@@ -116,7 +118,7 @@ def test_stop_and_resume_equals_the_uninterrupted_run(tmp_path, shared_data):
     shutil.copytree(ckpts / f"step_{k}", ckpts / f"step_{k + 1}", ignore=shutil.ignore_patterns("trainer_state.json"))
     (ckpts / f"step_{k + 1}.saving").mkdir()
 
-    resumed = subprocess.run(_train(split, "steps=4"), env=env, cwd=tmp_path, capture_output=True, text=True,
+    resumed = subprocess.run(_train(split, "steps=4", OFFLOAD), env=env, cwd=tmp_path, capture_output=True, text=True,
                              timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming from {ckpts / f'step_{k}'}" in resumed.stdout

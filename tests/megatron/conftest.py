@@ -3,7 +3,8 @@
 Launches (each runs many checks, to pay megatron-core's import once per rank):
   single: 1 process          -> CPU compat, TP = 1 checks, NaN guard, resume, refusals
   pair:   torchrun, 2 ranks  -> TP = 2, PP = 2, DP = 2 checks, NaN guard at PP = 2, DistributedOptimizer,
-                                bf16 export at PP = 2, sequence parallel at TP = 2, a one-row batch at DP = 2
+                                bf16 export at PP = 2, sequence parallel at TP = 2, a one-row batch at DP = 2,
+                                the learner's sleep and wake at TP = 2, PP = 2 and DP = 2 (bf16 DistributedOptimizer)
   grid:   torchrun, 4 ranks  -> TP = 2 x PP = 2 checks, TP1 checkpoint -> TP2 x PP2 -> TP1, DistributedOptimizer,
                                 a one-row batch at TP = 2 x DP = 2
 """
@@ -55,7 +56,8 @@ def pair_launch(mcore_refs, mcore_root) -> LaunchResult:
     work = mcore_root / "pair_work"
     work.mkdir()
     return launch("w_layouts.py", 2, [str(mcore_refs), str(work), "2x1,1x2,1x1", "nan_guard_pp2", "distopt",
-                                      "bf16_export_pp2", "sequence_parallel", "plan", "fewer_rows:1x1"],
+                                      "bf16_export_pp2", "sequence_parallel", "plan", "fewer_rows:1x1",
+                                      "offload:2x1,1x2"],
                   mcore_root / "pair_results")
 
 
@@ -97,7 +99,7 @@ def moe_pair_launch(moe_refs, mcore_root) -> LaunchResult:
     work = mcore_root / "moe_pair_work"
     work.mkdir()
     return launch("w_moe.py", 2, [str(moe_refs), str(work), MOE_PAIR_LAYOUTS, "aux_step", "uneven",
-                                 "plan", "cpu_compat"],
+                                 "plan", "cpu_compat", "offload"],
                   mcore_root / "moe_pair_results")
 
 

@@ -59,6 +59,7 @@ def test_run_evaluates_with_the_controllers_current_budget(tmp_path, monkeypatch
     from sparse_rl_megatron.compression.budget_controller import AdaptiveBudgetConfig, BudgetController
     from sparse_rl_megatron.trainer import run as run_module
     from sparse_rl_megatron.trainer.run import Run
+    from sparse_rl_megatron.trainer.runtime.device_turns import DeviceTurns
 
     seen = {}
     monkeypatch.setattr(run_module, "evaluate_pool", lambda *args, **kwargs: seen.update(kwargs) or {})
@@ -68,7 +69,7 @@ def test_run_evaluates_with_the_controllers_current_budget(tmp_path, monkeypatch
     unused = dict.fromkeys(("console", "learner", "ref_learner", "pool", "probe", "heartbeat", "stop",
                             "prompts"))  # parts of a run this method does not touch
     run = Run(cfg=_cfg(tmp_path), plan=SimpleNamespace(eval_data={"x": None}, template="t"), run_dir=tmp_path,
-              budget=controller, **unused)
+              budget=controller, turns=DeviceTurns(None), **unused)
     run.evaluate(STEP)
     assert seen == {"controller_budget": controller.budget}
 

@@ -65,7 +65,7 @@ PROBE = probe_sequence(512, 32, seed=0)
 
 def _sync_and_probe(learner, pool, version: int, tolerance: float) -> dict[str, float]:
     pool.sync(learner, version, bucket_mb=1)
-    return pool.probe(learner, PROBE, tolerance, version)
+    return pool.probe(learner.logprobs(PROBE), PROBE, tolerance, version)
 
 
 def _one_line(err: pytest.ExceptionInfo) -> str:

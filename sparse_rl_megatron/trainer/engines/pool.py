@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Sequence
 import torch
 
 from sparse_rl_megatron.data.templates import render_prompt
+from sparse_rl_megatron.rollout.engine import ENGINE_MEMORY_PARTS
 from sparse_rl_megatron.rollout.engines import ENGINES
 from sparse_rl_megatron.rollout.layout import RolloutLayout
 from sparse_rl_megatron.rollout.repetition import repetition_metrics
@@ -198,12 +199,16 @@ class EnginePool:
             error.__cause__ = err
             return None, error
 
-    def release_memory(self) -> None:
-        """Every engine frees what it can while the learner trains (SGLang with ``memory_saver`` on CUDA)."""
-        self.on_engines(lambda engine, slot: engine.release_memory(), "releasing its memory for the learner")
+    def release_memory(self, parts: Sequence[str] = ENGINE_MEMORY_PARTS) -> None:
+        """Every engine frees ``parts`` of its memory (``rollout.engine.ENGINE_MEMORY_PARTS``) while the learner uses
+        the device (SGLang with ``memory_saver`` on CUDA)."""
+        self.on_engines(lambda engine, slot: engine.release_memory(parts),
+                        f"releasing its memory ({', '.join(parts)}) for the learner")
 
-    def resume_memory(self) -> None:
-        self.on_engines(lambda engine, slot: engine.resume_memory(), "taking its memory back after training")
+    def resume_memory(self, parts: Sequence[str] = ENGINE_MEMORY_PARTS) -> None:
+        """Every engine takes ``parts`` of its memory back (``rollout.engine.ENGINE_MEMORY_PARTS``)."""
+        self.on_engines(lambda engine, slot: engine.resume_memory(parts),
+                        f"taking its memory back ({', '.join(parts)})")
 
     # ---------------------------------------------------------------------------------------- generate
     def generate(self, records: "list[MathRecord] | None", template: str, n: int, sampling: "SamplingParams",
@@ -284,12 +289,12 @@ class EnginePool:
         return {"sync/seconds": time.perf_counter() - t0, "sync/buckets": float(buckets), "sync/mib": nbytes / MIB}
 
     # ------------------------------------------------------------------------------------------- probe
-    def probe(self, learner: "Learner", probe: "SequenceBatch", tolerance: float, version: int) -> dict[str, float]:
-        """Every engine's dense log-probs of ``probe`` against the learner's at ``version`` and, when this pool
-        probed an earlier version, the latest such (``weight_probe.probe_verdict``). Collective; raises
+    def probe(self, learner_lp: torch.Tensor, probe: "SequenceBatch", tolerance: float,
+              version: int) -> dict[str, float]:
+        """Every engine's dense log-probs of ``probe`` against the learner's (``learner_lp``, ``[1, T]`` from
+        ``Learner.logprobs(probe)``: taken before a colocated learner goes to sleep) at ``version`` and, when this
+        pool probed an earlier version, the latest such (``weight_probe.probe_verdict``). Collective; raises
         ``WeightSyncError`` (one line) on every rank naming the first engine (and rank) that is stale or garbled."""
-
-        learner_lp = learner.logprobs(probe)
         mask = probe.response_mask()
         current = learner_lp[mask]
         older = [v for v in self.probed if v < version]
@@ -334,7 +339,7 @@ def probe_weights(learner, engine, probe: "SequenceBatch", tolerance: float, eng
     """Compare the dense log-probs of one engine on rank 0 (``engine``; None elsewhere) with the learner's.
     Collective; raises ``WeightSyncError`` on every rank past ``tolerance``. (A run's engines: ``EnginePool.probe``.)"""
     with EnginePool.single(engine, None, engine_name) as pool:
-        return pool.probe(learner, probe, tolerance, version)
+        return pool.probe(learner.logprobs(probe), probe, tolerance, version)
 
 
 def rollout_metrics(samples: Sequence["Sample"]) -> dict[str, float]:

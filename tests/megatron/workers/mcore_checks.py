@@ -330,3 +330,69 @@ def check_plan_matches_learner(ref: dict, tp: int, pp: int, distributed_optimize
         act = stage_activations(lrn.arch, tp, pp, stage, shape, setting)
         want = act.kept_recompute if recompute else act.kept
         assert abs(got - want) <= 0.005 * got + SMALL_TERMS, f"micro-batch {shape}: saved {got} B, planned {want:.0f} B"
+
+
+def check_offload_bit_identical(ref: dict, tp: int, pp: int, steps: int = 2, **learner_kw) -> None:
+    """``learner.offload``: a learner put to sleep and woken before each step trains exactly as one that never sleeps
+    (weights and logged metrics bit for bit, on every rank), and while it sleeps its device storages hold what the
+    mode leaves there, measured: ``all`` 0 bytes of every part (a reference policy's weights too), ``optimizer`` the
+    weights and gradients the planner counts (the optimizer 0); woken, every part has its bytes back. A learner asleep
+    refuses log-probs, a step, an export and a save in one line."""
+    import pytest
+
+    from megatron.core import parallel_state as ps
+
+    from sparse_rl_megatron.learner.offload import OFFLOAD_PARTS
+    from sparse_rl_megatron.planning.params import stage_params
+
+    awake = learner(ref, tp, pp, **learner_kw)
+    sleepers = {mode: learner(ref, tp, pp, offload=mode, **learner_kw) for mode in ("optimizer", "all")}
+    reference = learner(ref, tp, pp, trainable=False, offload="all", **learner_kw)
+    stage = ps.get_pipeline_model_parallel_rank()
+    n = stage_params(awake.arch, tp, pp, learner_kw.get("expert_parallel_size", 1),
+                     learner_kw.get("expert_tensor_parallel_size"))[stage]
+    width = awake.params_dtype.itemsize
+    timing = ("train/step_time_s", "train/tokens_per_s")
+    for step in range(steps):
+        tb = train_batch(ref)
+        want = {k: v for k, v in awake.train_step(tb).items() if k not in timing}
+        full = awake.resident_bytes()
+        expect(full["weights"] >= n * width and full["gradients"] >= n * 4, f"awake learner holds {full}")
+        for mode, lrn in sleepers.items():
+            before, lp_before = lrn.resident_bytes(), lrn.logprobs(sequence_batch())
+            freed = lrn.sleep()
+            asleep = lrn.resident_bytes()
+            if mode == "all":
+                expect(asleep == dict.fromkeys(OFFLOAD_PARTS, 0), f"offload=all, asleep: {asleep} on the device")
+            else:
+                expect(asleep["optimizer"] == 0 and asleep["weights"] == before["weights"]
+                       and asleep["gradients"] == before["gradients"], f"offload=optimizer, asleep: {asleep}")
+            expect(all(freed[p] == before[p] - asleep[p] for p in OFFLOAD_PARTS), f"freed {freed} of {before}")
+            refused = [lambda: lrn.train_step(tb), lambda: lrn.save("/nonexistent")]
+            if mode == "all":
+                refused += [lambda: lrn.logprobs(sequence_batch()), lambda: next(iter(lrn.export_weights()))]
+            for call in refused:
+                with pytest.raises(RuntimeError, match=r"sleep \(learner.offload=.*\); call wake\(\) first"):
+                    call()
+            if mode == "all":  # the recompute and sync turns: the weights awake, gradients and optimizer asleep
+                lrn.wake(["weights"])
+                partial = lrn.resident_bytes()
+                expect(partial == {**dict.fromkeys(OFFLOAD_PARTS, 0), "weights": before["weights"]},
+                       f"offload=all, weights woken alone: {partial}")
+                expect(torch.equal(lrn.logprobs(sequence_batch()), lp_before),
+                       "log-probs with the weights woken alone differ from those before the sleep")
+            lrn.wake()
+            expect(lrn.resident_bytes() == before, f"offload={mode}: woken {lrn.resident_bytes()} != {before}")
+            got = {k: v for k, v in lrn.train_step(tb).items() if k not in timing}
+            expect(got == want, f"offload={mode}, step {step + 1}: metrics {got} != {want}")
+        ref_bytes = reference.resident_bytes()
+        reference.sleep()
+        expect(reference.resident_bytes() == dict.fromkeys(OFFLOAD_PARTS, 0), "the reference policy's weights stay")
+        reference.wake()
+        expect(reference.resident_bytes() == ref_bytes, "the reference policy did not get its weights back")
+    weights = exported(awake)
+    for mode, lrn in sleepers.items():
+        got = exported(lrn)
+        bad = [k for k in weights if not torch.equal(weights[k], got[k])]
+        expect(not bad, f"offload={mode}: weights after {steps} steps differ from the awake learner's: {bad[:4]}")
+    same_on_all_ranks(sleepers["all"].logprobs(sequence_batch()))

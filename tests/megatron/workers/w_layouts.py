@@ -4,6 +4,7 @@ usage: w_layouts.py RESULT_DIR REF_PT WORK_DIR LAYOUTS [EXTRA ...]
   LAYOUTS: comma-separated TPxPP, e.g. 2x1,1x2,1x1 (the rest of the world is data parallel)
   EXTRA:   nan_guard_pp2 | reshard:<tp1 checkpoint dir> | distopt | bf16_export_pp2 | sequence_parallel
            | plan (the planner vs the learner, per layout) | fewer_rows:TPxPP (a one-row batch at DP >= 2)
+           | offload:TPxPP,... (learner.offload bit-identical per layout, and at DP with the bf16 DistributedOptimizer)
 """
 from __future__ import annotations
 
@@ -80,6 +81,13 @@ def main() -> None:
                                lambda tp=tp, pp=pp: C.check_plan_matches_learner(refs["qwen3"], tp, pp)))
             checks.append(("plan_matches_learner_distopt", lambda: C.check_plan_matches_learner(
                 refs["qwen2_untied"], 1, 1, distributed_optimizer=True)))
+        elif extra.startswith("offload:"):
+            for layout in extra.split(":", 1)[1].split(","):
+                tp, pp = (int(x) for x in layout.split("x"))
+                checks.append((f"offload_tp{tp}pp{pp}", lambda tp=tp, pp=pp: C.check_offload_bit_identical(
+                    refs["qwen2_untied"], tp, pp)))
+            checks.append(("offload_distopt_bf16", lambda: C.check_offload_bit_identical(
+                refs["qwen2_untied"], 1, 1, distributed_optimizer=True, params_dtype="bfloat16")))
         elif extra.startswith("fewer_rows:"):
             tp, pp = (int(x) for x in extra.split(":", 1)[1].split("x"))
             for name in ("qwen2_tied", "qwen2_untied"):

@@ -157,6 +157,13 @@ def main() -> None:
                     ref, 1, 1, moe=MoESettings(aux_loss_coeff=0.0))))
                 checks.append((f"plan_matches_learner_ep2_distopt_{name}", lambda ref=ref: C.check_plan_matches_learner(
                     ref, 1, 1, distributed_optimizer=True, ep=2, activations=False, moe=MoESettings(aux_loss_coeff=0.0))))
+        elif extra == "offload":  # EP 2 over DP 2, with and without the distributed optimizer (expert shards)
+            ref = refs["qwen3_moe"]
+            checks.append(("offload_ep2", lambda: C.check_offload_bit_identical(
+                ref, 1, 1, expert_parallel_size=2, expert_tensor_parallel_size=1, moe=MoESettings(aux_loss_coeff=0.0))))
+            checks.append(("offload_ep2_distopt", lambda: C.check_offload_bit_identical(
+                ref, 1, 1, expert_parallel_size=2, expert_tensor_parallel_size=1, distributed_optimizer=True,
+                moe=MoESettings(aux_loss_coeff=0.0))))
         elif extra == "aux_step":
             checks += [(f"aux_step_{name}", lambda name=name, ref=ref: check_aux_step(name, ref))
                        for name, ref in refs.items()]

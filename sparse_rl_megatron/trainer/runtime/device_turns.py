@@ -1,0 +1,128 @@
+"""Who holds the GPUs of a colocated run, phase by phase: the engines, the learner, or both for a weight push.
+
+Every GPU recipe puts a learner rank and a rollout engine on each GPU; they take turns. Each turn says what must be on
+the device; everything else that may sleep sleeps (the learner's parts as far as ``learner.offload`` lets them):
+
+| turn | phases | engines | policy (learner) | KL reference |
+|---|---|---|---|---|
+| ``engines`` | rollout, evaluation | weights + KV pool | - | - |
+| ``recompute`` | dense old log-probs, reference log-probs | released | weights | weights |
+| ``train`` | optimizer steps, checkpoint save and load | released | weights, gradients, optimizer | - |
+| ``sync`` | weight push, the probe's learner side | weights (KV pool released) | weights | - |
+
+A turn is entered by name from any other (entering the one held does nothing), so each phase states what it needs
+and the order of phases can change without a memory bug. Memory is freed on one side before the other side takes
+it: learners sleep and engines release first, then learners wake and engines resume. Released engine weights come
+back undefined on a GPU (SGLang's memory saver keeps no copy): after a turn that released them, only ``sync`` (whose
+caller pushes the weights) may give the engines their weights back. ``learner.offload: none`` still turns the
+engines' memory; the learner's columns are then all awake.
+
+At start-up the learners are built awake; ``start_engines`` puts them to sleep before the engines are created, so
+each engine sizes its KV pool from what the sleeping learner leaves free.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Literal, Protocol, Sequence, TypeVar
+
+Turn = Literal["engines", "recompute", "train", "sync"]
+
+ALL_PARTS = ("weights", "gradients", "optimizer")  # learner/offload.OFFLOAD_PARTS (this module imports no torch)
+
+
+@dataclass(frozen=True)
+class TurnNeeds:
+    """What one turn needs on the device."""
+
+    engines: tuple[str, ...]
+    """The engines' memory parts (``rollout.engine.ENGINE_MEMORY_PARTS``) resumed."""
+    policy: tuple[str, ...]
+    """The policy learner's parts awake (``learner.offload.OFFLOAD_PARTS``)."""
+    reference: tuple[str, ...]
+    """The KL reference's parts awake (it has weights only)."""
+
+
+TURNS: dict[str, TurnNeeds] = {
+    "engines": TurnNeeds(engines=("weights", "kv_cache"), policy=(), reference=()),
+    "recompute": TurnNeeds(engines=(), policy=("weights",), reference=("weights",)),
+    "train": TurnNeeds(engines=(), policy=ALL_PARTS, reference=()),
+    "sync": TurnNeeds(engines=("weights",), policy=("weights",), reference=()),
+}
+
+
+class EngineMemory(Protocol):
+    """What of the engines a turn moves (``EnginePool``: every engine of the run)."""
+
+    def release_memory(self, parts: Sequence[str] = ...) -> None: ...
+
+    def resume_memory(self, parts: Sequence[str] = ...) -> None: ...
+
+
+Pool = TypeVar("Pool", bound=EngineMemory)
+
+
+class Sleeper(Protocol):
+    """What of a learner a turn moves (``Learner``)."""
+
+    @property
+    def asleep_parts(self) -> frozenset[str]: ...
+
+    def sleep(self, parts: Iterable[str] | None = None) -> dict[str, int]: ...
+
+    def wake(self, parts: Iterable[str] | None = None) -> None: ...
+
+
+class DeviceTurns:
+    """The turn the GPUs are in; ``enter(turn)`` moves the learners and the engines' memory to it."""
+
+    def __init__(self, policy: Sleeper | None, reference: Sleeper | None = None):
+        self.learners: list[tuple[Sleeper, str]] = [(lrn, role) for lrn, role in ((policy, "policy"),
+                                                                                  (reference, "reference"))
+                                                    if lrn is not None]
+        self.pool: EngineMemory | None = None
+        self.turn: Turn = "train"  # built awake
+        self.engine_parts: set[str] = set()  # the engines' parts resumed (none before they exist)
+        self.weights_released = False
+        """The engines' weights were released since their last push: only ``sync`` may take them back."""
+
+    def start_engines(self, start: Callable[[], Pool]) -> Pool:
+        """Put the learners to sleep, then build the engines (``start()``): they hold the GPU from here on."""
+        for learner, _ in self.learners:
+            learner.sleep()
+        self.pool = start()
+        self.turn = "engines"
+        self.engine_parts = {"weights", "kv_cache"}
+        return self.pool
+
+    def enter(self, turn: Turn) -> None:
+        """Move to ``turn``; memory is always freed on one side before the other takes it."""
+        needs = TURNS.get(turn)
+        if needs is None:
+            raise ValueError(f"DeviceTurns.enter: unknown turn {turn!r}; valid: {', '.join(TURNS)}")
+        if turn == self.turn:
+            return
+        if "weights" in needs.engines and "weights" not in self.engine_parts and self.weights_released \
+                and turn != "sync":
+            raise RuntimeError(f"DeviceTurns: the engines' weights were released for the learner; enter the sync "
+                               f"turn and push the weights before the {turn} turn")
+        pool = self.pool
+        # free: learners' parts not needed go to sleep, engines' parts not needed are released
+        for learner, role in self.learners:
+            keep = needs.policy if role == "policy" else needs.reference
+            learner.sleep([p for p in ALL_PARTS if p not in keep])
+        release = [p for p in ("weights", "kv_cache") if p in self.engine_parts and p not in needs.engines]
+        if release and pool is not None:
+            pool.release_memory(release)
+            self.engine_parts -= set(release)
+            self.weights_released = self.weights_released or "weights" in release
+        # take: learners' parts needed wake, engines' parts needed resume
+        for learner, role in self.learners:
+            keep = needs.policy if role == "policy" else needs.reference
+            learner.wake(keep)
+        resume = [p for p in ("weights", "kv_cache") if p in needs.engines and p not in self.engine_parts]
+        if resume and pool is not None:
+            pool.resume_memory(resume)
+            self.engine_parts |= set(resume)
+            if turn == "sync":
+                self.weights_released = False  # the caller pushes the learner's weights now
+        self.turn = turn
