@@ -121,6 +121,13 @@ ARGUMENT_RULES: list[Rule] = [
     _flag("speculative_algorithm", _set, "speculative decoding (a draft model with attention backends of its own)"),
     _flag("enable_mixed_chunk", _on, "mixed prefill/decode chunks"),
     _flag("enable_hierarchical_cache", _on, "the hierarchical KV cache (host copies of pool slots)"),
+    _flag("enable_lmcache", _on, "LMCache (an external KV tier that stores and reloads pool slots)"),
+    _flag("enable_flexkv", _on, "FlexKV (an external KV tier, CPU / SSD / remote, that stores and reloads pool slots)"),
+    _flag("enable_unified_cache_external_linker", _on,
+          "the unified cache's external KV store (the linker stores and reloads pool slots)"),
+    _flag("radix_cache_backend", lambda v: v is not None,
+          "a registered radix-cache backend (FlexKV's or another's cache in place of SGLang's radix tree, whose "
+          "prefix reuse the plugin hooks)"),
     _flag("enable_hisparse", _on, "hierarchical sparse attention"),
     _flag("disaggregation_mode", _set, "prefill/decode disaggregation (KV transferred by slot)"),
     _flag("enable_streaming_session", _on,

@@ -44,6 +44,12 @@ FEATURES = {   # a setting that turns the feature on -> the flag the refusal nam
     "returned indexer top-k": ({"enable_return_indexer_topk": True},
                                "enable_return_indexer_topk=True: returning indexer top-k"),
     "torch.compile": ({"enable_torch_compile": True}, "enable_torch_compile=True: torch.compile"),
+    # issue 51: external KV tiers (refused as HiCache is: they store and reload pool slots), accepted before
+    "LMCache": ({"enable_lmcache": True}, "enable_lmcache=True: LMCache"),
+    "FlexKV": ({"enable_flexkv": True}, "enable_flexkv=True: FlexKV"),
+    "external linker": ({"enable_unified_cache_external_linker": True},
+                        "enable_unified_cache_external_linker=True: the unified cache's external KV store"),
+    "radix cache backend": ({"radix_cache_backend": "flexkv"}, "radix_cache_backend=flexkv: a registered radix-cache"),
 }
 
 
