@@ -15,6 +15,9 @@ checked against it):
   sliding window set by the model's code, the pool class SGLang picked); plus the index translator
   (``runner_view.physical_translator``) and one backend per process (``backend._claim_process``).
 
+First of all, at both stages and in ``sglang_ext.launch_server`` before SGLang is imported: an attention backend
+other than ``sparse_kv`` beside a sparse_kv config (``refuse_other_backend``; SGLang would serve dense and ignore it).
+
 Why each is refused: the plugin keeps one physical table per request row and one attention backend per process; it
 reads and writes the KV pool by the slot ids SGLang's allocator hands out, in the process that owns the pool, one
 token per page, eagerly; it zeroes and frees the slots of evicted positions in SGLang's ``req_to_token`` rows, so
@@ -29,10 +32,11 @@ compresses; a dense request's are right, so ``--enable-return-routed-experts`` i
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
-from sglang_ext.config import BACKEND_NAME, SparseKVConfig, config_from_env
+from sglang_ext.config import BACKEND_NAME, CONFIG_ENV, INNER_BACKENDS, SparseKVConfig, config_from_env
 from sparse_rl_megatron.utils.config_io import ConfigError
 
 Stage = Literal["arguments", "model load"]
@@ -245,13 +249,16 @@ ELSEWHERE_AT_MODEL_LOAD = {
 """Model-load refusals checked where the backend builds what they concern."""
 
 
-BACKEND_MISMATCH = "prefill_attention_backend"
-"""What the refusal of a prefill attention backend other than the decode one names (``validate_server_args``)."""
+OTHER_BACKEND = "attention_backend"
+"""What the README lists for an attention backend other than ``sparse_kv`` beside a sparse_kv config
+(``refuse_other_backend``; any of ``BACKEND_FLAGS``)."""
+BACKEND_FLAGS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend")
+"""SGLang 0.5.23's attention-backend fields: the base one and the per-phase ones that win over it."""
 
 
 def refusals() -> dict[Stage, set[str]]:
     """Every name refused, per stage (what ``sglang_ext/README.md`` must list)."""
-    return {"arguments": {r.name for r in (*ARGUMENT_RULES, *MODEL_RULES)} | {BACKEND_MISMATCH},
+    return {"arguments": {r.name for r in (*ARGUMENT_RULES, *MODEL_RULES)} | {OTHER_BACKEND},
             "model load": {r.name for r in RUNNER_RULES} | set(ELSEWHERE_AT_MODEL_LOAD)}
 
 
@@ -263,6 +270,47 @@ def _backends(args: Any, resolved: bool) -> tuple[Any, Any]:
     backend = getattr(args, "attention_backend", None)
     return (getattr(args, "prefill_attention_backend", None) or backend,
             getattr(args, "decode_attention_backend", None) or backend)
+
+
+def asks_for_sparse_kv(args: Any) -> bool:
+    """A sparse_kv config is given (``SPARSE_RL_KV_CONFIG`` set, as ``--sparse-kv-config`` sets it) or an
+    attention-backend field names ``sparse_kv``: everything but ``sparse_kv`` in ``BACKEND_FLAGS`` is refused."""
+    return bool(os.environ.get(CONFIG_ENV, "").strip()) or any(
+        getattr(args, flag, None) == BACKEND_NAME for flag in BACKEND_FLAGS)
+
+
+def other_backend_message(flag: str, value: Any, resolved: bool = False) -> str:
+    """One line: ``flag`` (one of ``BACKEND_FLAGS``) is ``value``, not sparse_kv, beside a sparse_kv config."""
+    cli = "--" + flag.replace("_", "-")
+    if value is None:
+        fix = f"pass {cli} {BACKEND_NAME} (sglang_ext.launch_server adds it)"
+    elif value in INNER_BACKENDS:
+        fix = (f"pass {cli} {BACKEND_NAME} (or leave it out) and put \"{value}\" in the config's inner_backend, which "
+               "runs the kernels under the plugin")
+    else:
+        fix = (f"pass {cli} {BACKEND_NAME} and pick the kernels with the config's inner_backend (one of "
+               f"{', '.join(INNER_BACKENDS)}, or '' for the device's default)")
+    how = " (resolved)" if resolved else ""
+    return (f"{flag}={value}{how}: a sparse_kv config (--sparse-kv-config / {CONFIG_ENV}) is served by the "
+            f"{BACKEND_NAME} attention backend only, in both phases (SGLang would run {value} without the plugin and "
+            f"ignore the config); {fix}")
+
+
+def refuse_other_backend(args: Any, *, resolved: bool) -> None:
+    """Raise ConfigError (one line) for an attention backend other than sparse_kv: as given, every field of
+    ``BACKEND_FLAGS`` that is set (and at least one must be: SGLang's default is not sparse_kv); resolved, both
+    phases."""
+    if resolved:
+        for flag, value in zip(("prefill_attention_backend", "decode_attention_backend"), _backends(args, True)):
+            if value != BACKEND_NAME:
+                raise ConfigError(other_backend_message(flag, value, resolved=True))
+        return
+    given = {flag: getattr(args, flag, None) for flag in BACKEND_FLAGS}
+    for flag, value in given.items():
+        if value is not None and value != BACKEND_NAME:
+            raise ConfigError(other_backend_message(flag, value))
+    if all(value is None for value in given.values()):
+        raise ConfigError(other_backend_message(OTHER_BACKEND, None))
 
 
 def uses_sparse_kv(args: Any, *, resolved: bool = True) -> bool:
@@ -310,8 +358,9 @@ def _raw_model_config(server_args: Any):
 def refuse_before_resolution(server_args: Any) -> None:
     """``ServerArgs.resolve_once`` BEFORE hook: the raw flags and the model's config, before SGLang rewrites or
     rejects them."""
-    if not uses_sparse_kv(server_args, resolved=False):
+    if not asks_for_sparse_kv(server_args):
         return None
+    refuse_other_backend(server_args, resolved=False)   # first: before the model's config is read
     refuse_flags(server_args, config_from_env(), resolved=False)
     model_config = _raw_model_config(server_args)
     if model_config is not None:
@@ -326,10 +375,6 @@ def validate_server_args(server_args: Any, config: SparseKVConfig | None = None)
 
     cfg = resolved_view(server_args)
     config = config if config is not None else config_from_env()
-    prefill, decode = _backends(server_args, resolved=True)
-    if prefill != decode:
-        raise ConfigError(f"{BACKEND_MISMATCH}={prefill}: prefill and decode must both use the {BACKEND_NAME} "
-                          f"attention backend (got prefill={prefill}, decode={decode}); set attention_backend only")
     refuse_flags(cfg, config)
     refuse_model(model_config_of(server_args))
     return config

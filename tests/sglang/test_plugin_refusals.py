@@ -61,6 +61,35 @@ def test_refused_at_start_in_one_line_naming_the_flag(tiny_model_dir, feature):
     assert message in str(err.value) and "\n" not in str(err.value), str(err.value)
 
 
+@pytest.mark.parametrize("overrides,message", [
+    ({"attention_backend": "torch_native"},
+     "attention_backend=torch_native: a sparse_kv config (--sparse-kv-config / SPARSE_RL_KV_CONFIG) is served by the "
+     "sparse_kv attention backend only"),
+    # both phases another: the per-phase flags win over --attention-backend sparse_kv (the launcher adds it)
+    ({"prefill_attention_backend": "torch_native", "decode_attention_backend": "torch_native"},
+     "prefill_attention_backend=torch_native: "),
+    ({"decode_attention_backend": "fa3"}, "decode_attention_backend=fa3: "),
+    ({"attention_backend": None}, "attention_backend=None: "),   # SGLang's default is another backend
+])
+def test_another_attention_backend_beside_a_sparse_kv_config_is_refused(tiny_model_dir, overrides, message):
+    """Before issue 51 a sparse_kv config beside another backend was ignored without a word: SGLang served dense."""
+    with pytest.raises(ConfigError) as err:
+        resolved_server_args(tiny_model_dir, {"compression": RKV}, **overrides)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value), str(err.value)
+    value = next(iter(overrides.values()))
+    fix = f'put "{value}" in the config\'s inner_backend' if value else "pass --attention-backend sparse_kv"
+    assert fix in str(err.value), str(err.value)
+
+
+def test_the_resolved_backends_are_checked_too(tiny_model_dir):
+    """After SGLang's resolution both phases must still be sparse_kv (``refuse_other_backend(resolved=True)``)."""
+    from sglang_ext.refusals import refuse_other_backend
+
+    args = resolved_server_args(tiny_model_dir, None, attention_backend="torch_native")   # no config: SGLang's own
+    with pytest.raises(ConfigError, match=r"^prefill_attention_backend=torch_native \(resolved\): "):
+        refuse_other_backend(args, resolved=True)
+
+
 def test_resolved_values_are_checked_too(tiny_model_dir):
     """SGLang rewrites --enable-dp-attention into attn_dp_size and clears it (the old check read the cleared flag):
     the resolved check sees the width. Resolved here under another backend, so only the resolved check runs."""
