@@ -12,7 +12,7 @@ checked against it):
   scheduler will run with);
 - **model load**, when the scheduler builds the backend on its model runner (``RUNNER_RULES``, from
   ``SparseKVBackend.__init__``; before the server serves): what only the loaded model and its KV pool show (a
-  sliding window set by the model's code, the pool class SGLang picked); plus the index translator
+  sliding window set by the model's code, the pool class SGLang picked, the KV dtype it resolved); plus the index translator
   (``runner_view.physical_translator``) and one backend per process (``backend._claim_process``).
 
 First of all, at both stages and in ``sglang_ext.launch_server`` before SGLang is imported: an attention backend
@@ -207,10 +207,28 @@ MODEL_RULES: list[Rule] = [
 
 
 def _pool(runner: Any) -> Any:
+    """The pool's class unless it is exactly ``MHATokenToKVPool``: its subclasses keep other layouts (FP4 and MXFP8
+    packed data with scale buffers, page-major, unified, no-op), which an ``isinstance`` check let through."""
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
     pool = runner.token_to_kv_pool
-    return None if isinstance(pool, MHATokenToKVPool) else type(pool).__name__
+    return None if type(pool) is MHATokenToKVPool else type(pool).__name__
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _pool_dtype(runner: Any) -> Any:
+    """The KV pool's dtype as SGLang resolved it, when it is not the model's: ``--kv-cache-dtype auto`` becomes FP8
+    when the checkpoint's quantization config sets ``kv_cache_quant_algo`` FP8 (``kv_cache_dtype.py``), which a
+    check of the flag never sees."""
+    dtype = runner.token_to_kv_pool.dtype
+    if dtype == runner.dtype:
+        return None
+    algo = getattr(getattr(runner.model, "quant_config", None), "kv_cache_quant_algo", None)
+    cause = f", from the checkpoint's quantization config: kv_cache_quant_algo={algo}" if algo else ""
+    return f"{_dtype_name(dtype)} (model dtype {_dtype_name(runner.dtype)}{cause})"
 
 
 def _window_layers(runner: Any) -> Any:
@@ -235,8 +253,14 @@ def _attention_layers(runner: Any) -> list:
 RUNNER_RULES: list[Rule] = [
     Rule("use_mla_backend", lambda r: True if r.use_mla_backend else None, "MLA (per-head K/V slots are needed)"),
     Rule("token_to_kv_pool", _pool,
-         "a KV pool other than SGLang's per-head MHATokenToKVPool (sliding-window, hybrid linear-attention or MLA "
-         "pools keep other slot layouts)"),
+         "a KV pool other than SGLang's per-head MHATokenToKVPool itself (its subclasses included: the quantised "
+         "FP4 / MXFP8 pools of --kv-cache-dtype nvfp4 / mxfp8, like sliding-window, hybrid linear-attention, MLA or "
+         "page-major pools, keep other slot layouts)"),
+    Rule("kv_cache_dtype", _pool_dtype, "a quantised KV cache",
+         template=f"kv_cache_dtype resolved to {{value}}: {BACKEND_NAME} needs the KV cache in the model's dtype (its "
+                  "scorers and compaction read and write the stored keys and values as they are, without their "
+                  "quantization scales); serve a checkpoint without KV-cache quantization (no kv_cache_quant_algo in "
+                  "its quantization config) with --kv-cache-dtype auto"),
     Rule("sliding_window_size", _window_layers,
          "sliding-window attention (the window is over logical positions the plugin's table no longer lists)"),
     Rule("is_cross_attention", _cross_attention, "cross-attention"),
