@@ -46,8 +46,8 @@ from sglang_ext.config import FAULT_ENV, REQUEST_KEY, ConfigError
 from sglang_ext.cpu_compat import apply_cpu_server_defaults
 from sglang_ext.memory import reserve_before_kv_pool
 from sglang_ext.pause import pause_mode
-from sglang_ext.refusals import (refuse_before_resolution, refused_beam_message, uses_sparse_kv,
-                                 validate_server_args)
+from sglang_ext.refusals import (asks_for_sparse_kv, refuse_before_resolution, refuse_other_backend,
+                                 refused_beam_message, uses_sparse_kv, validate_server_args)
 
 REFUSED_RETRACTION = (
     "sparse_kv: this request was retracted after its KV cache had been compressed; re-prefilling it would "
@@ -58,15 +58,17 @@ _REFUSED_ATTR = "_sparse_kv_refused"
 
 
 def _before_resolution(server_args):
-    """``ServerArgs.resolve_once``, before: refuse what the plugin cannot serve, as given; then the CPU defaults."""
-    if not uses_sparse_kv(server_args, resolved=False):
+    """``ServerArgs.resolve_once``, before: refuse what the plugin cannot serve, as given (another attention backend
+    beside a sparse_kv config first); then the CPU defaults."""
+    if not asks_for_sparse_kv(server_args):
         return
     refuse_before_resolution(server_args)
     apply_cpu_server_defaults(server_args)
 
 
 def _check_server_args(result, server_args):
-    if uses_sparse_kv(server_args):
+    if asks_for_sparse_kv(server_args) or uses_sparse_kv(server_args):
+        refuse_other_backend(server_args, resolved=True)
         validate_server_args(server_args)
 
 

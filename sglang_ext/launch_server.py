@@ -8,16 +8,21 @@ validated before anything starts. The launcher then sets ``SPARSE_RL_KV_CONFIG``
 ``SGLANG_RETURN_ORIGINAL_LOGPROB=1`` (T=1 log-probs, the convention of ``SGLangRolloutEngine``), adds the
 flags the plugin needs unless given (``--attention-backend sparse_kv``, ``--page-size 1``, CUDA graphs
 off; on a machine without CUDA the CPU engine's ``--device cpu --sampling-backend pytorch``, a 65536-token
-pool and the stand-in ``sgl_kernel``), and hands over to SGLang's own ``sglang.launch_server``.
+pool and the stand-in ``sgl_kernel``), and hands over to SGLang's own ``sglang.launch_server``. An attention
+backend other than sparse_kv (``--attention-backend``, ``--prefill-attention-backend``,
+``--decode-attention-backend``) is refused in one line before SGLang is imported: the kernels under the plugin are
+the config's ``inner_backend``.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+from types import SimpleNamespace
 
 from sglang_ext.config import BACKEND_NAME, CONFIG_ENV, parse_config
 from sglang_ext.cpu_compat import CPU_DEFAULT_POOL_TOKENS, CPU_DEFAULT_RUNNING_REQUESTS
+from sglang_ext.refusals import BACKEND_FLAGS, refuse_other_backend
 from sparse_rl_megatron.utils.config_io import ConfigError
 
 
@@ -42,6 +47,18 @@ def server_argv(argv: list[str], *, on_cpu: bool) -> list[str]:
     return out
 
 
+def backend_flags(argv: list[str]) -> dict[str, str | None]:
+    """The attention-backend fields (``refusals.BACKEND_FLAGS``) as SGLang's command line ``argv`` sets them
+    (``--flag value`` or ``--flag=value``; the last one wins, as in argparse), None where absent."""
+    flags: dict[str, str | None] = dict.fromkeys(BACKEND_FLAGS)
+    for i, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        field = name[2:].replace("-", "_") if name.startswith("--") else ""
+        if field in flags:
+            flags[field] = value if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+    return flags
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], add_help=False)
     parser.add_argument("--sparse-kv-config", default=os.environ.get(CONFIG_ENV, ""),
@@ -49,6 +66,8 @@ def main(argv: list[str] | None = None) -> None:
     known, rest = parser.parse_known_args(argv)
     try:
         config = parse_config(known.sparse_kv_config, "--sparse-kv-config") if known.sparse_kv_config else None
+        # before SGLang is imported: the server this launches serves through sparse_kv or not at all
+        refuse_other_backend(SimpleNamespace(**backend_flags(server_argv(rest, on_cpu=False))), resolved=False)
     except ConfigError as err:
         sys.exit(f"error: {err}")
     from sglang_ext import cpu_compat

@@ -12,8 +12,11 @@ checked against it):
   scheduler will run with);
 - **model load**, when the scheduler builds the backend on its model runner (``RUNNER_RULES``, from
   ``SparseKVBackend.__init__``; before the server serves): what only the loaded model and its KV pool show (a
-  sliding window set by the model's code, the pool class SGLang picked); plus the index translator
+  sliding window set by the model's code, the pool class SGLang picked, the KV dtype it resolved); plus the index translator
   (``runner_view.physical_translator``) and one backend per process (``backend._claim_process``).
+
+First of all, at both stages and in ``sglang_ext.launch_server`` before SGLang is imported: an attention backend
+other than ``sparse_kv`` beside a sparse_kv config (``refuse_other_backend``; SGLang would serve dense and ignore it).
 
 Why each is refused: the plugin keeps one physical table per request row and one attention backend per process; it
 reads and writes the KV pool by the slot ids SGLang's allocator hands out, in the process that owns the pool, one
@@ -29,10 +32,11 @@ compresses; a dense request's are right, so ``--enable-return-routed-experts`` i
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
-from sglang_ext.config import BACKEND_NAME, SparseKVConfig, config_from_env
+from sglang_ext.config import BACKEND_NAME, CONFIG_ENV, INNER_BACKENDS, SparseKVConfig, config_from_env
 from sparse_rl_megatron.utils.config_io import ConfigError
 
 Stage = Literal["arguments", "model load"]
@@ -121,6 +125,13 @@ ARGUMENT_RULES: list[Rule] = [
     _flag("speculative_algorithm", _set, "speculative decoding (a draft model with attention backends of its own)"),
     _flag("enable_mixed_chunk", _on, "mixed prefill/decode chunks"),
     _flag("enable_hierarchical_cache", _on, "the hierarchical KV cache (host copies of pool slots)"),
+    _flag("enable_lmcache", _on, "LMCache (an external KV tier that stores and reloads pool slots)"),
+    _flag("enable_flexkv", _on, "FlexKV (an external KV tier, CPU / SSD / remote, that stores and reloads pool slots)"),
+    _flag("enable_unified_cache_external_linker", _on,
+          "the unified cache's external KV store (the linker stores and reloads pool slots)"),
+    _flag("radix_cache_backend", lambda v: v is not None,
+          "a registered radix-cache backend (FlexKV's or another's cache in place of SGLang's radix tree, whose "
+          "prefix reuse the plugin hooks)"),
     _flag("enable_hisparse", _on, "hierarchical sparse attention"),
     _flag("disaggregation_mode", _set, "prefill/decode disaggregation (KV transferred by slot)"),
     _flag("enable_streaming_session", _on,
@@ -196,10 +207,28 @@ MODEL_RULES: list[Rule] = [
 
 
 def _pool(runner: Any) -> Any:
+    """The pool's class unless it is exactly ``MHATokenToKVPool``: its subclasses keep other layouts (FP4 and MXFP8
+    packed data with scale buffers, page-major, unified, no-op), which an ``isinstance`` check let through."""
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
     pool = runner.token_to_kv_pool
-    return None if isinstance(pool, MHATokenToKVPool) else type(pool).__name__
+    return None if type(pool) is MHATokenToKVPool else type(pool).__name__
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _pool_dtype(runner: Any) -> Any:
+    """The KV pool's dtype as SGLang resolved it, when it is not the model's: ``--kv-cache-dtype auto`` becomes FP8
+    when the checkpoint's quantization config sets ``kv_cache_quant_algo`` FP8 (``kv_cache_dtype.py``), which a
+    check of the flag never sees."""
+    dtype = runner.token_to_kv_pool.dtype
+    if dtype == runner.dtype:
+        return None
+    algo = getattr(getattr(runner.model, "quant_config", None), "kv_cache_quant_algo", None)
+    cause = f", from the checkpoint's quantization config: kv_cache_quant_algo={algo}" if algo else ""
+    return f"{_dtype_name(dtype)} (model dtype {_dtype_name(runner.dtype)}{cause})"
 
 
 def _window_layers(runner: Any) -> Any:
@@ -224,8 +253,14 @@ def _attention_layers(runner: Any) -> list:
 RUNNER_RULES: list[Rule] = [
     Rule("use_mla_backend", lambda r: True if r.use_mla_backend else None, "MLA (per-head K/V slots are needed)"),
     Rule("token_to_kv_pool", _pool,
-         "a KV pool other than SGLang's per-head MHATokenToKVPool (sliding-window, hybrid linear-attention or MLA "
-         "pools keep other slot layouts)"),
+         "a KV pool other than SGLang's per-head MHATokenToKVPool itself (its subclasses included: the quantised "
+         "FP4 / MXFP8 pools of --kv-cache-dtype nvfp4 / mxfp8, like sliding-window, hybrid linear-attention, MLA or "
+         "page-major pools, keep other slot layouts)"),
+    Rule("kv_cache_dtype", _pool_dtype, "a quantised KV cache",
+         template=f"kv_cache_dtype resolved to {{value}}: {BACKEND_NAME} needs the KV cache in the model's dtype (its "
+                  "scorers and compaction read and write the stored keys and values as they are, without their "
+                  "quantization scales); serve a checkpoint without KV-cache quantization (no kv_cache_quant_algo in "
+                  "its quantization config) with --kv-cache-dtype auto"),
     Rule("sliding_window_size", _window_layers,
          "sliding-window attention (the window is over logical positions the plugin's table no longer lists)"),
     Rule("is_cross_attention", _cross_attention, "cross-attention"),
@@ -238,13 +273,16 @@ ELSEWHERE_AT_MODEL_LOAD = {
 """Model-load refusals checked where the backend builds what they concern."""
 
 
-BACKEND_MISMATCH = "prefill_attention_backend"
-"""What the refusal of a prefill attention backend other than the decode one names (``validate_server_args``)."""
+OTHER_BACKEND = "attention_backend"
+"""What the README lists for an attention backend other than ``sparse_kv`` beside a sparse_kv config
+(``refuse_other_backend``; any of ``BACKEND_FLAGS``)."""
+BACKEND_FLAGS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend")
+"""SGLang 0.5.23's attention-backend fields: the base one and the per-phase ones that win over it."""
 
 
 def refusals() -> dict[Stage, set[str]]:
     """Every name refused, per stage (what ``sglang_ext/README.md`` must list)."""
-    return {"arguments": {r.name for r in (*ARGUMENT_RULES, *MODEL_RULES)} | {BACKEND_MISMATCH},
+    return {"arguments": {r.name for r in (*ARGUMENT_RULES, *MODEL_RULES)} | {OTHER_BACKEND},
             "model load": {r.name for r in RUNNER_RULES} | set(ELSEWHERE_AT_MODEL_LOAD)}
 
 
@@ -256,6 +294,47 @@ def _backends(args: Any, resolved: bool) -> tuple[Any, Any]:
     backend = getattr(args, "attention_backend", None)
     return (getattr(args, "prefill_attention_backend", None) or backend,
             getattr(args, "decode_attention_backend", None) or backend)
+
+
+def asks_for_sparse_kv(args: Any) -> bool:
+    """A sparse_kv config is given (``SPARSE_RL_KV_CONFIG`` set, as ``--sparse-kv-config`` sets it) or an
+    attention-backend field names ``sparse_kv``: everything but ``sparse_kv`` in ``BACKEND_FLAGS`` is refused."""
+    return bool(os.environ.get(CONFIG_ENV, "").strip()) or any(
+        getattr(args, flag, None) == BACKEND_NAME for flag in BACKEND_FLAGS)
+
+
+def other_backend_message(flag: str, value: Any, resolved: bool = False) -> str:
+    """One line: ``flag`` (one of ``BACKEND_FLAGS``) is ``value``, not sparse_kv, beside a sparse_kv config."""
+    cli = "--" + flag.replace("_", "-")
+    if value is None:
+        fix = f"pass {cli} {BACKEND_NAME} (sglang_ext.launch_server adds it)"
+    elif value in INNER_BACKENDS:
+        fix = (f"pass {cli} {BACKEND_NAME} (or leave it out) and put \"{value}\" in the config's inner_backend, which "
+               "runs the kernels under the plugin")
+    else:
+        fix = (f"pass {cli} {BACKEND_NAME} and pick the kernels with the config's inner_backend (one of "
+               f"{', '.join(INNER_BACKENDS)}, or '' for the device's default)")
+    how = " (resolved)" if resolved else ""
+    return (f"{flag}={value}{how}: a sparse_kv config (--sparse-kv-config / {CONFIG_ENV}) is served by the "
+            f"{BACKEND_NAME} attention backend only, in both phases (SGLang would run {value} without the plugin and "
+            f"ignore the config); {fix}")
+
+
+def refuse_other_backend(args: Any, *, resolved: bool) -> None:
+    """Raise ConfigError (one line) for an attention backend other than sparse_kv: as given, every field of
+    ``BACKEND_FLAGS`` that is set (and at least one must be: SGLang's default is not sparse_kv); resolved, both
+    phases."""
+    if resolved:
+        for flag, value in zip(("prefill_attention_backend", "decode_attention_backend"), _backends(args, True)):
+            if value != BACKEND_NAME:
+                raise ConfigError(other_backend_message(flag, value, resolved=True))
+        return
+    given = {flag: getattr(args, flag, None) for flag in BACKEND_FLAGS}
+    for flag, value in given.items():
+        if value is not None and value != BACKEND_NAME:
+            raise ConfigError(other_backend_message(flag, value))
+    if all(value is None for value in given.values()):
+        raise ConfigError(other_backend_message(OTHER_BACKEND, None))
 
 
 def uses_sparse_kv(args: Any, *, resolved: bool = True) -> bool:
@@ -303,8 +382,9 @@ def _raw_model_config(server_args: Any):
 def refuse_before_resolution(server_args: Any) -> None:
     """``ServerArgs.resolve_once`` BEFORE hook: the raw flags and the model's config, before SGLang rewrites or
     rejects them."""
-    if not uses_sparse_kv(server_args, resolved=False):
+    if not asks_for_sparse_kv(server_args):
         return None
+    refuse_other_backend(server_args, resolved=False)   # first: before the model's config is read
     refuse_flags(server_args, config_from_env(), resolved=False)
     model_config = _raw_model_config(server_args)
     if model_config is not None:
@@ -319,10 +399,6 @@ def validate_server_args(server_args: Any, config: SparseKVConfig | None = None)
 
     cfg = resolved_view(server_args)
     config = config if config is not None else config_from_env()
-    prefill, decode = _backends(server_args, resolved=True)
-    if prefill != decode:
-        raise ConfigError(f"{BACKEND_MISMATCH}={prefill}: prefill and decode must both use the {BACKEND_NAME} "
-                          f"attention backend (got prefill={prefill}, decode={decode}); set attention_backend only")
     refuse_flags(cfg, config)
     refuse_model(model_config_of(server_args))
     return config

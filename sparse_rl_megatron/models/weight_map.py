@@ -28,7 +28,7 @@ holds it is ``e // (experts / EP)``, and on that rank its local index is ``e % (
 from __future__ import annotations
 
 import re
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import torch
 
@@ -269,13 +269,38 @@ def mcore_to_hf(arch: ModelArch, name: str, shards: list[torch.Tensor]) -> dict[
     raise AssertionError(kind)
 
 
+HF_IGNORED = re.compile(r"^model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$")
+"""HF tensors a checkpoint may carry that are not weights: RoPE ``inv_freq`` buffers (older transformers saved them;
+they are recomputed from ``rope_theta``). Also ignored: a tied model's ``lm_head.weight`` (the LM head is the
+embedding, as transformers ties it on load). Anything else the map does not know is refused (``check_hf_tensors``).
+No supported family has multi-token-prediction layers: a checkpoint with them is refused by name."""
+
+
+def _few(names: list[str], shown: int = 6) -> str:
+    """``[a, b, ...]`` and how many more: the first ``shown`` names, then a count."""
+    more = f" and {len(names) - shown} more ({len(names)} in all)" if len(names) > shown else ""
+    return f"{names[:shown]}{more}"
+
+
+def unexpected_hf_tensors(arch: ModelArch, names: Iterable[str]) -> list[str]:
+    """The names of ``names`` that ``arch`` neither maps nor ignores (``HF_IGNORED``, a tied ``lm_head``), sorted."""
+    expected = expected_hf_shapes(arch)
+    return sorted(n for n in names if n not in expected and not HF_IGNORED.match(n)
+                  and not (n == HF_LM_HEAD and arch.tie_word_embeddings))
+
+
 def check_hf_tensors(arch: ModelArch, shapes: Mapping[str, tuple[int, ...]]) -> None:
-    """Refuse an HF checkpoint whose tensors do not fit ``arch``: names the missing/unexpected/mismatched ones."""
+    """Refuse an HF checkpoint whose tensors do not fit ``arch``: names the missing/unexpected/mismatched ones
+    (unexpected: neither mapped nor ``HF_IGNORED``; the conversion would drop them)."""
     expected = expected_hf_shapes(arch)
     missing = sorted(set(expected) - set(shapes))
+    unexpected = unexpected_hf_tensors(arch, shapes)
     problems = []
     if missing:
-        problems.append(f"missing tensors {missing[:6]}{' ...' if len(missing) > 6 else ''}")
+        problems.append(f"missing tensors {_few(missing)}")
+    if unexpected:
+        problems.append(f"unexpected tensors {_few(unexpected)} (not weights of this architecture; conversion would "
+                        "drop them: check the config, e.g. qkv_bias, tie_word_embeddings, num_hidden_layers)")
     for n, shape in expected.items():
         if n in shapes and tuple(shapes[n]) != shape:
             problems.append(f"{n}: checkpoint shape {tuple(shapes[n])} vs expected {shape}")

@@ -108,6 +108,45 @@ def test_hf_checkpoint_missing_lm_head_is_refused():
         wm.check_hf_tensors(a, shapes)
 
 
+def test_hf_checkpoint_with_unexpected_tensors_is_refused():
+    """A tensor the map does not know (a bias of a bias-free layer, an extra layer) was dropped silently on
+    conversion before issue 51: now refused by name (a few, then a count)."""
+    a = arch(qkv_bias=False)
+    shapes = wm.expected_hf_shapes(a)
+    shapes["model.layers.0.self_attn.q_proj.bias"] = (4,)
+    with pytest.raises(ValueError) as err:
+        wm.check_hf_tensors(a, shapes)
+    assert "unexpected tensors ['model.layers.0.self_attn.q_proj.bias']" in str(err.value), str(err.value)
+    assert "\n" not in str(err.value)
+    shapes = wm.expected_hf_shapes(a)
+    extra = {f"model.layers.{i}.mlp.up_proj.bias": (4,) for i in range(2, 12)}   # layers the config does not have
+    with pytest.raises(ValueError, match=r"unexpected tensors \[.*\] and 4 more \(10 in all\)"):
+        wm.check_hf_tensors(a, {**shapes, **extra})
+
+
+def test_hf_tensors_legitimately_ignored_are_accepted():
+    """What real checkpoints carry beside the weights: RoPE ``inv_freq`` buffers (older transformers saved them),
+    a tied model's ``lm_head.weight`` (the LM head is the embedding, as transformers ties it on load)."""
+    tied = arch(tie_word_embeddings=True)
+    shapes = {**wm.expected_hf_shapes(tied), "lm_head.weight": (5, 1),
+              "model.layers.0.self_attn.rotary_emb.inv_freq": (1,), "model.layers.1.self_attn.rotary_emb.inv_freq": (1,)}
+    wm.check_hf_tensors(tied, shapes)
+    untied = arch(tie_word_embeddings=False)
+    wm.check_hf_tensors(untied, {**wm.expected_hf_shapes(untied), "model.layers.1.self_attn.rotary_emb.inv_freq": (1,)})
+
+
+@pytest.mark.parametrize("family,tied", [("qwen2", True), ("qwen2", False), ("llama", True), ("qwen3", False),
+                                         ("qwen3_moe", False), ("qwen2_moe", False)])
+def test_checkpoints_transformers_saves_pass_the_check(tmp_path, family, tied):
+    """What ``save_pretrained`` writes (the tiny models, the GGUF import's output) holds only expected tensors."""
+    from sparse_rl_megatron.learner.hf_io import SafetensorsReader, read_arch
+    from sparse_rl_megatron.models.tiny import save_tiny_hf_checkpoint
+
+    path = save_tiny_hf_checkpoint(tmp_path / family, family, tie_word_embeddings=tied)
+    checkpoint_arch, _ = read_arch(path)
+    wm.check_hf_tensors(checkpoint_arch, SafetensorsReader(path).shapes())
+
+
 def test_export_buckets_respect_size_and_stage_boundaries():
     """Buckets follow the HF order, never mix pipeline stages, and stay under the byte budget unless a single
     tensor is larger; a tied model exports the embedding once and no lm_head."""

@@ -81,6 +81,33 @@ def test_launcher_adds_what_the_plugin_needs_unless_given():
     assert "--device" not in server_argv(["--model-path", "m"], on_cpu=False)
 
 
+def test_launcher_reads_the_attention_backend_flags_as_sglang_does():
+    from sglang_ext.launch_server import backend_flags
+
+    assert backend_flags(["--model-path", "m", "--attention-backend=fa3", "--decode-attention-backend", "triton"]) == {
+        "attention_backend": "fa3", "prefill_attention_backend": None, "decode_attention_backend": "triton"}
+    assert backend_flags(server_argv(["--model-path", "m"], on_cpu=False))["attention_backend"] == "sparse_kv"
+
+
+@pytest.mark.parametrize("flags", [["--attention-backend", "fa3"], ["--attention-backend=fa3"],
+                                   ["--prefill-attention-backend", "fa3"], ["--decode-attention-backend=fa3"]])
+def test_launcher_refuses_another_attention_backend_in_one_line_before_sglang(flags):
+    """Before issue 51 ``--attention-backend fa3`` started SGLang on fa3 without the plugin, the config ignored.
+    Refused before SGLang is imported (a missing model path is never looked up: nothing else is printed)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "sglang_ext.launch_server", "--sparse-kv-config",
+                           '{"compression": {"method": "rkv"}}', *flags, "--model-path", "no/such-model"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    flag = flags[0].split("=")[0][2:].replace("-", "_")
+    assert proc.returncode == 1 and proc.stdout == "", proc.stdout
+    assert proc.stderr.startswith(f"error: {flag}=fa3: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert 'put "fa3" in the config\'s inner_backend' in proc.stderr
+
+
 def test_the_launcher_needs_nothing_from_the_rollout_package():
     """The plugin owns its CPU defaults: launching a server imports the plugin, not the trainer's rollout code."""
     import subprocess

@@ -44,6 +44,12 @@ FEATURES = {   # a setting that turns the feature on -> the flag the refusal nam
     "returned indexer top-k": ({"enable_return_indexer_topk": True},
                                "enable_return_indexer_topk=True: returning indexer top-k"),
     "torch.compile": ({"enable_torch_compile": True}, "enable_torch_compile=True: torch.compile"),
+    # issue 51: external KV tiers (refused as HiCache is: they store and reload pool slots), accepted before
+    "LMCache": ({"enable_lmcache": True}, "enable_lmcache=True: LMCache"),
+    "FlexKV": ({"enable_flexkv": True}, "enable_flexkv=True: FlexKV"),
+    "external linker": ({"enable_unified_cache_external_linker": True},
+                        "enable_unified_cache_external_linker=True: the unified cache's external KV store"),
+    "radix cache backend": ({"radix_cache_backend": "flexkv"}, "radix_cache_backend=flexkv: a registered radix-cache"),
 }
 
 
@@ -53,6 +59,35 @@ def test_refused_at_start_in_one_line_naming_the_flag(tiny_model_dir, feature):
     with pytest.raises(ConfigError) as err:
         resolved_server_args(tiny_model_dir, {"compression": RKV}, **overrides)
     assert message in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"attention_backend": "torch_native"},
+     "attention_backend=torch_native: a sparse_kv config (--sparse-kv-config / SPARSE_RL_KV_CONFIG) is served by the "
+     "sparse_kv attention backend only"),
+    # both phases another: the per-phase flags win over --attention-backend sparse_kv (the launcher adds it)
+    ({"prefill_attention_backend": "torch_native", "decode_attention_backend": "torch_native"},
+     "prefill_attention_backend=torch_native: "),
+    ({"decode_attention_backend": "fa3"}, "decode_attention_backend=fa3: "),
+    ({"attention_backend": None}, "attention_backend=None: "),   # SGLang's default is another backend
+])
+def test_another_attention_backend_beside_a_sparse_kv_config_is_refused(tiny_model_dir, overrides, message):
+    """Before issue 51 a sparse_kv config beside another backend was ignored without a word: SGLang served dense."""
+    with pytest.raises(ConfigError) as err:
+        resolved_server_args(tiny_model_dir, {"compression": RKV}, **overrides)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value), str(err.value)
+    value = next(iter(overrides.values()))
+    fix = f'put "{value}" in the config\'s inner_backend' if value else "pass --attention-backend sparse_kv"
+    assert fix in str(err.value), str(err.value)
+
+
+def test_the_resolved_backends_are_checked_too(tiny_model_dir):
+    """After SGLang's resolution both phases must still be sparse_kv (``refuse_other_backend(resolved=True)``)."""
+    from sglang_ext.refusals import refuse_other_backend
+
+    args = resolved_server_args(tiny_model_dir, None, attention_backend="torch_native")   # no config: SGLang's own
+    with pytest.raises(ConfigError, match=r"^prefill_attention_backend=torch_native \(resolved\): "):
+        refuse_other_backend(args, resolved=True)
 
 
 def test_resolved_values_are_checked_too(tiny_model_dir):
@@ -206,6 +241,68 @@ def test_what_only_the_loaded_model_shows_is_refused_when_the_backend_is_built(f
     with pytest.raises(ConfigError) as err, published_parallel():
         SparseKVBackend(_runner_with(**facts()), SparseKVConfig()).close()
     assert str(err.value).startswith("sparse_kv at model load: ") and message in str(err.value), str(err.value)
+
+
+def _pool_of(cls_name: str, dtype, head_dim: int = 16):
+    import torch
+    from plugin_rig import KV_HEADS, LAYERS
+    from sglang.srt.mem_cache import memory_pool
+
+    return getattr(memory_pool, cls_name)(128, page_size=1, dtype=getattr(torch, dtype), head_num=KV_HEADS,
+                                          head_dim=head_dim, layer_num=LAYERS, device="cpu", enable_memory_saver=False,
+                                          enable_alt_stream=False)
+
+
+def test_a_kv_cache_quantised_by_the_checkpoint_is_refused_at_model_load():
+    """``--kv-cache-dtype auto`` (what the argument check sees) becomes FP8 when the checkpoint's quantization config
+    says so, in SGLang's plain MHATokenToKVPool: before issue 51 the backend was built on it (scorers reading the
+    stored FP8 bytes unscaled). Refused from the resolved dtype, SGLang's own resolution giving it."""
+    from types import SimpleNamespace
+
+    import torch
+    from plugin_rig import published_parallel
+    from sglang.srt.mem_cache.kv_cache_dtype import configure_kv_cache_dtype
+
+    from sglang_ext.backend import SparseKVBackend
+    from sglang_ext.config import SparseKVConfig
+
+    model = torch.nn.Module()
+    model.quant_config = SimpleNamespace(kv_cache_quant_algo="FP8")    # an FP8 checkpoint's (ModelOpt, compressed)
+    _, kv_dtype = configure_kv_cache_dtype(server_args_kv_cache_dtype="auto", model=model, model_dtype=torch.float32,
+                                           is_draft_worker=False, is_dflash=False,
+                                           speculative_draft_attention_backend=None)
+    assert kv_dtype == torch.float8_e4m3fn
+    pool = _pool_of("MHATokenToKVPool", "float8_e4m3fn")
+    with pytest.raises(ConfigError) as err, published_parallel():
+        SparseKVBackend(_runner_with(token_to_kv_pool=pool, model=model), SparseKVConfig()).close()
+    assert str(err.value) == (
+        "sparse_kv at model load: kv_cache_dtype resolved to float8_e4m3fn (model dtype float32, from the checkpoint's "
+        "quantization config: kv_cache_quant_algo=FP8): sparse_kv needs the KV cache in the model's dtype (its scorers "
+        "and compaction read and write the stored keys and values as they are, without their quantization scales); "
+        "serve a checkpoint without KV-cache quantization (no kv_cache_quant_algo in its quantization config) with "
+        "--kv-cache-dtype auto")
+
+
+@pytest.mark.parametrize("pool", [lambda: _pool_of("MHATokenToKVPoolFP4", "float4_e2m1fn_x2"),
+                                  lambda: _pool_of("MHATokenToKVPoolMXFP8", "float8_e4m3fn", head_dim=32),
+                                  lambda: _pool_of("NoOpMHATokenToKVPool", "float32")],
+                         ids=["FP4", "MXFP8", "no-op"])
+def test_pool_subclasses_are_refused_by_their_class(pool):
+    """An ``isinstance(pool, MHATokenToKVPool)`` check let its subclasses through (the FP4 and MXFP8 pools: packed
+    data and scale buffers): the pool must be exactly SGLang's plain one."""
+    from plugin_rig import published_parallel
+
+    from sglang_ext.backend import SparseKVBackend
+    from sglang_ext.config import SparseKVConfig
+
+    try:
+        kv_pool = pool()
+    except Exception as err:  # noqa: BLE001 - a pool SGLang cannot build on CPU: nothing to refuse here
+        pytest.skip(f"SGLang builds no such pool on CPU: {err}")
+    with pytest.raises(ConfigError) as err, published_parallel():
+        SparseKVBackend(_runner_with(token_to_kv_pool=kv_pool), SparseKVConfig()).close()
+    assert str(err.value).startswith(f"sparse_kv at model load: token_to_kv_pool={type(kv_pool).__name__}: a KV pool "
+                                     "other than SGLang's per-head MHATokenToKVPool itself"), str(err.value)
 
 
 def test_a_plain_sglang_server_on_cpu_gets_the_cpu_row_default(tiny_model_dir):
