@@ -10,6 +10,9 @@ come out ``tokens`` times too large. ``LoadBalancingShare`` gives each micro-bat
 loss is, per MoE layer, the token-weighted mean of the micro-batches' load-balancing losses times the coefficient,
 whatever the DP size, the micro-batching or the padding. It also sums that mean (without the coefficient) for the
 metric ``train/moe_load_balancing_loss`` (averaged over the layers).
+
+The checkpoint's coefficient (HF ``router_aux_loss_coef``) is defined for ONE loss over all L MoE layers jointly
+(transformers' ``load_balancing_loss_func``); megatron-core adds one loss per layer. ``per_layer_coeff`` converts.
 """
 from __future__ import annotations
 
@@ -17,6 +20,29 @@ import functools
 
 import torch
 import torch.distributed as dist
+
+
+def per_layer_coeff(hf_coeff: float, top_k: int, num_layers: int) -> float:
+    """megatron-core's per-layer coefficient for the checkpoint's ``router_aux_loss_coef``: ``hf_coeff x top_k / L``.
+
+    For a forward of T tokens (padding excluded), E experts, top-k, and per MoE layer l the top-k assignments
+    ``c[l, e]`` to expert e and the softmax scores summed over the tokens ``S[l, e]``:
+
+    - HF (one loss, layers concatenated): ``H = E/(L T)^2 sum_e C_e S_e``, ``C_e = sum_l c[l, e]``,
+      ``S_e = sum_l S[l, e]``; k when perfectly balanced.
+    - megatron-core (per layer, summed, no division by L): ``M_l = E/(k T^2) sum_e c[l, e] S[l, e]``; 1 balanced.
+
+    The counts carry no gradient, so ``d(coef H)/dS[l, e] = coef E C_e/(L T)^2`` and
+    ``d(coeff sum_l M_l)/dS[l, e] = coeff E c[l, e]/(k T^2)``: equal when the layers route alike
+    (``c[l, e] = C_e / L``) iff ``coeff = coef k / L``. Then the values obey
+    ``coef H = coeff sum_l M_l - coef (E/T^2) sum_e cov_l(c[., e], S[., e])`` (covariance over the layers,
+    1/L-normalised): no per-layer sum equals H in general (H multiplies one layer's counts by another's scores),
+    and the per-layer one differs from it by the counts' and scores' co-variation across layers. Reusing ``coef`` per
+    layer instead weighs the loss and every router's gradient L/k times the checkpoint's (6x for Qwen3-30B-A3B:
+    48 layers, top-8; 11.75x for 235B-A22B: 94 layers, top-8)."""
+    if num_layers < 1 or top_k < 1:
+        raise ValueError(f"per_layer_coeff needs num_layers >= 1 and top_k >= 1, got {num_layers} and {top_k}")
+    return hf_coeff * top_k / num_layers
 
 
 class LoadBalancingShare:
