@@ -29,10 +29,13 @@ def _packed_seq_params(mb: MicroBatch, dev: torch.device):
                            max_seqlen_kv=longest)
 
 
-def model_inputs(mb: MicroBatch, use_thd: bool) -> dict[str, Any]:
-    """Keyword arguments of ``GPTModel.forward`` for ``mb`` on this rank's device."""
+def model_inputs(mb: MicroBatch, use_thd: bool, routed: bool = False) -> dict[str, Any]:
+    """Keyword arguments of ``GPTModel.forward`` for ``mb`` on this rank's device. ``routed`` (a mixture of
+    experts): with ``mb``'s padding mask, so the routers leave padding out of the load-balancing loss."""
     dev = device()
     kwargs: dict[str, Any] = dict(input_ids=mb.input_ids.to(dev), position_ids=mb.position_ids.to(dev))
+    if routed:
+        kwargs["padding_mask"] = mb.padding_mask().to(dev)
     if mb.packed and use_thd:
         kwargs.update(attention_mask=None, packed_seq_params=_packed_seq_params(mb, dev))
     else:
@@ -49,19 +52,21 @@ def run_schedule(
     *,
     forward_only: bool,
     use_thd: bool = False,
+    routed: bool = False,
 ) -> list[Any]:
     """Run all micro-batches through the schedule; returns ``head_fn``'s outputs (last stage only; [] elsewhere).
 
     Forward-only: ``head_fn(mb, hidden)`` returns any data (collected). Training: it returns
     ``(loss_share, metrics)``; the loss is already normalised by the global denominator, so the schedule is
     told ``num_tokens = 0`` (``calculate_per_token_loss`` on: no division by micro-batch count or tokens)
-    and gradients are summed over micro-batches and data-parallel ranks.
+    and gradients are summed over micro-batches and data-parallel ranks. ``routed``: pass each micro-batch's
+    padding mask (a mixture of experts; ``model_inputs``).
     """
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     def forward_step(data_iterator, mdl):
         mb = next(data_iterator)
-        hidden = mdl(**model_inputs(mb, use_thd))
+        hidden = mdl(**model_inputs(mb, use_thd, routed))
         if forward_only:
             return hidden, lambda out, non_loss_data=True: head_fn(mb, out)
         return hidden, partial(_train_loss, head_fn, mb)

@@ -9,7 +9,8 @@ come out ``tokens`` times too large. ``LoadBalancingShare`` gives each micro-bat
 ``tokens of the micro-batch / tokens of the whole step`` (over every data-parallel rank) instead, so the attached
 loss is, per MoE layer, the token-weighted mean of the micro-batches' load-balancing losses times the coefficient,
 whatever the DP size, the micro-batching or the padding. It also sums that mean (without the coefficient) for the
-metric ``train/moe_load_balancing_loss`` (averaged over the layers).
+metric ``train/moe_load_balancing_loss`` (averaged over the layers). Padding (the right-padding of padded rows,
+the packed padding block, a stand-in micro-batch) is masked out of the routers' statistics and counts no token.
 
 The checkpoint's coefficient (HF ``router_aux_loss_coef``) is defined for ONE loss over all L MoE layers jointly
 (transformers' ``load_balancing_loss_func``); megatron-core adds one loss per layer. ``per_layer_coeff`` converts.
@@ -74,10 +75,31 @@ class LoadBalancingShare:
 def router_class(share: LoadBalancingShare):
     """megatron-core's ``TopKRouter`` whose load-balancing loss takes ``share``'s weights (see the module
     docstring); a builder for ``MoESubmodules.router`` (called with ``config=`` and ``pg_collection=``)."""
+    from megatron.core.transformer.moe.moe_utils import (
+        get_tokens_per_expert_and_token_count, switch_load_balancing_loss_func,
+    )
     from megatron.core.transformer.moe.router import TopKRouter
 
     class LearnerTopKRouter(TopKRouter):
         """``TopKRouter`` with the learner's normalisation of the load-balancing loss."""
+
+        def _apply_aux_loss(self, probs, scores_for_aux_loss, routing_map, with_padding_mask=False):
+            """megatron-core 0.16's ``_apply_aux_loss``, but a micro-batch whose tokens are all padding (a
+            stand-in) attaches 0: megatron's formula divides by its token count (0/0: NaN loss and gradients)."""
+            coeff = self.get_aux_loss_coeff("aux_loss")
+            if coeff == 0:
+                return probs
+            tokens_per_expert, local_tokens, total_tokens = get_tokens_per_expert_and_token_count(
+                routing_map=routing_map, reduce_group=self.tp_cp_group, topk=self.topk,
+                with_padding_mask=with_padding_mask)
+            if with_padding_mask:  # padding has zero counts and scores: the loss is 0 over a clamped count
+                total_tokens = total_tokens.clamp(min=1)
+            aux_loss = switch_load_balancing_loss_func(
+                probs=scores_for_aux_loss, tokens_per_expert=tokens_per_expert, total_num_tokens=total_tokens,
+                topk=self.topk, num_experts=self.config.num_moe_experts, moe_aux_loss_coeff=coeff,
+                fused=self.config.moe_router_fusion)
+            return self.attach_and_log_load_balancing_loss(
+                probs, coeff, aux_loss, "load_balancing_loss", self.tp_cp_group, valid_token_count=local_tokens)
 
         def attach_and_log_load_balancing_loss(self, activation, aux_loss_coeff, aux_loss, aux_loss_name,
                                                reduce_group, reduce_group_has_dp=False, valid_token_count=None):
