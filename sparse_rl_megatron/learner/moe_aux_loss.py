@@ -52,7 +52,8 @@ class LoadBalancingShare:
 
     def __init__(self) -> None:
         self.step_tokens = 0.0
-        """Tokens fed through the model in the current optimizer step, summed over the data-parallel ranks."""
+        """The rows' own tokens (padding and stand-ins excluded) of the current optimizer step, summed over the
+        data-parallel ranks."""
         self.total = 0.0
         """Sum over this rank's layers and micro-batches of ``share x load-balancing loss`` (no coefficient)."""
 
