@@ -101,3 +101,18 @@ def test_padding_mask_and_real_tokens_leave_out_padding_and_stand_ins():
     assert (packed.num_tokens, packed.real_tokens) == (8, 5)
     stand_in = padding_micro_batch(b, "padded")
     assert stand_in.padding_mask().tolist() == [[True] * 4] and (stand_in.num_tokens, stand_in.real_tokens) == (4, 0)
+
+
+def test_sequence_parallel_chunk_of_the_padding_mask():
+    """A later pipeline stage under sequence parallel gets its TP rank's contiguous S / tp positions of the mask
+    (megatron-core 0.16 scatters it on the first stage only); S must divide."""
+    import pytest
+
+    from sparse_rl_megatron.learner.forward import sequence_parallel_chunk
+
+    mask = torch.tensor([[False, False, False, True, True, True], [False, True, True, True, True, True]])
+    assert sequence_parallel_chunk(mask, 2, 0).tolist() == [[False, False, False], [False, True, True]]
+    assert sequence_parallel_chunk(mask, 2, 1).tolist() == [[True, True, True], [True, True, True]]
+    assert torch.equal(torch.cat([sequence_parallel_chunk(mask, 3, r) for r in range(3)], 1), mask)
+    with pytest.raises(ValueError, match="divisible by TP = 4"):
+        sequence_parallel_chunk(mask, 4, 0)
