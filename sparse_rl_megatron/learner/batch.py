@@ -111,7 +111,24 @@ class MicroBatch:
 
     @property
     def num_tokens(self) -> int:
+        """Tokens fed through the model, padding included (``b x S``)."""
         return int(self.input_ids.numel())
+
+    @property
+    def real_tokens(self) -> int:
+        """The rows' own tokens, what the load-balancing loss counts: padding excluded, 0 for a stand-in."""
+        return 0 if self.padding else sum(self.seq_lengths)
+
+    def padding_mask(self) -> torch.Tensor:
+        """``[b, S]`` bool, True at the tokens that are not the rows' own (megatron-core's ``padding_mask``: the
+        router leaves them out of its load-balancing statistics): the right-padding of padded rows, the packed
+        padding block, every token of a stand-in."""
+        if self.padding:
+            return torch.ones(self.input_ids.shape, dtype=torch.bool)
+        width = self.input_ids.shape[1]
+        if self.packed:
+            return (torch.arange(width) >= sum(self.seq_lengths)).unsqueeze(0)
+        return torch.arange(width).unsqueeze(0) >= torch.tensor(self.seq_lengths).unsqueeze(1)
 
     def attention_mask(self) -> torch.Tensor | None:
         """None (causal) when padded; when packed the ``[1, 1, S, S]`` bool block-diagonal causal mask

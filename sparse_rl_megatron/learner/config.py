@@ -105,9 +105,13 @@ class MoESettings:
     megatron-core's ``alltoall`` dispatcher (gloo on CPU, NCCL on GPU; ``megatron_overrides`` can choose another)."""
 
     aux_loss_coeff: float | None = None
-    """Weight of megatron-core's load-balancing loss (Switch-style, per layer, averaged over the step's tokens);
-    None: the checkpoint's ``router_aux_loss_coef`` (0.001 in Qwen3-MoE), 0 when it has none. 0 turns it off; it
-    is logged as ``train/moe_load_balancing_loss`` whenever it is on."""
+    """Weight of megatron-core's load-balancing loss PER LAYER (Switch-style ``E sum_e f_e P_e``, 1 when balanced,
+    summed over the L layers, averaged over the step's tokens, padding excluded); a value given here is read in that
+    per-layer convention. None: derived from the checkpoint's ``router_aux_loss_coef`` (HF's convention: one loss
+    over all layers' routings jointly, k when balanced) as ``router_aux_loss_coef x top_k / L`` (0.001 x 8 / 48 for
+    Qwen3-30B-A3B), which gives every router HF's gradient when the layers route alike and the value HF's plus the
+    layers' covariance term (``moe_aux_loss.per_layer_coeff``); 0 when it has none. 0 turns it off; it is logged
+    as ``train/moe_load_balancing_loss`` whenever it is on."""
     router_dtype: RouterDtype = "params"
     """The router's logits: in the parameter dtype (``params``, as the HF model and the rollout engines) or in
     ``fp32`` (megatron-core's advice for bf16 training; routing then differs from a bf16 engine's more often)."""

@@ -29,10 +29,26 @@ def _packed_seq_params(mb: MicroBatch, dev: torch.device):
                            max_seqlen_kv=longest)
 
 
-def model_inputs(mb: MicroBatch, use_thd: bool) -> dict[str, Any]:
-    """Keyword arguments of ``GPTModel.forward`` for ``mb`` on this rank's device."""
+def sequence_parallel_chunk(mask: torch.Tensor, tp: int, rank: int) -> torch.Tensor:
+    """``[b, S]`` -> ``[b, S / tp]``: the positions TP rank ``rank`` holds under sequence parallel (megatron-core
+    splits ``[S, b]`` activations along S into ``tp`` contiguous chunks)."""
+    if mask.shape[1] % tp:
+        raise ValueError(f"sequence parallel needs S = {mask.shape[1]} divisible by TP = {tp}")
+    width = mask.shape[1] // tp
+    return mask[:, rank * width:(rank + 1) * width]
+
+
+def model_inputs(mb: MicroBatch, use_thd: bool, routed: bool = False,
+                 sp_chunk: tuple[int, int] | None = None) -> dict[str, Any]:
+    """Keyword arguments of ``GPTModel.forward`` for ``mb`` on this rank's device. ``routed`` (a mixture of
+    experts): with ``mb``'s padding mask, so the routers leave padding out of the load-balancing loss.
+    ``sp_chunk = (tp, rank)``: only this TP rank's chunk of the mask (a pipeline stage after the first under
+    sequence parallel: megatron-core 0.16 scatters the mask on the first stage only)."""
     dev = device()
     kwargs: dict[str, Any] = dict(input_ids=mb.input_ids.to(dev), position_ids=mb.position_ids.to(dev))
+    if routed:
+        mask = mb.padding_mask()
+        kwargs["padding_mask"] = (mask if sp_chunk is None else sequence_parallel_chunk(mask, *sp_chunk)).to(dev)
     if mb.packed and use_thd:
         kwargs.update(attention_mask=None, packed_seq_params=_packed_seq_params(mb, dev))
     else:
@@ -49,19 +65,27 @@ def run_schedule(
     *,
     forward_only: bool,
     use_thd: bool = False,
+    routed: bool = False,
 ) -> list[Any]:
     """Run all micro-batches through the schedule; returns ``head_fn``'s outputs (last stage only; [] elsewhere).
 
     Forward-only: ``head_fn(mb, hidden)`` returns any data (collected). Training: it returns
     ``(loss_share, metrics)``; the loss is already normalised by the global denominator, so the schedule is
     told ``num_tokens = 0`` (``calculate_per_token_loss`` on: no division by micro-batch count or tokens)
-    and gradients are summed over micro-batches and data-parallel ranks.
+    and gradients are summed over micro-batches and data-parallel ranks. ``routed``: pass each micro-batch's
+    padding mask (a mixture of experts; ``model_inputs``).
     """
+    from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    sp_chunk = None
+    if routed and getattr(model, "config", None) is not None and model.config.sequence_parallel \
+            and not ps.is_pipeline_first_stage():
+        sp_chunk = (ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank())
 
     def forward_step(data_iterator, mdl):
         mb = next(data_iterator)
-        hidden = mdl(**model_inputs(mb, use_thd))
+        hidden = mdl(**model_inputs(mb, use_thd, routed, sp_chunk))
         if forward_only:
             return hidden, lambda out, non_loss_data=True: head_fn(mb, out)
         return hidden, partial(_train_loss, head_fn, mb)

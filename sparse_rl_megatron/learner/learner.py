@@ -49,11 +49,16 @@ def _is_megatron_checkpoint(path: str | os.PathLike) -> bool:
 HF_AUX_LOSS_FIELD = "router_aux_loss_coef"
 
 
-def moe_aux_loss_coeff(config: LearnerConfig, hf_config: dict) -> float:
-    """``config.moe.aux_loss_coeff``, or the checkpoint's ``router_aux_loss_coef`` when that is None (0 if absent)."""
+def moe_aux_loss_coeff(config: LearnerConfig, hf_config: dict, arch: ModelArch) -> float:
+    """megatron-core's per-layer load-balancing coefficient: ``config.moe.aux_loss_coeff`` as given (megatron's
+    convention), or when that is None the one derived from the checkpoint's ``router_aux_loss_coef`` (HF's
+    convention, one loss over all layers jointly): ``router_aux_loss_coef x top_k / layers``
+    (``moe_aux_loss.per_layer_coeff``); 0 if the checkpoint has none."""
     if config.moe.aux_loss_coeff is not None:
         return float(config.moe.aux_loss_coeff)
-    return float(hf_config.get(HF_AUX_LOSS_FIELD) or 0.0)
+    from sparse_rl_megatron.learner.moe_aux_loss import per_layer_coeff
+
+    return per_layer_coeff(float(hf_config.get(HF_AUX_LOSS_FIELD) or 0.0), arch.moe.top_k, arch.num_layers)
 
 
 def check_moe_training(arch: ModelArch, config: LearnerSettings, trainable: bool) -> None:
@@ -97,7 +102,7 @@ class Learner:
                                           facts=self.device_facts, ep=config.expert_parallel_size,
                                           etp=config.expert_tensor_parallel)
         self.params_dtype = config.torch_params_dtype(self.device_facts)
-        self.moe_aux_loss_coeff = moe_aux_loss_coeff(config, self.hf_config) if self.arch.is_moe else 0.0
+        self.moe_aux_loss_coeff = moe_aux_loss_coeff(config, self.hf_config, self.arch) if self.arch.is_moe else 0.0
         self.model = build_stage_model(
             self.arch, params_dtype=self.params_dtype, spec=self.spec,
             vocab_multiple=config.vocab_multiple, overrides=config.megatron_overrides, facts=self.device_facts,

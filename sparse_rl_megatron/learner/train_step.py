@@ -10,7 +10,8 @@ Non-finite guard: if the loss or any gradient is NaN/inf on any rank, the step i
 (gradients zeroed, weights, optimizer state and LR schedule unchanged) and counted.
 
 A mixture of experts adds megatron-core's load-balancing loss, weighted by each micro-batch's share of the step's
-fed tokens (``learner/moe_aux_loss.py``), and reports it as ``train/moe_load_balancing_loss``.
+tokens (the rows' own: padding and stand-in micro-batches count none and are masked out of the routers'
+statistics; ``learner/moe_aux_loss.py``), and reports it as ``train/moe_load_balancing_loss``.
 """
 from __future__ import annotations
 
@@ -111,13 +112,14 @@ def train_step(learner, batch: TrainBatch) -> dict[str, float]:
     model, optimizer, scheduler = learner.ddp, learner.optimizer, learner.scheduler
     balancing = learner.model.load_balancing
     if learner.moe_aux_loss_coeff > 0:
-        fed = torch.tensor([float(sum(mb.num_tokens for mb in mbs))], device=device())
+        fed = torch.tensor([float(sum(mb.real_tokens for mb in mbs))], device=device())
         dist.all_reduce(fed, group=ps.get_data_parallel_group())
         balancing.start_step(float(fed))
     model.train()
     model.zero_grad_buffer()
     optimizer.zero_grad()
-    outputs = run_schedule(model, mbs, head, forward_only=False, use_thd=learner.use_thd)
+    outputs = run_schedule(model, mbs, head, forward_only=False, use_thd=learner.use_thd,
+                           routed=learner.arch.is_moe)
     local_loss = torch.zeros((), dtype=torch.float64)
     for m in outputs:
         local_loss += float(m["loss/total"])

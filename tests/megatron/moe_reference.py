@@ -94,6 +94,20 @@ def aux_term(model, prompts, responses, top_k: int) -> torch.Tensor:
     return out
 
 
+def randomise_embedding_row_and_norms(model):
+    """As mcore_reference: embedding row 0 (the pad id, zero at init: all its router logits would tie) ordinary,
+    norm weights away from 1. Returns ``model``."""
+    emb = model.get_input_embeddings()
+    with torch.no_grad():
+        emb.weight[0] = torch.randn(emb.weight.shape[1], generator=torch.Generator().manual_seed(9)) * spec.INIT_STD
+        g = torch.Generator().manual_seed(10)
+        for n, p in model.named_parameters():
+            if n.endswith("norm.weight"):
+                p.copy_(1 + spec.NORM_STD * torch.randn(p.shape, generator=g))
+    emb.padding_idx = None
+    return model
+
+
 def _one_step(model, prepared, ref_lp, prompts, responses, aux_coeff: float, top_k: int) -> None:
     from sparse_rl_megatron.algo import LossConfig, micro_batch_loss
 
@@ -131,15 +145,8 @@ def build_moe_references(root: Path) -> Path:
     for name, kw in spec.MOE_MODELS.items():
         kw = dict(kw)
         family = kw.pop("family")
-        model = build_tiny_model(family, seed=spec.SEED, init_std=spec.INIT_STD, **kw)
-        emb = model.get_input_embeddings()  # as mcore_reference: row 0 ordinary, norms away from 1
-        with torch.no_grad():
-            emb.weight[0] = torch.randn(emb.weight.shape[1], generator=torch.Generator().manual_seed(9)) * spec.INIT_STD
-            g = torch.Generator().manual_seed(10)
-            for n, p in model.named_parameters():
-                if n.endswith("norm.weight"):
-                    p.copy_(1 + spec.NORM_STD * torch.randn(p.shape, generator=g))
-        emb.padding_idx = None
+        model = randomise_embedding_row_and_norms(build_tiny_model(family, seed=spec.SEED, init_std=spec.INIT_STD,
+                                                                    **kw))
         path = root / name
         stored = _saved_weights(model, path)
         build_tiny_tokenizer(kw["vocab_size"]).save_pretrained(path)

@@ -85,3 +85,34 @@ def test_lengths_padded_to_a_multiple_for_sequence_parallel():
     allowed = ~packed.attention_mask()[0, 0]
     assert allowed[5:, :5].sum() == 0 and allowed[:5, 5:].sum() == 0  # the padding is a block of its own
     assert build_micro_batch(b, [0, 1], "packed", multiple=5).pad_tokens == 0
+
+
+def test_padding_mask_and_real_tokens_leave_out_padding_and_stand_ins():
+    """What the routers' load-balancing statistics leave out (True = padding): padded rows' right-padding, the
+    packed padding block, every token of a stand-in; ``real_tokens`` counts the rest (``num_tokens`` counts all)."""
+    from sparse_rl_megatron.learner.batch import padding_micro_batch
+
+    b = SequenceBatch.from_lists([[1, 2], [3]], [[4, 5, 6], [7]])  # fed lengths 4 and 1
+    padded = build_micro_batch(b, [0, 1], "padded", multiple=3)
+    assert padded.padding_mask().tolist() == [[False] * 4 + [True] * 2, [False] + [True] * 5]
+    assert (padded.num_tokens, padded.real_tokens) == (12, 5)
+    packed = build_micro_batch(b, [0, 1], "packed", multiple=4)
+    assert packed.padding_mask().tolist() == [[False] * 5 + [True] * 3]
+    assert (packed.num_tokens, packed.real_tokens) == (8, 5)
+    stand_in = padding_micro_batch(b, "padded")
+    assert stand_in.padding_mask().tolist() == [[True] * 4] and (stand_in.num_tokens, stand_in.real_tokens) == (4, 0)
+
+
+def test_sequence_parallel_chunk_of_the_padding_mask():
+    """A later pipeline stage under sequence parallel gets its TP rank's contiguous S / tp positions of the mask
+    (megatron-core 0.16 scatters it on the first stage only); S must divide."""
+    import pytest
+
+    from sparse_rl_megatron.learner.forward import sequence_parallel_chunk
+
+    mask = torch.tensor([[False, False, False, True, True, True], [False, True, True, True, True, True]])
+    assert sequence_parallel_chunk(mask, 2, 0).tolist() == [[False, False, False], [False, True, True]]
+    assert sequence_parallel_chunk(mask, 2, 1).tolist() == [[True, True, True], [True, True, True]]
+    assert torch.equal(torch.cat([sequence_parallel_chunk(mask, 3, r) for r in range(3)], 1), mask)
+    with pytest.raises(ValueError, match="divisible by TP = 4"):
+        sequence_parallel_chunk(mask, 4, 0)
