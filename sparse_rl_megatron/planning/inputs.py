@@ -111,8 +111,14 @@ class LearnerSetting:
     """Scored tokens per LM-head chunk, 0 = unchunked (``--logprob-chunk``)."""
     reference_model: bool = False
     """A frozen KL reference policy sits next to the learner (``--kl-reference``)."""
+    offload: str = "none"
+    """What of the learner sleeps while the colocated engines decode (``--offload``, ``learner.offload``: a name of
+    ``learner.offload.OFFLOAD_MODES``)."""
 
     def __post_init__(self) -> None:
+        from sparse_rl_megatron.learner.offload import OFFLOAD_MODES
+
+        OFFLOAD_MODES.check(self.offload, "--offload")
         if self.params_dtype not in ("bfloat16", "float32"):
             raise ValueError(f"--params-dtype must be bfloat16 or float32, got {self.params_dtype!r}")
         KERNELS.check(self.kernels, "--kernels")
@@ -142,9 +148,14 @@ class RolloutSetting:
     sparse_kv plugin's memory scales with them."""
     kept_digest: bool = False
     """The sparse_kv plugin keeps kept-position tables for the samples' digests (off: the SGLang engine's default)."""
+    memory_saver: bool = True
+    """SGLang's memory saver (``rollout.sglang.memory_saver``): the released engine frees its weights and KV pool
+    while the learner trains (``--no-memory-saver``: it keeps them)."""
+    bucket_mb: int = 512
+    """Weight-sync bucket in MiB (``--bucket-mb``, ``sync.bucket_mb``)."""
 
     def __post_init__(self) -> None:
-        _positive(rollout_tp=self.tp)
+        _positive(rollout_tp=self.tp, bucket_mb=self.bucket_mb)
         if self.kv_dtype not in DTYPE_BYTES:
             raise ValueError(f"--kv-dtype must be one of {', '.join(DTYPE_BYTES)}, got {self.kv_dtype!r}")
         if not 0 < self.mem_fraction <= 1:

@@ -52,12 +52,19 @@ class RolloutKV:
         return self.concurrent_per_engine * self.engines
 
 
-def kv_pool_per_gpu(arch: ModelArch, layout: Layout, rollout: RolloutSetting) -> float:
-    """KV pool bytes per GPU: as given, else mem_fraction x GPU memory - the engine's bf16 weights per GPU."""
+def engine_weights_per_gpu(arch: ModelArch, rollout: RolloutSetting) -> float:
+    """The engine's bf16 weights on one of its GPUs (``2 N_total / rollout TP``)."""
+    return DTYPE_BYTES["bfloat16"] * total_params(arch) / rollout.tp
+
+
+def kv_pool_per_gpu(arch: ModelArch, layout: Layout, rollout: RolloutSetting, resident: float = 0.0) -> float:
+    """KV pool bytes per GPU: as given, else SGLang's budget from the memory free when the engine starts,
+    ``mem_fraction x (GPU memory - resident) - the engine's bf16 weights per GPU``, where ``resident`` is what the
+    colocated learner keeps on the GPU while it sleeps (``docs/memory-planning.md``, "The SGLang pool")."""
     if rollout.kv_pool_gib is not None:
         return rollout.kv_pool_gib * 2 ** 30
-    weights = DTYPE_BYTES["bfloat16"] * total_params(arch) / rollout.tp
-    return rollout.mem_fraction * layout.gpu_memory_gib * 2 ** 30 - weights
+    free = layout.gpu_memory_gib * 2 ** 30 - resident
+    return rollout.mem_fraction * free - engine_weights_per_gpu(arch, rollout)
 
 
 def plugin_memory_per_gpu(arch: ModelArch, rollout: RolloutSetting, compression):
@@ -82,13 +89,14 @@ def engine_layout(layout: Layout, batch: BatchShape, rollout: RolloutSetting):
 
 
 def rollout_kv(arch: ModelArch, layout: Layout, batch: BatchShape, rollout: RolloutSetting,
-               compression=None, label: str = "dense") -> RolloutKV:
-    """KV figures of one setting, with the rollout engines on the learner's GPUs (colocated, learner offloaded).
-    A compressed setting runs SGLang with the sparse_kv plugin, whose memory comes out of a derived KV pool
-    (a given ``--kv-pool`` is the pool SGLang ends up with)."""
+               compression=None, label: str = "dense", resident: float = 0.0) -> RolloutKV:
+    """KV figures of one setting, with the rollout engines on the learner's GPUs (colocated: ``resident`` bytes of
+    the sleeping learner stay on each GPU when the engine starts). A compressed setting runs SGLang with the
+    sparse_kv plugin, whose memory comes out of a derived KV pool (a given ``--kv-pool`` is the pool SGLang ends up
+    with)."""
     tokens = kv_tokens_per_sequence(batch, compression)
     per_gpu = tokens * kv_bytes_per_token(arch, rollout.kv_dtype, rollout.tp)
-    pool = kv_pool_per_gpu(arch, layout, rollout)
+    pool = kv_pool_per_gpu(arch, layout, rollout, resident)
     plugin = None
     if compression is not None and not compression.is_dense:
         plugin = plugin_memory_per_gpu(arch, rollout, compression)
@@ -104,13 +112,13 @@ def rollout_kv(arch: ModelArch, layout: Layout, batch: BatchShape, rollout: Roll
 
 
 def smallest_rollout_tp(arch: ModelArch, layout: Layout, batch: BatchShape, rollout: RolloutSetting,
-                        compression=None) -> int | None:
+                        compression=None, resident: float = 0.0) -> int | None:
     """The smallest rollout TP (dividing the GPUs, within a node) at which one sequence fits the KV pool."""
     import dataclasses
 
     for tp in range(1, min(layout.gpus, layout.gpus_per_node) + 1):
         if min(layout.gpus, layout.gpus_per_node) % tp == 0:
-            kv = rollout_kv(arch, layout, batch, dataclasses.replace(rollout, tp=tp), compression)
+            kv = rollout_kv(arch, layout, batch, dataclasses.replace(rollout, tp=tp), compression, resident=resident)
             if kv.concurrent_per_engine >= 1:
                 return tp
     return None

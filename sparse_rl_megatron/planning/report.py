@@ -46,9 +46,6 @@ def render_learner(plan: Plan) -> list[str]:
     lines = [f"Micro-batch: {mb.rows} row(s) x {mb.row_len} tokens ({s.max_tokens_per_device}-token budget), "
              f"{mb.count} per DP rank per step; kernels: {s.kernels}.", ""]
     lines += _table(header, rows) + ["", verdict]
-    if not plan.fits:
-        lines.append(f"nearest layout that fits: {plan.suggestion.describe(s)}" if plan.suggestion else
-                     "no layout fits on up to 8x the GPUs; the model needs more memory per GPU")
     return lines
 
 
@@ -60,8 +57,10 @@ def render_rollout(plan: Plan) -> list[str]:
         ["KV tokens per sequence (peak, per layer and KV head)"] + [f"{k.tokens_per_sequence:,}" for k in plan.kv],
         [f"KV per sequence ({r.kv_dtype}, all layers)"] + [mib(k.bytes_per_sequence) for k in plan.kv],
         [f"KV per sequence per GPU (rollout TP={r.tp})"] + [mib(k.bytes_per_sequence_per_gpu) for k in plan.kv],
-        ["KV pool per GPU" + (" (given)" if r.kv_pool_gib else f" ({r.mem_fraction:g} x GPU - bf16 weights / TP;"
-                              " compressed: - the plugin)")] + [f"{_gib(k.pool_per_gpu)} GiB" for k in plan.kv],
+        ["KV pool per GPU" + (" (given)" if r.kv_pool_gib else
+                              f" ({r.mem_fraction:g} x (GPU - {_gib(plan.resident)} GiB the sleeping learner keeps)"
+                              " - bf16 weights / TP; compressed: - the plugin)")]
+        + [f"{_gib(k.pool_per_gpu)} GiB" for k in plan.kv],
         ["sparse_kv plugin per GPU (SGLang, request rows)"]
         + ["-" if k.plugin is None else f"{_gib(k.plugin.total)} GiB ({k.plugin.rows:,})" for k in plan.kv],
         ["concurrent sequences per engine"] + [f"{k.concurrent_per_engine:,}" for k in plan.kv],
@@ -75,6 +74,42 @@ def render_rollout(plan: Plan) -> list[str]:
         lines += ["", f"rollout DOES NOT FIT: not one sequence fits the KV pool at rollout TP={r.tp}"
                   + (f"; smallest rollout TP that fits: {plan.rollout_tp_hint}" if plan.rollout_tp_hint else "")]
     return lines
+
+
+def render_ledger(plan: Plan) -> list[str]:
+    """The per-GPU ledger: one column per phase, one row per item (``planning/phases.py``)."""
+    led, s, r = plan.ledger, plan.learner, plan.rollout
+    labels: list[str] = []
+    for phase in led.phases:
+        labels += [label for label in phase.items if label not in labels]
+    where = f"stage {led.stage}, " if plan.layout.pp > 1 else ""
+    header = [f"per GPU (GiB), {where}--offload {s.offload}"
+              + ("" if r.memory_saver else ", --no-memory-saver")] + [p.name for p in led.phases]
+    name = {"engine weights, bf16": f"engine weights, bf16 / rollout TP {r.tp}",
+            "engine KV pool": "engine KV pool" + ("" if r.kv_pool_gib else
+                                                  f" ({r.mem_fraction:g} x free at start - weights - plugin)")}
+    rows = [[name.get(label, label)] + [_gib(p.items[label]) if label in p.items else "-" for p in led.phases]
+            for label in labels]
+    gpu = led.gpu_bytes
+    rows.append(["**total**"] + [f"**{_gib(p.total)}**" for p in led.phases])
+    rows.append([f"free of {plan.layout.gpu_memory_gib:g} GiB"] + [_gib(gpu - p.total) for p in led.phases])
+    e = led.engine
+    lines = _table(header, rows)
+    lines += ["", f"engine start: {_gib(e.free)} GiB free per GPU after the learner went to sleep; SGLang leaves "
+                  f"(1 - {r.mem_fraction:g}) x free = {_gib(e.headroom)} GiB for its activations and CUDA graphs"]
+    problem = led.problem()
+    lines.append(f"every phase fits {plan.layout.gpu_memory_gib:g} GiB per GPU: largest "
+                 f"{max(led.phases, key=lambda p: p.total).name} "
+                 f"{_gib(max(p.total for p in led.phases))} GiB" if problem is None else problem)
+    return lines
+
+
+def render_suggestion(plan: Plan) -> list[str]:
+    if plan.all_fit:
+        return []
+    if plan.suggestion is None:
+        return ["no layout or offload mode fits on up to 8x the GPUs; the model needs more memory per GPU"]
+    return [f"nearest offload setting or layout that fits: {plan.suggestion.describe(plan.learner)}"]
 
 
 def render(plan: Plan) -> str:
@@ -91,4 +126,7 @@ def render(plan: Plan) -> str:
         f"{b.response_len} tokens",
         "",
     ]
-    return "\n".join(head + render_learner(plan) + [""] + render_rollout(plan)) + "\n"
+    tail = [""] + render_ledger(plan) if plan.ledger is not None else []
+    advice = render_suggestion(plan)
+    return "\n".join(head + render_learner(plan) + [""] + render_rollout(plan) + tail
+                     + ([""] + advice if advice else [])) + "\n"

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 from sparse_rl_megatron.models.arch import ModelArch
 from sparse_rl_megatron.planning.inputs import GIB, BatchShape, Layout, LearnerSetting
@@ -53,10 +54,26 @@ class Suggestion:
             changes.append("distributed optimizer on")
         if self.setting.recompute and not base.recompute:
             changes.append("full recompute")
+        if self.setting.offload != base.offload:
+            changes.append(f"--offload {self.setting.offload}")
         return f"{', '.join(changes)}: {self.peak_bytes / GIB:.1f} GiB per GPU"
 
 
+def offload_order() -> list[str]:
+    """The offload modes from the one that puts the least to sleep to the one that puts the most
+    (``learner.offload.OFFLOAD_MODES``, ordered by how many parts sleep)."""
+    from sparse_rl_megatron.learner.offload import OFFLOAD_MODES
+
+    return sorted(OFFLOAD_MODES.names(), key=lambda name: len(OFFLOAD_MODES.get(name).parts))
+
+
+Check = Callable[[Layout, LearnerSetting], "float | None"]
+"""A candidate's peak bytes per GPU when it fits (every phase), None when it does not."""
+
+
 def _candidates(arch: ModelArch, layout: Layout, gpus: int, setting: LearnerSetting):
+    order = offload_order()
+    offloads = order[order.index(setting.offload):]  # only more sleeping than asked
     for tp in valid_tp(arch, layout.gpus_per_node):
         for pp in arch.pipeline_parallel_sizes():
             if gpus % (tp * pp) or (gpus // pp) % (layout.ep * (tp if layout.etp is None else layout.etp)):
@@ -64,22 +81,36 @@ def _candidates(arch: ModelArch, layout: Layout, gpus: int, setting: LearnerSett
             lay = dataclasses.replace(layout, tp=tp, pp=pp, dp=gpus // (tp * pp))
             for distopt in sorted({setting.distributed_optimizer, True}):
                 for recompute in sorted({setting.recompute, True}):
-                    yield lay, dataclasses.replace(setting, distributed_optimizer=distopt, recompute=recompute)
+                    for offload in offloads:
+                        yield lay, dataclasses.replace(setting, distributed_optimizer=distopt, recompute=recompute,
+                                                       offload=offload)
 
 
-def suggest(arch: ModelArch, layout: Layout, batch: BatchShape, setting: LearnerSetting) -> Suggestion | None:
+def suggest(arch: ModelArch, layout: Layout, batch: BatchShape, setting: LearnerSetting,
+            check: Check | None = None) -> Suggestion | None:
     """The fitting layout nearest to the requested one: the fewest changes (each switched-on memory saver counts
-    1, a TP or PP change its log2 distance), then the most data parallelism; more GPUs (x2, x4, ...) only if
-    none fits on the given ones."""
+    1, an offload mode that puts more to sleep its steps in ``offload_order``, a TP or PP change its log2
+    distance), then the most data parallelism; more GPUs (x2, x4, ...) only if none fits on the given ones.
+    ``check``: whether a candidate fits (its peak bytes, or None); default: the learner's peak within the GPU."""
     budget = layout.gpu_memory_gib * GIB
+    order = offload_order()
+
+    def learner_only(lay: Layout, sett: LearnerSetting) -> float | None:
+        peak = peak_stage(learner_memory(arch, lay, batch, sett), sett).total(sett)
+        return peak if peak <= budget else None
+
+    check = check or learner_only
     multiple = 1
     while multiple <= MAX_GPU_MULTIPLE:
         best = None
         for lay, sett in _candidates(arch, layout, layout.gpus * multiple, setting):
-            peak = peak_stage(learner_memory(arch, lay, batch, sett), sett).total(sett)
-            if peak > budget:
+            if check is not learner_only and learner_only(lay, sett) is None:
+                continue  # the learner alone does not fit: no ledger to build
+            peak = check(lay, sett)
+            if peak is None:
                 continue
             switched = (sett.recompute != setting.recompute) + (sett.distributed_optimizer != setting.distributed_optimizer)
+            switched += order.index(sett.offload) - order.index(setting.offload)
             distance = abs(math.log2(lay.tp / layout.tp)) + abs(math.log2(lay.pp / layout.pp))
             key = (switched + distance, lay.tp * lay.pp, peak)
             if best is None or key < best[0]:

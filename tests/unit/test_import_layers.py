@@ -22,6 +22,7 @@ LAYERS = (
     ("tasks",),
     ("eval",),
     ("trainer.config",),
+    ("planning.recipe", "planning.cli"),
     ("trainer.runtime",),
     ("trainer.checkpointing",),
     ("trainer.engines",),
@@ -32,7 +33,8 @@ LAYERS = (
 """Lowest first: a module may import modules of its own layer and of lower ones, type-only imports included. Names are
 module paths below the package (``trainer`` is the trainer's top-level modules; its sub-packages and its config are
 layers of their own; ``rollout.sample``, the data type engines return and rewards score, sits with the torch-only
-parts it needs)."""
+parts it needs; the planner's front-ends, ``planning.cli`` and ``planning.recipe``, read a training recipe, so they
+sit above ``trainer.config``)."""
 
 
 def _modules(roots: tuple[Path, ...] = (ROOT,)) -> dict[str, Path]:

@@ -59,7 +59,10 @@ def test_qwen25_7b_tp4_by_hand():
     dense, rkv = p.kv
     assert (dense.tokens_per_sequence, rkv.tokens_per_sequence) == (4607, 640)
     assert (dense.bytes_per_sequence, rkv.bytes_per_sequence) == (4607 * 57_344, 640 * 57_344)
-    pool = 0.85 * 80 * GIB - 2 * 7_615_616_512 / 4  # rollout TP 4: the bf16 weights split 4 ways
+    # SGLang's pool from the memory free at engine start: the learner (offload none) keeps its weights, gradients and
+    # distributed optimizer shards, 2 + 4 + 6 bytes per parameter; rollout TP 4: the bf16 weights split 4 ways
+    assert p.resident == 12 * n
+    pool = 0.85 * (80 * GIB - 12 * n) - 2 * 7_615_616_512 / 4
     per_gpu = 57_344 // 4
     # the SGLang plugin on each GPU, out of the KV budget: 4096 + 1 request rows of the 32768 + 4 context;
     # int32 tables, bf16 query rings of 28 layers x 7 query heads x alpha 8 x 128 (kept digests off by default;
@@ -74,6 +77,9 @@ def test_qwen25_7b_tp4_by_hand():
     assert (dense.concurrent_per_engine, rkv.concurrent_per_engine) == (int(pool // (4607 * per_gpu)),
                                                                          int((pool - plugin) // (640 * per_gpu)))
     assert dense.engines == 2 and rkv.waves == 1
+    # --offload all: nothing of the learner stays, the pool is the whole 0.85 x GPU less the weights
+    asleep = plan(compression=dict(method="rkv", budget=512, buffer=128), learner=LearnerSetting(offload="all"))
+    assert asleep.resident == 0 and asleep.kv[0].pool_per_gpu == 0.85 * 80 * GIB - 2 * 7_615_616_512 / 4
 
 
 def test_stage_params_tied_copy_and_pipeline():
@@ -150,9 +156,10 @@ def test_exit_codes_and_output(capsys):
     # what sparse-rl train starts on these GPUs, as it says it (rollout TP = the learner's TP 4 by default)
     assert "\nrollout: 2 sglang engines x TP4 on ranks 0,4 (GPUs 0-3, 4-7), 32 groups -> 16 per engine\n" in out
     assert "| concurrent sequences, 2 engine(s) |" in out
-    assert main(["plan", "--model", "qwen2.5-72b", "--tp", "8", "--rollout-tp", "1"]) == 1
+    assert main(["plan", "--model", "qwen2.5-72b", "--tp", "8", "--rollout-tp", "1", "--offload", "all"]) == 1
     out = capsys.readouterr().out
-    # dense 72B KV: 1.4 GiB per sequence; at rollout TP 2 the pool is 0.29 GiB per GPU, at TP 4 34 GiB
+    # dense 72B KV: 1.4 GiB per sequence; with the learner asleep (nothing kept) the pool at rollout TP 2 is 0.29 GiB
+    # per GPU, at TP 4 34 GiB
     assert "learner DOES NOT FIT" in out and "rollout DOES NOT FIT" in out and "smallest rollout TP that fits: 4" in out
 
 
