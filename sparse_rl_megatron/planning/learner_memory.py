@@ -66,8 +66,15 @@ class StageMemory:
         opt = self.optimizer_distributed if setting.distributed_optimizer else self.optimizer
         act = self.activations_recompute if setting.recompute else self.activations
         layer = self.recompute_temporary if setting.recompute else self.layer_temporary
-        return self.weights + self.gradients + opt + self.reference + act + max(self.head_temporary,
-                                                                                 layer - self.head_saved)
+        return self.weights + self.gradients + opt + self.reference_training(setting) + act + max(
+            self.head_temporary, layer - self.head_saved)
+
+    def reference_training(self, setting: LearnerSetting) -> float:
+        """The KL reference's weights while the policy trains: asleep (0) when ``setting.offload`` puts weights to
+        sleep (the train turn, ``learner/turns.py``, needs only the policy), else on the device."""
+        from sparse_rl_megatron.learner.offload import offload_parts
+
+        return 0.0 if "weights" in offload_parts(setting.offload) else self.reference
 
 
 def learner_micro_batch(batch: BatchShape, layout: Layout, setting: LearnerSetting) -> MicroBatch:

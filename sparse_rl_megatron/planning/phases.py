@@ -3,14 +3,17 @@ each GPU and take turns).
 
 Phases (what is on one GPU; ``docs/memory-planning.md``, "Per-phase ledger"):
 
-- ``rollout`` (and evaluation): the engine's weights, KV pool and sparse_kv plugin tables; of the learner, what its
-  offload mode keeps while it sleeps (``residency.py``), and a KL reference policy's weights unless they sleep.
-  The pool is SGLang's, sized when the engine starts, after the learner went to sleep:
-  ``mem_fraction x (GPU - what the sleeping learner keeps) - engine weights - plugin``.
-- ``recompute``: the learner awake (weights, gradients, optimizer state, the reference) and the temporaries of its
-  forward-only log-probs; the released engine keeps nothing with SGLang's memory saver, everything without it.
-- ``train``: the learner's peak (the learner table's total) and what the released engine keeps.
-- ``sync``: the learner awake, the engine's weights resumed (its KV pool still released) and one export bucket
+Each phase holds what its turn keeps awake (``learner/turns.py``, the table the run follows); a learner part the turn
+does not need holds what the offload mode leaves of it (``residency.py``: 0 when it sleeps):
+
+- ``rollout`` (and evaluation, the engines' turn): the engine's weights, KV pool and sparse_kv plugin tables, and
+  what the sleeping learner and KL reference keep. The pool is SGLang's, sized when the engine starts, after the
+  learner went to sleep: ``mem_fraction x (GPU - what the sleeping learner keeps) - engine weights - plugin``.
+- ``recompute``: the learner's and the reference's weights and the temporaries of the forward-only log-probs; the
+  released engine keeps nothing with SGLang's memory saver, everything without it.
+- ``train``: the learner's peak (the learner table's total: weights, gradients, optimizer, activations) and what
+  the released engine keeps; the reference sleeps.
+- ``sync``: the learner's weights, the engine's weights resumed (its KV pool still released) and one export bucket
   (``sync.bucket_mb``, or the largest tensor when that is larger; twice with PP > 1: the owner stage's flat
   broadcast buffer).
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sparse_rl_megatron.learner.turns import TURNS
 from sparse_rl_megatron.models.arch import ModelArch
 from sparse_rl_megatron.planning.inputs import GIB, BatchShape, Layout, LearnerSetting, RolloutSetting
 from sparse_rl_megatron.planning.kv import RolloutKV, engine_weights_per_gpu
@@ -143,24 +147,39 @@ def logprob_temporaries(arch: ModelArch, layout: Layout, batch: BatchShape, sett
             + FP32 * batch.rollouts * batch.response_len)
 
 
+PHASE_TURNS: dict[str, str] = {"rollout": "engines", "recompute": "recompute", "train": "train", "sync": "sync"}
+"""The turn (``learner/turns.py``) each phase of the ledger runs in."""
+
+
 def stage_ledger(arch: ModelArch, layout: Layout, batch: BatchShape, learner: LearnerSetting,
                  rollout: RolloutSetting, stage: StageMemory, kv: RolloutKV, engine: EngineStart) -> tuple[Phase, ...]:
-    """The four phases of one GPU of ``stage``; ``kv`` is the run's rollout setting, ``engine`` its start."""
-    awake = {LEARNER_PART_LABELS[p]: float(n) for p, n in stage_parts(stage, learner).items()}
-    asleep = {LEARNER_PART_LABELS[p]: float(n) for p, n in resident_parts(stage, learner).items()}
-    if learner.reference_model:
-        awake[REFERENCE] = float(stage.reference)
-        asleep[REFERENCE] = float(reference_resident(stage, learner))
-    resident_engine = {ENGINE_WEIGHTS: engine.weights, ENGINE_POOL: max(engine.pool, 0.0), ENGINE_PLUGIN: engine.plugin}
-    released = {} if rollout.memory_saver else resident_engine
-    static = sum(awake.values())
-    rollout_items = {**asleep, **resident_engine}
-    recompute = {**awake, **released,
-                 LOGPROB_TEMP: logprob_temporaries(arch, layout, batch, learner, stage.stage)}
-    train = {**awake, TRAIN_EXTRA: stage.total(learner) - static, **released}
-    sync = {**awake, **(resident_engine if not rollout.memory_saver else {ENGINE_WEIGHTS: engine.weights}),
-            BUCKET: float(bucket_bytes(arch, layout, rollout))}
-    return tuple(Phase(name, items) for name, items in zip(PHASES, (rollout_items, recompute, train, sync)))
+    """The four phases of one GPU of ``stage``; ``kv`` is the run's rollout setting, ``engine`` its start. Each
+    phase holds what its turn keeps awake (``learner.turns.TURNS``): a learner part the turn does not need holds
+    what the offload mode leaves of it (0 when it sleeps), an engine part it does not need is released (nothing
+    with SGLang's memory saver, everything without it)."""
+    awake_parts = stage_parts(stage, learner)
+    asleep_parts = resident_parts(stage, learner)
+    ref_awake = float(stage.reference) if learner.reference_model else None
+    ref_asleep = float(reference_resident(stage, learner)) if learner.reference_model else None
+    engine_parts = {"weights": {ENGINE_WEIGHTS: engine.weights},
+                    "kv_cache": {ENGINE_POOL: max(engine.pool, 0.0), ENGINE_PLUGIN: engine.plugin}}
+
+    def held(turn: str) -> dict[str, float]:
+        needs = TURNS[turn]
+        items = {LEARNER_PART_LABELS[p]: float(awake_parts[p] if p in needs.policy else asleep_parts[p])
+                 for p in awake_parts}
+        if ref_awake is not None:
+            items[REFERENCE] = ref_awake if "weights" in needs.reference else ref_asleep
+        for part, entries in engine_parts.items():
+            if part in needs.engines or not rollout.memory_saver:
+                items.update(entries)
+        return items
+
+    static = sum(awake_parts.values())
+    extra = {"recompute": {LOGPROB_TEMP: logprob_temporaries(arch, layout, batch, learner, stage.stage)},
+             "train": {TRAIN_EXTRA: stage.total(learner) - static - stage.reference_training(learner)},
+             "sync": {BUCKET: float(bucket_bytes(arch, layout, rollout))}}
+    return tuple(Phase(name, {**held(PHASE_TURNS[name]), **extra.get(name, {})}) for name in PHASES)
 
 
 def phase_ledger(arch: ModelArch, layout: Layout, batch: BatchShape, learner: LearnerSetting, rollout: RolloutSetting,

@@ -6,8 +6,8 @@ import pytest
 
 from sparse_rl_megatron.learner.offload import OFFLOAD_MODES, OFFLOAD_PARTS
 from sparse_rl_megatron.rollout.engine import ENGINE_MEMORY_PARTS
-from sparse_rl_megatron.trainer.runtime import device_turns
-from sparse_rl_megatron.trainer.runtime.device_turns import TURNS, DeviceTurns
+from sparse_rl_megatron.learner.turns import ENGINE_PARTS, TURNS
+from sparse_rl_megatron.trainer.runtime.device_turns import DeviceTurns
 
 
 class FakeLearner:
@@ -123,4 +123,4 @@ def test_turn_tables_name_only_real_parts():
     for needs in TURNS.values():
         assert set(needs.engines) <= set(ENGINE_MEMORY_PARTS)
         assert set(needs.policy) <= set(OFFLOAD_PARTS) and set(needs.reference) <= {"weights"}
-    assert device_turns.ALL_PARTS == OFFLOAD_PARTS
+    assert ENGINE_PARTS == ENGINE_MEMORY_PARTS

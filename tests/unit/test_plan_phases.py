@@ -1,5 +1,6 @@
 """``sparse-rl plan``'s per-GPU ledger of a step's phases (``planning/phases.py``), the learner's resident bytes per
 offload mode (``planning/residency.py``), and planning the shipped recipes (``--config``, ``planning/recipe.py``)."""
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -42,17 +43,22 @@ def test_ledger_by_hand_offload_optimizer_with_a_reference():
                              "KL reference policy weights": 2 * n, "engine weights, bf16": engine_weights,
                              "engine KV pool": pool, "sparse_kv plugin tables": PLUGIN_7B_TP4}
     assert led.engine.free == 80 * GIB - 8 * n and led.engine.headroom == pytest.approx(0.15 * (80 * GIB - 8 * n))
-    # awake: 2n + 4n + 6n + the reference's 2n; the memory saver frees the engine while the learner computes
-    awake = {"learner weights": 2 * n, "learner gradients, fp32": 4 * n, "learner optimizer state": 6 * n,
-             "KL reference policy weights": 2 * n}
+    # each phase holds what its turn keeps awake (learner/turns.py): the recompute the weights (the optimizer's
+    # shards stay asleep, the gradients were never put to sleep) and the reference; the train turn the whole
+    # learner (the reference sleeps, but offload=optimizer keeps weights awake); the memory saver frees the engine
+    awake = {"learner weights": 2 * n, "learner gradients, fp32": 4 * n, "learner optimizer state": 6 * n}
+    reference = {"KL reference policy weights": 2 * n}
     # forward-only log-probs of a 3 x 4607-token micro-batch: the layer input (bf16 h x T), one layer's
     # activations (61,220 bytes per token, tests/unit/test_plan.py), the LM-head chunk (512 x 38,016 x (fp32 +
     # bf16)), and the step's [256, 4096] fp32 log-probs
     temporaries = 2 * 3584 * 13_821 + 61_220 * 13_821 + 512 * 38_016 * 6 + 4 * 256 * 4096
-    assert recompute.items == {**awake, "log-prob recompute temporaries": temporaries}
+    assert recompute.items == {**awake, "learner optimizer state": 0, **reference,
+                               "log-prob recompute temporaries": temporaries}
     assert train.total == p.stages[0].total(p.learner) and set(awake.items()) <= set(train.items.items())
-    # sync: the learner awake, the engine's weights, one bucket: the 152,064 x 3584 bf16 embedding (> 512 MiB)
-    assert sync.items == {**awake, "engine weights, bf16": engine_weights, "weight-sync bucket": 2 * 152_064 * 3584}
+    # sync: the learner's weights (+ the gradients offload=optimizer keeps), the reference's (kept likewise), the
+    # engine's weights, one bucket: the 152,064 x 3584 bf16 embedding (> 512 MiB)
+    assert sync.items == {**awake, "learner optimizer state": 0, **reference, "engine weights, bf16": engine_weights,
+                          "weight-sync bucket": 2 * 152_064 * 3584}
     assert led.fits and led.problem() is None
 
 
@@ -63,8 +69,9 @@ def test_without_the_memory_saver_the_released_engine_keeps_its_weights_and_pool
     assert p.resident == 0 and kept["engine KV pool"] == 0.85 * 80 * GIB - 2 * N_7B / 4 - PLUGIN_7B_TP4
     for phase in (recompute, train, sync):
         assert {k: phase.items[k] for k in kept} == kept
-    assert train.total == p.stages[0].total(p.learner) + sum(kept.values())
-    assert not p.ledger.fits and [ph.name for ph in p.ledger.over] == ["recompute", "train", "sync"]
+    assert train.total == p.stages[0].total(p.learner) + sum(kept.values())  # the reference asleep, as the total says
+    assert p.stages[0].total(p.learner) == p.stages[0].total(dataclasses.replace(p.learner, offload="none")) - 2 * N_7B_TP4
+    assert not p.ledger.fits and [ph.name for ph in p.ledger.over] == ["train"]  # weights alone fit beside it
 
 
 @pytest.mark.parametrize("mode", OFFLOAD_MODES.names())
@@ -140,5 +147,5 @@ def test_recipe_model_names_and_options_with_config(capsys):
     assert main(["plan", "--config", recipe, "learner.offload=all"]) == 0
     out = capsys.readouterr().out
     assert "on TP2 x PP1 x DP4 = 8 GPUs of 80 GiB" in out and "128 prompts x 8 samples = 1024 rollouts" in out
-    assert "| KL reference policy weights | 0.00 | 7.09 | 7.09 | 7.09 |" in out
+    assert "| KL reference policy weights | 0.00 | 7.09 | 0.00 | 0.00 |" in out  # awake for the recompute only
     assert "(0.7 x (GPU - 0.00 GiB the sleeping learner keeps)" in out

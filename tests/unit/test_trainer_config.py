@@ -219,39 +219,38 @@ def test_qwen3_moe_recipes_use_expert_parallelism_and_say_what_starts():
     assert sorted(recipes) == ["dense", "naive", "rkv", "rkv-2nodes", "snapkv"]
     for name, cfg in recipes.items():
         gpus = cfg.launch.gpus
-        assert gpus == 16 and cfg.run_dir == f"runs/qwen3-30b-a3b-{name}"  # one node does not fit (issue 50)
+        assert gpus == (16 if name.endswith("2nodes") else 8) and cfg.run_dir == f"runs/qwen3-30b-a3b-{name}"
         assert (cfg.rollout.prompts_per_step, cfg.rollout.samples_per_prompt, cfg.global_batch_size) == (128, 8, 256)
         learner = cfg.learner
         assert (learner.tensor_parallel_size, learner.expert_parallel_size, learner.expert_tensor_parallel) == (1, 8, 1)
         arch.check_expert_parallel(learner.expert_parallel_size, learner.expert_tensor_parallel)
-        assert cfg.rollout.gpus_per_engine == 4 and cfg.rollout.sglang.max_running_requests == 1024
-        assert learner.offload == "all"
+        assert cfg.rollout.gpus_per_engine == 2 and cfg.rollout.sglang.max_running_requests == 1024
+        assert learner.offload == "all"  # colocated: the learner sleeps while the engines decode (issue 50)
         check_gpus(LaunchShape(gpus // 8, 8), visible=8, tp=1, pp=1, expected=gpus)
         check_launch_layout(cfg, gpus, ranks_per_node=8)
         assert "rollout: " in cfg.launch.layout
 
 
-def test_the_qwen3_moe_layout_fits_two_nodes_not_one():
-    """``sparse-rl plan`` of the recipes' layout (learner, engines, the paper's batch, a KL reference): on two nodes
-    with 4-GPU engines and the learner asleep while they decode every phase fits 80 GiB GPUs; on one node with
-    2-GPU engines the learner's 81 GiB awake and the sync's 110 GiB do not, whatever sleeps
-    (tests/unit/test_plan_phases.py plans every recipe file)."""
+@pytest.mark.parametrize("gpus", [8, 16])
+def test_the_qwen3_moe_recipe_layouts_fit_by_the_plan(gpus):
+    """``sparse-rl plan`` of the recipes' layouts (learner and 2-GPU engines at the paper's batch, a KL reference)
+    fits every phase of 80 GiB GPUs with the learner asleep while the engines decode; awake beside them on one node,
+    SGLang's pool has nothing left (exit 1). (tests/unit/test_plan_phases.py plans every recipe file.)"""
     from sparse_rl_megatron.planning.cli import add_arguments, run
 
     import argparse
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-
-    def plan(gpus, rollout_tp):
-        return run(parser.parse_args([
-            "--model", "qwen3-30b-a3b", "--gpus", str(gpus), "--ep", "8", "--etp", "1", "--prompts", "128",
-            "--samples", "8", "--response-len", "4096", "--max-tokens-per-device", "8192", "--recompute", "full",
-            "--rollout-tp", str(rollout_tp), "--mem-fraction", "0.7", "--compression", "rkv", "--budget", "512",
-            "--buffer", "128", "--max-running-requests", "1024", "--kl-reference", "--offload", "all"]))
-
-    assert plan(16, 4) == 0
-    assert plan(8, 2) == 1
+    args = parser.parse_args(["--model", "qwen3-30b-a3b", "--gpus", str(gpus), "--ep", "8", "--etp", "1",
+                              "--prompts", "128", "--samples", "8", "--response-len", "4096",
+                              "--max-tokens-per-device", "8192", "--recompute", "full", "--rollout-tp", "2",
+                              "--mem-fraction", "0.7", "--compression", "rkv", "--budget", "512", "--buffer", "128",
+                              "--max-running-requests", "1024", "--kl-reference", "--offload", "all"])
+    assert run(args) == 0
+    if gpus == 8:
+        args.offload = "none"
+        assert run(args) == 1
 
 
 def test_a_recipe_layout_that_does_not_say_what_starts_is_refused():

@@ -1,53 +1,21 @@
 """Who holds the GPUs of a colocated run, phase by phase: the engines, the learner, or both for a weight push.
 
-Every GPU recipe puts a learner rank and a rollout engine on each GPU; they take turns. Each turn says what must be on
-the device; everything else that may sleep sleeps (the learner's parts as far as ``learner.offload`` lets them):
-
-| turn | phases | engines | policy (learner) | KL reference |
-|---|---|---|---|---|
-| ``engines`` | rollout, evaluation | weights + KV pool | - | - |
-| ``recompute`` | dense old log-probs, reference log-probs | released | weights | weights |
-| ``train`` | optimizer steps, checkpoint save and load | released | weights, gradients, optimizer | - |
-| ``sync`` | weight push, the probe's learner side | weights (KV pool released) | weights | - |
-
-A turn is entered by name from any other (entering the one held does nothing), so each phase states what it needs
-and the order of phases can change without a memory bug. Memory is freed on one side before the other side takes
-it: learners sleep and engines release first, then learners wake and engines resume. Released engine weights come
-back undefined on a GPU (SGLang's memory saver keeps no copy): after a turn that released them, only ``sync`` (whose
-caller pushes the weights) may give the engines their weights back. ``learner.offload: none`` still turns the
-engines' memory; the learner's columns are then all awake.
+The turns and what each needs on the device are ``learner/turns.py``'s table. A turn is entered by name from any
+other (entering the one held does nothing), so each phase states what it needs and the order of phases can change
+without a memory bug. Memory is freed on one side before the other side takes it: learners sleep and engines release
+first, then learners wake and engines resume. Released engine weights come back undefined on a GPU (SGLang's memory
+saver keeps no copy): after a turn that released them, only ``sync`` (whose caller pushes the weights) may give the
+engines their weights back. ``learner.offload: none`` still turns the engines' memory; the learner then stays awake.
 
 At start-up the learners are built awake; ``start_engines`` puts them to sleep before the engines are created, so
 each engine sizes its KV pool from what the sleeping learner leaves free.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Iterable, Literal, Protocol, Sequence, TypeVar
+from typing import Callable, Iterable, Protocol, Sequence, TypeVar
 
-Turn = Literal["engines", "recompute", "train", "sync"]
-
-ALL_PARTS = ("weights", "gradients", "optimizer")  # learner/offload.OFFLOAD_PARTS (this module imports no torch)
-
-
-@dataclass(frozen=True)
-class TurnNeeds:
-    """What one turn needs on the device."""
-
-    engines: tuple[str, ...]
-    """The engines' memory parts (``rollout.engine.ENGINE_MEMORY_PARTS``) resumed."""
-    policy: tuple[str, ...]
-    """The policy learner's parts awake (``learner.offload.OFFLOAD_PARTS``)."""
-    reference: tuple[str, ...]
-    """The KL reference's parts awake (it has weights only)."""
-
-
-TURNS: dict[str, TurnNeeds] = {
-    "engines": TurnNeeds(engines=("weights", "kv_cache"), policy=(), reference=()),
-    "recompute": TurnNeeds(engines=(), policy=("weights",), reference=("weights",)),
-    "train": TurnNeeds(engines=(), policy=ALL_PARTS, reference=()),
-    "sync": TurnNeeds(engines=("weights",), policy=("weights",), reference=()),
-}
+from sparse_rl_megatron.learner.offload import OFFLOAD_PARTS
+from sparse_rl_megatron.learner.turns import ENGINE_PARTS, TURNS, Turn
 
 
 class EngineMemory(Protocol):
@@ -91,7 +59,7 @@ class DeviceTurns:
             learner.sleep()
         self.pool = start()
         self.turn = "engines"
-        self.engine_parts = {"weights", "kv_cache"}
+        self.engine_parts = set(ENGINE_PARTS)
         return self.pool
 
     def enter(self, turn: Turn) -> None:
@@ -109,8 +77,8 @@ class DeviceTurns:
         # free: learners' parts not needed go to sleep, engines' parts not needed are released
         for learner, role in self.learners:
             keep = needs.policy if role == "policy" else needs.reference
-            learner.sleep([p for p in ALL_PARTS if p not in keep])
-        release = [p for p in ("weights", "kv_cache") if p in self.engine_parts and p not in needs.engines]
+            learner.sleep([p for p in OFFLOAD_PARTS if p not in keep])
+        release = [p for p in ENGINE_PARTS if p in self.engine_parts and p not in needs.engines]
         if release and pool is not None:
             pool.release_memory(release)
             self.engine_parts -= set(release)
@@ -119,7 +87,7 @@ class DeviceTurns:
         for learner, role in self.learners:
             keep = needs.policy if role == "policy" else needs.reference
             learner.wake(keep)
-        resume = [p for p in ("weights", "kv_cache") if p in needs.engines and p not in self.engine_parts]
+        resume = [p for p in ENGINE_PARTS if p in needs.engines and p not in self.engine_parts]
         if resume and pool is not None:
             pool.resume_memory(resume)
             self.engine_parts |= set(resume)

@@ -3,6 +3,7 @@ whatever layout the parallel state currently has; the comparisons run on every r
 from __future__ import annotations
 
 import dataclasses
+import math
 import weakref
 from pathlib import Path
 
@@ -347,6 +348,7 @@ def check_offload_bit_identical(ref: dict, tp: int, pp: int, steps: int = 2, **l
 
     awake = learner(ref, tp, pp, **learner_kw)
     sleepers = {mode: learner(ref, tp, pp, offload=mode, **learner_kw) for mode in ("optimizer", "all")}
+    planned = _planned_parts(awake, learner_kw)
     reference = learner(ref, tp, pp, trainable=False, offload="all", **learner_kw)
     stage = ps.get_pipeline_model_parallel_rank()
     n = stage_params(awake.arch, tp, pp, learner_kw.get("expert_parallel_size", 1),
@@ -362,6 +364,13 @@ def check_offload_bit_identical(ref: dict, tp: int, pp: int, steps: int = 2, **l
             before, lp_before = lrn.resident_bytes(), lrn.logprobs(sequence_batch())
             freed = lrn.sleep()
             asleep = lrn.resident_bytes()
+            if step > 0:  # Adam's moments exist from the first step on: the ledger's figures, measured
+                for measured, is_asleep in ((before, False), (asleep, True)):
+                    plan_bytes, slack = planned(mode, is_asleep)
+                    bad = {p: (measured[p], plan_bytes[p], slack[p]) for p in OFFLOAD_PARTS
+                           if abs(measured[p] - plan_bytes[p]) > slack[p]}
+                    expect(not bad, f"offload={mode}, {'asleep' if is_asleep else 'awake'}: measured bytes vs "
+                                    f"planned (measured, planned, padding) {bad}")
             if mode == "all":
                 expect(asleep == dict.fromkeys(OFFLOAD_PARTS, 0), f"offload=all, asleep: {asleep} on the device")
             else:
@@ -396,3 +405,46 @@ def check_offload_bit_identical(ref: dict, tp: int, pp: int, steps: int = 2, **l
         bad = [k for k in weights if not torch.equal(weights[k], got[k])]
         expect(not bad, f"offload={mode}: weights after {steps} steps differ from the awake learner's: {bad[:4]}")
     same_on_all_ranks(sleepers["all"].logprobs(sequence_batch()))
+
+
+def _planned_parts(lrn, learner_kw: dict):
+    """``(mode, asleep) -> (planned bytes per part, allowance per part)`` for this rank of ``lrn``'s layout:
+    ``planning.residency.learner_resident_bytes``. What the plan does not count, each measured here and bounded:
+    the padding megatron's DDP adds with the distributed optimizer (each parameter's start to 64 elements, each
+    bucket's end to lcm(DP, 128); none without it) in the weights' and gradients' buffers and, up to all of it on
+    one rank, in the optimizer's shards (fp32 master + 2 moments); the norms megatron keeps fp32 in a bf16 model
+    (2 more bytes each, their own master weights: 4 fewer in the optimizer); Adam's step counts (a 4-byte tensor
+    per parameter, on the device only on the CPU). The test's asleep parts are compared exactly: 0 bytes."""
+    from megatron.core import parallel_state as ps
+
+    from sparse_rl_megatron.planning.inputs import Layout, LearnerSetting
+    from sparse_rl_megatron.planning.params import stage_params
+    from sparse_rl_megatron.planning.residency import learner_resident_bytes
+
+    lay = lrn.layout
+    ep, etp = learner_kw.get("expert_parallel_size", 1), learner_kw.get("expert_tensor_parallel_size")
+    distopt = learner_kw.get("distributed_optimizer", False)
+    stage = ps.get_pipeline_model_parallel_rank()
+    n = stage_params(lrn.arch, lay.tp, lay.pp, ep, etp)[stage]
+    buffers = [*lrn.ddp.buffers, *lrn.ddp.expert_parallel_buffers]
+    pads = [b.numel - sum(p.numel() for p in b.params) for b in buffers]  # elements, per buffer (one per dtype)
+    expect(sum(b.numel - pad for b, pad in zip(buffers, pads)) == n, "the DDP buffers do not hold the planned parameters")
+    for b, pad in zip(buffers, pads):
+        rule = len(b.params) * 63 + len(b.buckets) * (math.lcm(lay.dp, 128) - 1) if distopt else 0
+        expect(0 <= pad <= rule, f"DDP's padding {pad} elements is outside megatron's rule (at most {rule})")
+    e = lrn.params_dtype.itemsize
+    fp32_norms = sum(p.numel() for p in lrn.model.parameters() if p.dtype == torch.float32) if e == 2 else 0
+    tensors = sum(1 for _ in lrn.model.parameters())
+    weight_pad = sum(pad * b.param_dtype.itemsize for b, pad in zip(buffers, pads)) if distopt else 0
+    optimizer_bytes = (4 + 8 if e == 2 else 8) if distopt else 0
+    allowance = {"weights": weight_pad + 2 * fp32_norms, "gradients": 4 * sum(pads),
+                 "optimizer": optimizer_bytes * sum(pads) + 4 * fp32_norms + 4 * tensors}
+
+    def planned(mode: str, asleep: bool):
+        setting = LearnerSetting(params_dtype=str(lrn.params_dtype).removeprefix("torch."), kernels="local",
+                                 distributed_optimizer=distopt, offload=mode)
+        want = learner_resident_bytes(lrn.arch, Layout(lay.tp, lay.pp, lay.dp, ep=ep, etp=etp), setting,
+                                      stage=stage, asleep=asleep)
+        return want, {p: allowance[p] if want[p] else 0 for p in want}
+
+    return planned
