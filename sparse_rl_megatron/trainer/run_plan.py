@@ -144,6 +144,71 @@ def check_model(cfg: "TrainConfig", world_size: int) -> dict[str, Any] | None:
     return None if cfg.model_path in TINY_MODELS else hf_config
 
 
+def host_memory_available() -> int | None:
+    """This node's available memory in bytes (``MemAvailable`` of ``/proc/meminfo``; None where there is none)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def offload_host_bytes(cfg: "TrainConfig", hf_config: dict[str, Any], world_size: int, mode: str,
+                       on_gpu: bool) -> int:
+    """Host bytes one learner rank (the stage that keeps the most) holds while it sleeps in offload ``mode``: the
+    sleeping weights and optimizer state and a KL reference's weights when weights sleep (gradients are not copied:
+    ``learner/offload.py``), from the planner's figures (``planning/residency.py``)."""
+    from sparse_rl_megatron.learner.offload import offload_parts
+    from sparse_rl_megatron.planning.inputs import BatchShape, Layout, LearnerSetting
+    from sparse_rl_megatron.planning.learner_memory import learner_memory
+    from sparse_rl_megatron.planning.residency import reference_resident, stage_parts
+
+    lrn = cfg.learner
+    tp, pp = lrn.tensor_parallel_size, lrn.pipeline_parallel_size
+    arch = arch_from_hf_config(hf_config)
+    dtype = lrn.params_dtype if lrn.params_dtype != "auto" else ("bfloat16" if on_gpu else "float32")
+    distopt = on_gpu if lrn.optim.use_distributed_optimizer is None else lrn.optim.use_distributed_optimizer
+    setting = LearnerSetting(params_dtype=dtype, distributed_optimizer=distopt, reference_model=lrn.loss.kl_coef > 0,
+                             offload=mode)
+    layout = Layout(tp, pp, world_size // (tp * pp), ep=lrn.expert_parallel_size, etp=lrn.expert_tensor_parallel)
+    parts = offload_parts(mode) - {"gradients"}
+    most = 0
+    for stage in learner_memory(arch, layout, BatchShape(1, 1, 1, 1), setting):
+        held = sum(n for part, n in stage_parts(stage, setting).items() if part in parts)
+        if "weights" in parts:
+            held += int(stage.reference) - reference_resident(stage, setting)
+        most = max(most, held)
+    return most
+
+
+def check_offload_host_memory(cfg: "TrainConfig", hf_config: dict[str, Any] | None, world_size: int,
+                              ranks_per_node: int | None, on_gpu: bool, available: int | None = None) -> None:
+    """``learner.offload`` needs host memory for what sleeps, on every rank of a node: refuse a setting this node
+    cannot hold (``available``: its free bytes, default ``MemAvailable``), naming what each mode would need.
+    Nothing to check for a model built in the run (``tiny``, ``task:``): ``hf_config`` None."""
+    import os
+
+    from sparse_rl_megatron.learner.offload import OFFLOAD_MODES
+
+    mode = cfg.learner.offload
+    if hf_config is None or not OFFLOAD_MODES.get(mode).parts:
+        return
+    available = host_memory_available() if available is None else available
+    if available is None:
+        return
+    ranks = ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    need = {name: ranks * offload_host_bytes(cfg, hf_config, world_size, name, on_gpu) for name in OFFLOAD_MODES.names()}
+    if need[mode] <= available:
+        return
+    gib = lambda b: f"{b / 2 ** 30:.1f} GiB"  # noqa: E731
+    fits = [f"{name} ({gib(b)})" for name, b in sorted(need.items(), key=lambda kv: kv[1]) if b <= available]
+    raise UserError(f"learner.offload={mode} keeps {gib(need[mode] // ranks)} per rank in host memory (its sleeping "
+                    f"weights and optimizer state), {gib(need[mode])} for the {ranks} ranks of this node, but the node "
+                    f"has {gib(available)} available; valid here: {', '.join(fits) or 'none of the modes'} (or more GPUs)")
+
+
 def check_launch_layout(cfg: "TrainConfig", world_size: int, ranks_per_node: int | None = None) -> None:
     """A recipe's ``launch.layout`` that names its rollout engines (``rollout: ...``) must say what this launch
     starts when it is the recipe's size (``launch.gpus``): the line ``RolloutLayout`` prints on GPUs."""
@@ -244,6 +309,7 @@ def preflight(cfg: "TrainConfig", world_size: int, ranks_per_node: int | None = 
         on_gpu = device_facts.cuda
     check_learner_dtype(cfg, on_gpu)
     hf_config = check_model(cfg, world_size)
+    check_offload_host_memory(cfg, hf_config, world_size, ranks_per_node, on_gpu)
     task = None
     for name, option in ((cfg.model_path, "model_path"), (cfg.data.dataset, "data.dataset")):
         if is_task_ref(name):
