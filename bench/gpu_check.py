@@ -9,7 +9,8 @@ One command on a lent device (bench/README.md, "GPU acceptance kit"): ``bash ben
 Parts (``gpu_kit/``), each in its own process: carried-wheel set-up, ``model`` (random Qwen2.5-1.5B-shaped HF
 checkpoint, torch.compile probe), ``logprobs`` (learner fp32 / bf16 vs HF), ``lm_head_memory`` (chunked vs
 unchunked LM head), ``train`` and ``train_recompute`` (tokens/s, MFU, distributed optimizer, checkpoint save +
-load), ``engine`` (HF reference engine dense vs R-KV vs SnapKV). Results: ``OUT/results.json`` and
+load; ``train`` also ``learner.offload: all`` through a colocated step's turns: allocated bytes asleep / weights
+only / awake against the plan's ``learner_resident_bytes``, sleep and wake seconds), ``engine`` (HF reference engine dense vs R-KV vs SnapKV). Results: ``OUT/results.json`` and
 ``OUT/results.md``, rewritten after every part; raw records in ``OUT/records.jsonl``; logs in ``OUT/logs/``.
 The exit code is 0 only when every part is ok.
 """

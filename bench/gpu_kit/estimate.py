@@ -24,6 +24,8 @@ ASSUMED = dict(
     disk_bytes_s=1.5e9,     # checkpoint write and read
     op_s=5e-6,              # host seconds per aten op of the decode loop (dispatch + launch; views less)
     hbm_bytes_s=3.0e12,     # achieved HBM bandwidth (of 4.8 TB/s)
+    pcie_bytes_s=20e9,      # device <-> pinned host copies (PCIe 5 x16 achieves ~50 GB/s; half of it assumed)
+    pin_bytes_s=10e9,       # cudaHostAlloc of the offload's host copies (first sleep only)
 )
 
 
@@ -88,10 +90,12 @@ def _learner_parts(sizes: Sizes, a: dict) -> dict[str, tuple[float, str]]:
                      / a["learner_flops"], "2 learners + HF fp32 / bf16 forwards"),
         "lm_head_memory": (fixed + a["build_s"] + (4 * mem_f + 3 * 3 * mem_f) / a["learner_flops"],
                            "1 learner, 3 forwards + 3 train steps of 4112 tokens"),
-        "train": (fixed + a["build_s"] + (2 * fwd + (1 + sizes.train_iters) * step) / a["learner_flops"]
-                  + 2 * ckpt_bytes / a["disk_bytes_s"],
-                  f"{(1 + sizes.train_iters)} steps of {sum(rows)} tokens ({step / 1e12:.0f} TFLOP each) + "
-                  f"checkpoint {ckpt_bytes / 2**30:.1f} GiB written and read"),
+        "train": (fixed + a["build_s"] + (2 * fwd + (2 + sizes.train_iters) * step) / a["learner_flops"]
+                  + 2 * ckpt_bytes / a["disk_bytes_s"] + ckpt_bytes / a["pin_bytes_s"]
+                  + 2 * ckpt_bytes / a["pcie_bytes_s"],
+                  f"{(2 + sizes.train_iters)} steps of {sum(rows)} tokens ({step / 1e12:.0f} TFLOP each) + "
+                  f"checkpoint {ckpt_bytes / 2**30:.1f} GiB written and read + the offload's sleep and wake "
+                  f"(weights + optimizer state to pinned host and back)"),
         "train_recompute": (fixed + a["build_s"] + (2 * fwd + (1 + sizes.train_iters) * step * 4 / 3)
                             / a["learner_flops"], "as train, recompute adds a forward; no checkpoint"),
     }

@@ -26,7 +26,7 @@ RECOMPUTE = dict(recompute_granularity="full", recompute_method="uniform", recom
 
 
 def make_learner(sizes_or_dir, *, dtype: str, trainable: bool, max_tokens: int, chunk: int,
-                 recompute: bool = False, jit_fusions: bool = True):
+                 recompute: bool = False, jit_fusions: bool = True, offload: str = "none"):
     from sparse_rl_megatron.learner import Learner, LearnerConfig, OptimConfig
 
     overrides = dict(RECOMPUTE) if recompute else {}
@@ -34,7 +34,7 @@ def make_learner(sizes_or_dir, *, dtype: str, trainable: bool, max_tokens: int, 
         overrides.update({name: False for name in JIT_FUSIONS})
     cfg = LearnerConfig(model_path=str(sizes_or_dir), params_dtype=dtype, layer_spec="local",
                         max_tokens_per_device=max_tokens, logprob_chunk_tokens=chunk, megatron_overrides=overrides,
-                        optim=OptimConfig(lr=KIT_LR, use_distributed_optimizer=True))
+                        optim=OptimConfig(lr=KIT_LR, use_distributed_optimizer=True), offload=offload)
     return Learner(cfg, trainable=trainable)
 
 
@@ -142,7 +142,7 @@ def run_train(rec: Recorder, sizes: Sizes, work: Path, device: torch.device, jit
     from sparse_rl_megatron.learner.flops import forward_flops, train_step_flops
 
     learner = make_learner(work / MODEL_DIR, dtype="bfloat16", trainable=True, max_tokens=sizes.train_row_tokens,
-                           chunk=sizes.mem_chunk, recompute=recompute, jit_fusions=jit_fusions)
+                           chunk=sizes.mem_chunk, recompute=recompute, jit_fusions=jit_fusions, offload="all")
     seqs = random_batch(sizes.train_rows, sizes.train_prompt, sizes.train_response, learner.arch.vocab_size)
     fed, scored = seqs.lengths, int(seqs.response_mask().sum())
     peak = H200_BF16_DENSE_PEAK_FLOPS if device.type == "cuda" else None
@@ -176,6 +176,8 @@ def run_train(rec: Recorder, sizes: Sizes, work: Path, device: torch.device, jit
     if not recompute:
         with rec.item("checkpoint save + load (distributed optimizer)") as m:
             m.update(_checkpoint_round_trip(learner, work / "ckpt"))
+        with rec.item("offload all: device bytes per turn vs the ledger") as m:
+            m.update(_offload_turns(learner, batch))
     del learner
     free()
 
@@ -227,6 +229,57 @@ def _checkpoint_round_trip(learner, ckpt: Path) -> dict:
                              f"{steps}, schedule {restored_scheduled} vs {scheduled}): {out}")
     if replay > 0.1 * moved:
         raise AssertionError(f"a step from the loaded state differs from the step from the saved one: {out}")
+    return out
+
+
+def _offload_turns(learner, batch) -> dict:
+    """``learner.offload: all`` through the turns of a colocated step (``learner/turns.py``): the bytes the
+    allocator holds (``torch.cuda.memory_allocated``; on the CPU the learner's storages) awake, asleep (the engines'
+    turn), with the weights alone woken (recompute, sync) and awake again, against the plan's
+    ``learner_resident_bytes``; sleep and wake seconds (the host copies: pinned, over PCIe); log-probs equal before
+    the sleep and after the wake; a step after the wake trains."""
+    from sparse_rl_megatron.learner.offload import OFFLOAD_PARTS
+    from sparse_rl_megatron.planning.inputs import Layout, LearnerSetting
+    from sparse_rl_megatron.planning.residency import learner_resident_bytes
+
+    def allocated() -> int:
+        sync()
+        return torch.cuda.memory_allocated() if torch.cuda.is_available() else sum(learner.resident_bytes().values())
+
+    probe = random_batch(2, 16, 64, learner.arch.vocab_size, seed=11)
+    setting = LearnerSetting(params_dtype="bfloat16", kernels="local", distributed_optimizer=True, offload="all")
+    planned = {asleep: learner_resident_bytes(learner.arch, Layout(1, 1, 1), setting, asleep=asleep)
+               for asleep in (False, True)}
+    before_lp, awake_parts, awake = learner.logprobs(probe), learner.resident_bytes(), allocated()
+    start = time.perf_counter()
+    freed = learner.sleep()
+    sleep_s = time.perf_counter() - start
+    asleep_parts, asleep = learner.resident_bytes(), allocated()
+    start = time.perf_counter()
+    learner.wake(["weights"])
+    weights_s = time.perf_counter() - start
+    weights_only = allocated()
+    learner.wake()
+    wake_s = time.perf_counter() - start
+    back_lp, woken = learner.logprobs(probe), allocated()
+    metrics = learner.train_step(batch)
+    out = dict(awake_parts=awake_parts, planned_awake=planned[False], asleep_parts=asleep_parts,
+               freed=freed, allocated_awake_gib=gib(awake), allocated_asleep_gib=gib(asleep),
+               allocated_weights_only_gib=gib(weights_only), allocated_woken_gib=gib(woken),
+               allocated_drop_bytes=awake - asleep, freed_bytes=sum(freed.values()), host_gib=gib(learner._sleeper.host_bytes),
+               sleep_s=round(sleep_s, 3), wake_weights_s=round(weights_s, 3), wake_s=round(wake_s, 3),
+               logprobs_max_abs=float((back_lp - before_lp).abs().max()), step_after_wake_skipped=metrics["train/skipped"])
+    if asleep_parts != dict.fromkeys(OFFLOAD_PARTS, 0) or planned[True] != dict.fromkeys(OFFLOAD_PARTS, 0):
+        raise AssertionError(f"asleep, the learner still holds device bytes: {out}")
+    # the allocator's bytes drop by what was freed (it rounds each block up to 512 bytes: one per storage at most)
+    if abs((awake - asleep) - sum(freed.values())) > 512 * 4096:
+        raise AssertionError(f"the allocated bytes fell by {awake - asleep}, not the {sum(freed.values())} freed: {out}")
+    if out["logprobs_max_abs"] != 0.0 or woken != awake or metrics["train/skipped"]:
+        raise AssertionError(f"woken, the learner is not the one that went to sleep: {out}")
+    worst = max(abs(awake_parts[p] - planned[False][p]) / planned[False][p] for p in OFFLOAD_PARTS)
+    if worst > 0.01:  # padding, fp32 norms and Adam's step counts: a fraction of a percent (test_offload.py)
+        raise AssertionError(f"measured bytes per part differ from the plan's by {worst:.2%}: {out}")
+    out["worst_part_vs_plan"] = round(worst, 5)
     return out
 
 

@@ -80,3 +80,13 @@ def test_report_has_the_summary_and_every_part(cpu_run):
     assert "## At a glance" in text and "checkpoint save + load (distributed optimizer)" in text
     for part in PARTS - {"setup"}:
         assert f"## {part}" in text
+
+
+def test_offload_moves_the_learner_bytes_the_ledger_says(cpu_run):
+    """The kit's ``learner.offload: all`` item (part ``train``): asleep 0 bytes per part, the allocator's (here the
+    storages') bytes fall by what was freed, woken bit for bit, each part within 1% of the plan."""
+    item = _item(cpu_run[1]["records"], "train", "offload all")
+    assert item["ok"], item
+    assert item["asleep_parts"] == {"weights": 0, "gradients": 0, "optimizer": 0}
+    assert item["freed_bytes"] == item["allocated_drop_bytes"] > 0 and item["logprobs_max_abs"] == 0.0
+    assert item["worst_part_vs_plan"] < 0.01
