@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from sparse_rl_megatron.compression import CompressionConfig
+from sparse_rl_megatron.compression import SCORERS, CompressionConfig
 from sparse_rl_megatron.utils.config_io import ConfigError, from_dict, to_dict
 
 BACKEND_NAME = "sparse_kv"
@@ -39,7 +39,21 @@ stale slots; ``abort_insert`` (an aborted compressed request goes into the radix
 retracted or preempted compressed request resumes as if it were dense). Never set it otherwise."""
 PLUGIN_FAULTS = ("skip_free", "stale_tables", "abort_insert", "no_refusal")
 
-SUPPORTED_METHODS = ("none", "rkv", "snapkv", "streamingllm")
+PLUGIN_LACKS = {
+    "needs_accumulated_attention": "per-step attention mass, which the kernels do not return",
+    "needs_query_centers": "running sums of each request's pre-RoPE queries (online query centers), which the "
+                           "plugin's hooks do not keep yet",
+}
+"""What a scorer may need (its ``Scorer`` flag) that the plugin cannot give it, and why."""
+
+
+def _plugin_lacks(method: str) -> str | None:
+    scorer = SCORERS.get(method)
+    return next((why for flag, why in PLUGIN_LACKS.items() if getattr(scorer, flag)), None)
+
+
+SUPPORTED_METHODS = tuple(m for m in SCORERS.names() if _plugin_lacks(m) is None)
+"""The registered scorers the plugin serves (derived from ``compression.SCORERS``)."""
 InnerBackend = Literal["", "torch_native", "triton", "flashinfer", "fa3"]
 """An SGLang attention backend under the plugin, or '' for the device's default."""
 INNER_BACKENDS: tuple[str, ...] = tuple(b for b in get_args(InnerBackend) if b)
@@ -73,8 +87,8 @@ class SparseKVConfig:
         c = self.compression
         if c.method not in SUPPORTED_METHODS:
             raise ValueError(
-                f"compression.method '{c.method}' is not supported by the SGLang plugin; valid: "
-                f"{', '.join(SUPPORTED_METHODS)} (h2o needs per-step attention mass the kernels do not return)")
+                f"compression.method '{c.method}' is not supported by the SGLang plugin (it needs "
+                f"{_plugin_lacks(c.method)}); valid: {', '.join(SUPPORTED_METHODS)}")
         if c.compress_prefill:
             raise ValueError("compression.compress_prefill is not supported by the SGLang plugin (Sparse-RL "
                              "compresses during decode only); set it to false")

@@ -6,7 +6,7 @@ The pieces are kept apart:
 
 - ``config.CompressionConfig``: method (scorer name or ``none``), budget B, window alpha, buffer W,
   scope, scorer knobs; validated on construction.
-- ``scorers``: ``rkv``, ``snapkv``, ``streamingllm``, ``h2o`` (+ ``none``), chosen by name through
+- ``scorers``: ``rkv``, ``snapkv``, ``streamingllm``, ``h2o``, ``triattention`` (+ ``none``), chosen by name through
   ``SCORERS``; each maps :class:`ScoreInputs` to a score per KV head for every candidate before the window.
 - ``selector.select_kept``: per KV head, top ``B - alpha`` by score (ties -> newer token) plus the alpha
   newest, ascending order; ``gather_kept`` applies it to any per-head tensor.
@@ -25,6 +25,9 @@ What an engine must pass for one compression of one layer of one sequence (``Sco
 - ``accumulated_attention``: [n, Hkv, N] (``h2o`` only) the sum over every query so far (prefill included)
   of ``attention.attention_mass``, gathered along with the keys at each compression.
 - ``scaling``: the model's attention scale (default ``head_dim ** -0.5``).
+- ``query_center`` [n, Hq, D], ``query_abs_center`` [n, Hq, D/2], ``query_position`` [n], ``rope_inv_freq``
+  [D/2] (``triattention`` only): the pre-RoPE query centers of each layer and query head (``center_sums`` of
+  the row's queries so far, or fixed calibrated ones), the position of the next token, the rotary frequencies.
 
 When (``schedule``): after the forward pass that wrote and attended the newest token, before the next token
 is appended: compress once the candidate count reaches B + W (decode), or more than B after prefill when
@@ -39,6 +42,9 @@ from sparse_rl_megatron.compression.redundancy import key_redundancy
 from sparse_rl_megatron.compression.schedule import CompressionSchedule
 from sparse_rl_megatron.compression.scorers import SCORERS, ScoreInputs, Scorer, get_scorer
 from sparse_rl_megatron.compression.selector import gather_kept, select_kept
+from sparse_rl_megatron.compression.triattention import (
+    center_sums, triattention_logits, triattention_scores, unrotate,
+)
 
 __all__ = [
     "DENSE_METHOD",
@@ -49,10 +55,14 @@ __all__ = [
     "ScoreInputs",
     "Scorer",
     "attention_mass",
+    "center_sums",
     "choose_kept",
     "gather_kept",
     "get_scorer",
     "key_redundancy",
     "select_kept",
+    "triattention_logits",
+    "triattention_scores",
+    "unrotate",
     "window_importance",
 ]

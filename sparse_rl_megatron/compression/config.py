@@ -19,6 +19,8 @@ Scope = Literal["all", "response"]
 SCOPES: tuple[str, ...] = get_args(Scope)
 GqaPooling = Literal["max", "mean"]
 GQA_POOLINGS: tuple[str, ...] = get_args(GqaPooling)
+CenterSource = Literal["online", "file"]
+CENTER_SOURCES: tuple[str, ...] = get_args(CenterSource)
 
 
 @dataclass
@@ -26,7 +28,7 @@ class CompressionConfig:
     """How the rollout engine compresses the KV cache (per layer, per KV head)."""
 
     method: str = DENSE_METHOD
-    """Scorer name: ``none`` (dense), ``rkv``, ``snapkv``, ``streamingllm``, ``h2o``."""
+    """Scorer name: ``none`` (dense), ``rkv``, ``snapkv``, ``streamingllm``, ``h2o``, ``triattention``."""
     budget: int = 512
     """B: KV tokens kept per layer and KV head after each compression (ignored when dense)."""
     window: int = 8
@@ -45,6 +47,14 @@ class CompressionConfig:
     """How the query heads of one GQA group are pooled into their KV head's logits: ``max`` or ``mean``."""
     sink_tokens: int = 4
     """StreamingLLM: the first candidates always kept (attention sinks)."""
+    triattention_max_offset: int = 65536
+    """TriAttention: the future offsets averaged are 1, 2, 4, ... up to this (the authors' 65536: 17 offsets)."""
+    triattention_centers: CenterSource = "online"
+    """TriAttention query centers: ``online`` (each sequence's own pre-RoPE queries so far, prompt included, at
+    the weights that generate it: never stale) or ``file`` (fixed centers from ``triattention_centers_path``,
+    the authors' offline calibration; stale once the weights move)."""
+    triattention_centers_path: str = ""
+    """TriAttention with ``triattention_centers=file``: a ``torch.save`` of ``rollout.centers.calibrate_centers``."""
     trigger_on_newline: bool = False
     """Also compress (down to B) when the last cached token is a newline and more than B are retained."""
     compress_prefill: bool = False
@@ -58,7 +68,12 @@ class CompressionConfig:
             raise ValueError(
                 f"CompressionConfig.gqa_pooling must be one of {', '.join(GQA_POOLINGS)}; got '{self.gqa_pooling}'"
             )
-        for name in ("budget", "window", "buffer", "pool_kernel", "sink_tokens"):
+        if self.triattention_centers not in CENTER_SOURCES:
+            raise ValueError(f"CompressionConfig.triattention_centers must be one of {', '.join(CENTER_SOURCES)}; "
+                             f"got '{self.triattention_centers}'")
+        if self.method == "triattention" and self.triattention_centers == "file" and not self.triattention_centers_path:
+            raise ValueError("CompressionConfig.triattention_centers=file needs triattention_centers_path")
+        for name in ("budget", "window", "buffer", "pool_kernel", "sink_tokens", "triattention_max_offset"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"CompressionConfig.{name} must be an int; got {value!r}")
@@ -69,6 +84,8 @@ class CompressionConfig:
                 f"CompressionConfig.budget must be > window (B - alpha >= 1 tokens are chosen by score); "
                 f"got budget={self.budget}, window={self.window}"
             )
+        if self.triattention_max_offset < 1:
+            raise ValueError(f"CompressionConfig.triattention_max_offset must be >= 1; got {self.triattention_max_offset}")
         if self.buffer < 1:
             raise ValueError(f"CompressionConfig.buffer must be >= 1; got {self.buffer}")
         if not 0.0 <= self.rkv_lambda <= 1.0:

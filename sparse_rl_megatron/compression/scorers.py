@@ -1,10 +1,11 @@
-"""Token scorers, chosen by name: ``rkv``, ``snapkv``, ``streamingllm``, ``h2o`` and ``none`` (dense).
+"""Token scorers, chosen by name: ``rkv``, ``snapkv``, ``streamingllm``, ``h2o``, ``triattention`` and ``none`` (dense).
 
 A scorer maps :class:`ScoreInputs` (one compression of one layer, for ``n`` sequences) to a score per KV
 head for every candidate *before* the observation window: ``[n, Hkv, N - alpha]`` float32, higher = keep.
 The selector (``selector.py``) then keeps the top ``B - alpha`` of them plus the alpha window tokens.
 
-Formulas: ``../shared/reference/algorithm.md`` (section "KV compression operators").
+Formulas: ``../shared/reference/algorithm.md`` (section "KV compression operators"); TriAttention:
+``triattention.py``.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch
 
 from sparse_rl_megatron.compression.attention import window_importance
 from sparse_rl_megatron.compression.redundancy import key_redundancy
+from sparse_rl_megatron.compression.triattention import triattention_scores
 from sparse_rl_megatron.utils.registry import Registry
 
 if TYPE_CHECKING:
@@ -39,6 +41,14 @@ class ScoreInputs:
     """[n, Hkv, N] attention mass each candidate received so far (H2O only; see ``attention.attention_mass``)."""
     scaling: float | None = None
     """Attention softmax scale (default head_dim ** -0.5)."""
+    query_center: torch.Tensor | None = None
+    """[n, Hq, D] mean pre-RoPE query of each query head (TriAttention; ``triattention.center_sums``)."""
+    query_abs_center: torch.Tensor | None = None
+    """[n, Hq, D / 2] mean modulus of each pre-RoPE query pair ``E |q_f|`` (TriAttention)."""
+    query_position: torch.Tensor | None = None
+    """[n] long: logical position of the next token, one past the newest cached one (TriAttention)."""
+    rope_inv_freq: torch.Tensor | None = None
+    """[D / 2] the model's rotary ``inv_freq`` (TriAttention)."""
 
     @property
     def num_candidates(self) -> int:
@@ -56,6 +66,8 @@ class Scorer:
     """The engine must keep the post-RoPE queries of the last alpha tokens per layer."""
     needs_accumulated_attention: bool = False
     """The engine must accumulate ``attention_mass`` of every query (prefill and decode) per cached token."""
+    needs_query_centers: bool = False
+    """The engine must pass the pre-RoPE query centers, the next position and the rotary ``inv_freq``."""
 
     @property
     def compresses(self) -> bool:
@@ -71,6 +83,10 @@ class Scorer:
             raise ValueError(f"scorer '{self.name}' needs ScoreInputs.queries (the last alpha queries)")
         if self.needs_accumulated_attention and inputs.accumulated_attention is None:
             raise ValueError(f"scorer '{self.name}' needs ScoreInputs.accumulated_attention")
+        if self.needs_query_centers:
+            missing = [f for f in CENTER_FIELDS if getattr(inputs, f) is None]
+            if missing:
+                raise ValueError(f"scorer '{self.name}' needs ScoreInputs.{', '.join(missing)}")
         scores = self.fn(inputs, config)
         expected = (n, hkv, length - config.window)
         if tuple(scores.shape) != expected:
@@ -79,6 +95,7 @@ class Scorer:
 
 
 SCORERS: Registry[Scorer] = Registry("KV compression method")
+CENTER_FIELDS = ("query_center", "query_abs_center", "query_position", "rope_inv_freq")
 
 
 def _importance(inputs: ScoreInputs, config: "CompressionConfig") -> torch.Tensor:
@@ -115,11 +132,23 @@ def _h2o(inputs: ScoreInputs, config: "CompressionConfig") -> torch.Tensor:
     return inputs.accumulated_attention[..., :past].float()
 
 
+def _triattention(inputs: ScoreInputs, config: "CompressionConfig") -> torch.Tensor:
+    """TriAttention: trigonometric series of the query centers plus the norm term (``triattention.py``);
+    standardised over all N candidates, the window's included, as the authors standardise every evictable token."""
+    past = inputs.num_candidates - config.window
+    scores = triattention_scores(
+        inputs.keys, inputs.query_center, inputs.query_abs_center, inputs.query_position, inputs.rope_inv_freq,
+        max_offset=config.triattention_max_offset,
+    )
+    return scores[..., :past]
+
+
 SCORERS.add("none", Scorer("none", None))
 SCORERS.add("rkv", Scorer("rkv", _rkv, needs_queries=True))
 SCORERS.add("snapkv", Scorer("snapkv", _snapkv, needs_queries=True))
 SCORERS.add("streamingllm", Scorer("streamingllm", _streamingllm))
 SCORERS.add("h2o", Scorer("h2o", _h2o, needs_accumulated_attention=True))
+SCORERS.add("triattention", Scorer("triattention", _triattention, needs_query_centers=True))
 
 
 def get_scorer(name: str) -> Scorer:

@@ -19,6 +19,7 @@ from sparse_rl_megatron.rollout.engine import (
     ENGINE_MEMORY_PARTS, SamplingParams, check_group_ids, check_memory_parts, encode_prompt,
 )
 from sparse_rl_megatron.rollout.hf_forward import HFDecoder
+from sparse_rl_megatron.rollout.centers import load_centers
 from sparse_rl_megatron.rollout.kv_cache import CompressedKVCache, align_keys
 from sparse_rl_megatron.rollout.sample import CompressionInfo, Sample
 from sparse_rl_megatron.rollout.sampling import draw_uniforms, sample_tokens
@@ -286,7 +287,9 @@ batched with other rows may get other BLAS kernels; see ``kv_cache.KEY_ALIGN``).
         return CompressedKVCache(
             num_layers=d.num_layers, rows=rows, num_kv_heads=d.num_kv_heads, num_q_heads=d.num_q_heads,
             head_dim=d.head_dim, capacity=capacity, dtype=self.dtype, config=config,
-            scaling=d.scaling, device=self.device)
+            scaling=d.scaling, device=self.device, rope_inv_freq=d.inv_freq,
+            centers=load_centers(config.triattention_centers_path)
+            if config.method == "triattention" and config.triattention_centers == "file" else None)
 
     def _run_chunk(self, prompt_ids, prompts, chunk, max_new: int, picker, config: CompressionConfig
                    ) -> list[Sample]:

@@ -74,6 +74,8 @@ class HFDecoder:
         self.num_kv_heads = config.num_key_value_heads
         self.gqa = self.num_q_heads != self.num_kv_heads
         self.max_positions = getattr(config, "max_position_embeddings", None)
+        self.inv_freq = self.body.rotary_emb.inv_freq.detach().float()
+        """[D / 2] the rotary frequencies (TriAttention un-rotates queries with them)."""
         self.moe = model_type in MOE_MODEL_TYPES
         self.top_k = int(config.num_experts_per_tok) if self.moe else 0
         self.norm_topk_prob = bool(config.norm_topk_prob) if self.moe else False

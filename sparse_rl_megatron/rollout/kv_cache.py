@@ -8,7 +8,9 @@ every slot. RoPE is applied before caching with the true positions (``next_pos``
 so the physical slot of a token never matters to attention. Slots ``>= lens[r]`` are stale and masked.
 
 Scoring state kept for the compression package (see ``compression/__init__.py``): the post-RoPE queries
-of the last alpha tokens (a ring per layer), and H2O's accumulated attention per slot.
+of the last alpha tokens (a ring per layer), H2O's accumulated attention per slot, and TriAttention's online
+query centers (per layer, row and query head: the sums of the pre-RoPE queries and of their pair moduli over
+every token the row has fed, prompt included).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from sparse_rl_megatron.compression import (
     KeptDigest,
     ScoreInputs,
     attention_mass,
+    center_sums,
     choose_kept,
     gather_kept,
     get_scorer,
@@ -45,7 +48,10 @@ class CompressedKVCache:
 
     def __init__(self, *, num_layers: int, rows: int, num_kv_heads: int, num_q_heads: int, head_dim: int,
                  capacity: int, dtype: torch.dtype, config: CompressionConfig, scaling: float,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", rope_inv_freq: torch.Tensor | None = None,
+                 centers: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """``rope_inv_freq`` [D / 2] and, for ``triattention_centers=file``, ``centers`` ([L, Hq, D] mean pre-RoPE
+        query, [L, Hq, D / 2] mean pair modulus): TriAttention only."""
         self.config = config
         self.schedule = CompressionSchedule(config)
         scorer = get_scorer(config.method)
@@ -61,6 +67,19 @@ class CompressedKVCache:
                      if scorer.needs_queries else None)
         self.qptr = 0
         """Ring slot the next query goes to (the oldest); shared by all rows, which decode in lockstep."""
+        self.inv_freq = self.centers = self.qsum = self.qabs = self.qcount = None
+        if scorer.needs_query_centers:
+            if rope_inv_freq is None:
+                raise ValueError(f"{config.method} needs the model's rotary inv_freq (rope_inv_freq)")
+            self.inv_freq = rope_inv_freq.to(device=device, dtype=torch.float32)
+            if config.triattention_centers == "file":
+                if centers is None:
+                    raise ValueError("triattention_centers=file: the cache needs the loaded centers")
+                self.centers = tuple(c.to(device=device, dtype=torch.float32) for c in centers)
+            else:
+                self.qsum = torch.zeros(num_layers, rows, num_q_heads, head_dim, device=device)
+                self.qabs = torch.zeros(num_layers, rows, num_q_heads, head_dim // 2, device=device)
+                self.qcount = torch.zeros(num_layers, rows, device=device)
         zeros = lambda: torch.zeros(rows, dtype=torch.long, device=device)  # noqa: E731
         self.lens, self.cand_start, self.next_pos, self.peak, self.events = zeros(), zeros(), zeros(), zeros(), zeros()
         self.digests = [KeptDigest() for _ in range(rows)] if track else None
@@ -90,6 +109,8 @@ class CompressedKVCache:
             src = lens[:, None] - alpha + torch.arange(alpha, device=k.device)          # [R, alpha]
             picked = torch.gather(q, 2, src.clamp(min=0)[:, None, :, None].expand(-1, q.shape[1], -1, q.shape[3]))
             self.qwin[layer].copy_(picked * (src >= 0)[:, None, :, None].to(q.dtype))
+        if self.qsum is not None:
+            self._add_centers(layer, q, torch.arange(p, device=k.device).expand(q.shape[0], p), valid)
         if self.acc is not None:
             self.acc[layer][:, :, :p] = attention_mass(
                 q, k, key_mask=valid, query_mask=valid, causal_offset=0,
@@ -122,6 +143,8 @@ class CompressedKVCache:
             self.pos[layer][rows, :, self.lens] = self.next_pos[:, None]
         if self.qwin is not None:
             self.qwin[layer][:, :, self.qptr] = q[:, :, 0]
+        if self.qsum is not None:
+            self._add_centers(layer, q, self.next_pos[:, None], None)
         length = mask.shape[-1]
         keys, values = self.k[layer][:, :, :length], self.v[layer][:, :, :length]
         if self.acc is not None:
@@ -129,6 +152,26 @@ class CompressedKVCache:
             self.acc[layer][:, :, :length] += attention_mass(
                 q, keys, key_mask=mask[:, 0, 0], gqa_pooling=self.config.gqa_pooling, scaling=self.scaling)
         return keys, values
+
+    def _add_centers(self, layer: int, q: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor | None) -> None:
+        qsum, qabs, count = center_sums(q, positions, self.inv_freq, valid)
+        self.qsum[layer] += qsum
+        self.qabs[layer] += qabs
+        self.qcount[layer] += count
+
+    def _center_inputs(self, r, m: int) -> dict:
+        """TriAttention's ScoreInputs fields for rows ``r`` (m of them), flattened [L * m, ...] like the keys."""
+        if self.inv_freq is None:
+            return {}
+        layers = self.num_layers
+        if self.centers is not None:
+            center, abs_center = (c[:, None].expand(layers, m, *c.shape[1:]) for c in self.centers)
+        else:
+            count = self.qcount[:, r].clamp_min(1.0)[..., None, None]
+            center, abs_center = self.qsum[:, r] / count, self.qabs[:, r] / count
+        return dict(query_center=center.reshape(layers * m, *center.shape[2:]),
+                    query_abs_center=abs_center.reshape(layers * m, *abs_center.shape[2:]),
+                    query_position=self.next_pos[r].repeat(layers), rope_inv_freq=self.inv_freq)
 
     def finish_decode(self) -> None:
         self.lens += 1
@@ -160,6 +203,7 @@ class CompressedKVCache:
                 keys=keys, values=values, scaling=self.scaling,
                 queries=None if self.qwin is None else flat(self.qwin[:, r][:, :, :, order]),
                 accumulated_attention=None if self.acc is None else flat(self.acc[:, r, :, src]),
+                **self._center_inputs(r, m),
             )
             kept = choose_kept(self.config, inputs)                                   # [L*m, Hkv, B]
             unflat = lambda x: x.reshape(layers, m, *x.shape[1:])  # noqa: E731
@@ -189,7 +233,7 @@ class CompressedKVCache:
     # ------------------------------------------------------------------------------------ row changes
     def select_rows(self, index: torch.Tensor) -> None:
         """Keep (or repeat) rows: row i of the result is old row ``index[i]`` (drop finished rows, expand groups)."""
-        for name in ("k", "v", "pos", "acc", "qwin"):
+        for name in ("k", "v", "pos", "acc", "qwin", "qsum", "qabs", "qcount"):
             tensor = getattr(self, name)
             if tensor is not None:
                 setattr(self, name, tensor.index_select(1, index))

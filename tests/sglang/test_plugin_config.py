@@ -47,6 +47,9 @@ def test_request_overrides_stay_within_the_server():
         request_compression(base, {"bugdet": 8})
     with pytest.raises(ConfigError, match="'h2o' is not supported by the SGLang plugin"):
         request_compression(base, {"method": "h2o"})
+    with pytest.raises(ConfigError, match="'triattention' is not supported by the SGLang plugin .it needs running "
+                                          "sums of each request's pre-RoPE queries.*valid: none, rkv, snapkv, streamingllm"):
+        request_compression(base, {"method": "triattention"})
     # a dense request (the trainer's weight probe, dense evaluation) needs no query ring: any window goes
     assert request_compression(base, {"method": "none", "window": 32, "budget": 512}).is_dense
 

@@ -130,12 +130,12 @@ def test_attention_mass_and_h2o():
 
 
 def test_scorer_registry_and_requirements():
-    assert set(SCORERS.names()) == {"none", "rkv", "snapkv", "streamingllm", "h2o"}
+    assert set(SCORERS.names()) == {"none", "rkv", "snapkv", "streamingllm", "h2o", "triattention"}
     assert not get_scorer("none").compresses
     keys = torch.zeros(1, 1, 4, 2)
     with pytest.raises(ValueError, match="needs ScoreInputs.queries"):
         get_scorer("rkv")(ScoreInputs(keys=keys, values=keys), _cfg("rkv"))
     with pytest.raises(ValueError, match="accumulated_attention"):
         get_scorer("h2o")(ScoreInputs(keys=keys, values=keys), _cfg("h2o"))
-    with pytest.raises(KeyError, match="valid names: h2o, none, rkv, snapkv, streamingllm"):
+    with pytest.raises(KeyError, match="valid names: h2o, none, rkv, snapkv, streamingllm, triattention"):
         get_scorer("pyramidkv")

@@ -28,7 +28,7 @@ CASES = [
     (["--budgets", "16,16"], r"--budgets: 16 is given twice"),
     (["--budgets", "16,2"], r"--budgets: CompressionConfig.budget must be > window .* got budget=2, window=2"),
     (["--compression", "none"], r"rollout.compression.method is 'none' \(dense\): name the compressor to study with "
-                                r"--compression \(valid: h2o, rkv, snapkv, streamingllm\)"),
+                                r"--compression \(valid: h2o, rkv, snapkv, streamingllm, triattention\)"),
     (["--compression", "zip"], r"rollout.compression: CompressionConfig.method: unknown KV compression method 'zip'; "
                                r"valid names: "),
     (["--prompts", "0"], r"rollout.*prompts_per_step must be >= 1, got 0"),

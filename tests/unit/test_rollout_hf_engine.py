@@ -113,7 +113,7 @@ def test_sampled_logprobs_match_full_forward(model, tok):
         assert (s.sampler_logprobs_scaled > s.sampler_logprobs - 1e-6).all()  # filtered + sharpened
 
 
-@pytest.mark.parametrize("method", ["rkv", "snapkv", "streamingllm", "h2o"])
+@pytest.mark.parametrize("method", ["rkv", "snapkv", "streamingllm", "h2o", "triattention"])
 def test_budget_at_least_length_is_identical_to_dense(model, tok, method):
     sampling = SamplingParams(temperature=1.0, max_new_tokens=16, seed=5, ignore_eos=True)
     dense = _engine(model, tok).generate(PROMPTS, 2, sampling)
@@ -192,7 +192,7 @@ def _per_head_masked_attention(module, query, key, value, attention_mask, scalin
     return torch.matmul(weights.softmax(dim=-1), v).transpose(1, 2).contiguous(), None
 
 
-@pytest.mark.parametrize("method", ["rkv", "h2o"])
+@pytest.mark.parametrize("method", ["rkv", "h2o", "triattention"])
 def test_per_head_eviction_matches_per_head_masked_forward(tok, monkeypatch, method):
     model = build_tiny_model("qwen2", init_std=0.2, seed=1)
     seen = _capture_attended(monkeypatch)
@@ -347,6 +347,7 @@ def _records(samples):
     CompressionConfig(method="snapkv", budget=10, window=3, buffer=4, scope="response"),
     CompressionConfig(method="streamingllm", budget=12, window=2, buffer=4, sink_tokens=2),
     CompressionConfig(method="h2o", budget=10, window=3, buffer=4),
+    CompressionConfig(method="triattention", budget=10, window=3, buffer=4),
 ], ids=lambda c: f"{c.method}-{c.scope}")
 def test_replaying_own_samples_reproduces_logprobs_and_kept_sets(model, tok, config):
     engine = _engine(model, tok, compression=config, max_batch_size=4)
@@ -388,3 +389,39 @@ def test_teacher_forced_refuses_bad_input(model, tok):
     engine.release_memory()
     with pytest.raises(RuntimeError, match="teacher_forced called after release_memory"):
         engine.teacher_forced(PROMPTS[:1], [[1]])
+
+
+def test_triattention_online_centers_are_the_rows_own_queries(model, tok, tmp_path):
+    """After generation, each row's online centers sum every token it fed, at its position: in layer 0 (whose
+    queries see no attention yet) exactly those of one dense prefill over its prompt + response; centers calibrated at the same weights and loaded from a file keep other tokens
+    than online ones (a row's own queries, not a pool's)."""
+    from sparse_rl_megatron.rollout import centers as centers_mod
+    from sparse_rl_megatron.rollout.hf_forward import HFDecoder
+
+    config = CompressionConfig(method="triattention", budget=10, window=2, buffer=4)
+    engine = _engine(model, tok, compression=config)
+    caches = []
+    original = engine._new_cache
+    engine._new_cache = lambda *a, **kw: caches.append(original(*a, **kw)) or caches[-1]
+    s = engine.generate(PROMPTS[:1], 1, SamplingParams(temperature=1.0, max_new_tokens=24, seed=3,
+                                                       ignore_eos=True))[0]
+    assert s.compression.events >= 3
+    fed = s.prompt_ids + s.response_ids[:-1]
+    cache = caches[-1]
+    decoder = HFDecoder(model)
+    center, abs_center = centers_mod.calibrate_centers(decoder, torch.tensor([fed]), torch.tensor([len(fed)]))
+    count = cache.qcount[:, 0][:, None, None]
+    assert cache.qcount[:, 0].tolist() == [float(len(fed))] * model.config.num_hidden_layers
+    torch.testing.assert_close((cache.qsum[:, 0] / count)[0], center[0], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close((cache.qabs[:, 0] / count)[0], abs_center[0], atol=1e-5, rtol=1e-4)
+    # layer 1's queries come from the compressed cache's attention, not the dense one's
+    assert not torch.allclose((cache.qsum[:, 0] / count)[1], center[1], atol=1e-3)
+    # fixed centers from a file: calibrated on other text, they rank the same row's keys differently
+    other = torch.tensor([tok.encode(PROMPTS[2])])
+    path = str(tmp_path / "centers.pt")
+    centers_mod.save_centers(path, centers_mod.calibrate_centers(decoder, other, torch.tensor([other.shape[1]])))
+    fixed = CompressionConfig(method="triattention", budget=10, window=2, buffer=4, triattention_centers="file",
+                              triattention_centers_path=path)
+    replay = _engine(model, tok, compression=fixed).teacher_forced([s.prompt_ids], [s.response_ids])[0]
+    assert replay.compression.events == s.compression.events
+    assert replay.compression.kept_digest != s.compression.kept_digest

@@ -22,7 +22,8 @@ def _run(config, prompt_lens, steps, newline_every=0, seed=0):
     gen = torch.Generator().manual_seed(seed)
     rows, p = len(prompt_lens), max(prompt_lens)
     cache = CompressedKVCache(num_layers=LAYERS, rows=rows, num_kv_heads=HKV, num_q_heads=HQ, head_dim=D,
-                              capacity=p + steps + 1, dtype=torch.float32, config=config, scaling=D ** -0.5)
+                              capacity=p + steps + 1, dtype=torch.float32, config=config, scaling=D ** -0.5,
+                              rope_inv_freq=1.0 / 100 ** (torch.arange(0, D, 2) / D))
     lens = torch.tensor(prompt_lens)
     valid = torch.arange(p)[None] < lens[:, None]
     for layer in range(LAYERS):
@@ -59,7 +60,7 @@ def _check_consistent(cache, config, prompt_lens):
             assert torch.equal(pos[:, -config.window:], newest.expand(HKV, -1))  # window always kept
 
 
-@pytest.mark.parametrize("method", ["rkv", "snapkv", "h2o", "streamingllm"])
+@pytest.mark.parametrize("method", ["rkv", "snapkv", "h2o", "streamingllm", "triattention"])
 def test_retained_length_bounded_and_drops_to_budget(method):
     config = CompressionConfig(method=method, budget=8, window=2, buffer=4, sink_tokens=2)
     prompt_lens = [5, 9]
@@ -77,7 +78,7 @@ def test_retained_length_bounded_and_drops_to_budget(method):
         events = cache.events.tolist()
     # total cached tokens P + 30; first event when it reaches B + W = 12, then every W = 4 tokens
     assert events == [1 + (5 + 30 - 12) // 4, 1 + (9 + 30 - 12) // 4]
-    if method in ("rkv", "snapkv"):  # attention-scored methods keep different tokens in different heads
+    if method in ("rkv", "snapkv", "triattention"):  # content-scored methods keep different tokens in different heads
         assert not torch.equal(cache.pos[0][0, 0, :8], cache.pos[0][0, 1, :8])
     elif method == "streamingllm":  # sinks + most recent in every head and layer: last event at 32 tokens
         assert cache.pos[1][0, 1, : int(cache.lens[0])].tolist() == [0, 1] + list(range(26, 35))
