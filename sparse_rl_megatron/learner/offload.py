@@ -161,6 +161,11 @@ class Sleeper:
         for part in todo:
             moved[part] = []
             for storage in storages[part]:
+                if storage.device.type == "cpu" and storage.is_shared():
+                    raise RuntimeError(
+                        f"learner.offload={self.mode}: a {part} storage of {storage.nbytes()} bytes is in shared memory "
+                        "(a CPU tensor pickled to another process moves there in place), where it cannot be resized "
+                        "back after a sleep; hand other processes copies of the learner's tensors")
                 nbytes = storage.nbytes()
                 if part != "gradients":  # zeroed before every step: nothing to keep
                     self._host_copy(storage, nbytes).copy_(_as_bytes(storage), non_blocking=cuda)

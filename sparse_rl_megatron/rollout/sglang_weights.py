@@ -180,14 +180,17 @@ class SGLangWeightTransport:
 def serialize_bucket(bucket: list[tuple[str, torch.Tensor]]) -> bytes:
     """One TP rank's payload of a bucket for ``update_weights_from_tensor``: (name, tensor) pairs pickled with
     ForkingPickler, so a CUDA tensor travels as an IPC handle (with its GPU's UUID, SGLang's patch of torch's
-    reductions: the receiving scheduler may number its GPUs differently) and a CPU tensor as shared memory. The
-    tensors must stay alive until the engine has loaded them."""
+    reductions: the receiving scheduler may number its GPUs differently) and a CPU tensor as shared memory: a copy,
+    because pickling moves a CPU storage into shared memory in place, and a learner parameter exported as itself
+    (a TP 1 view) would then live there (its storage no longer resizable: ``learner/offload.py`` could not put it
+    to sleep). The tensors must stay alive until the engine has loaded them."""
     from sglang.srt.utils import MultiprocessingSerializer
     from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
 
     if any(t.is_cuda for _, t in bucket):  # the patch handles CUDA tensors only (it breaks CPU ones)
         monkey_patch_torch_reductions()
-    return MultiprocessingSerializer.serialize([(n, t.detach()) for n, t in bucket])
+    return MultiprocessingSerializer.serialize([(n, t.detach() if t.is_cuda else t.detach().clone())
+                                                for n, t in bucket])
 
 
 def _free_port() -> int:

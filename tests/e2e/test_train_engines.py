@@ -123,10 +123,12 @@ def test_two_engines_at_dp2_sample_and_train_as_one_up_to_rounding(tmp_path, sha
 
 
 def test_a_hung_engine_fails_every_rank_within_the_phase_timeout_at_pp2_and_the_rerun_resumes(tmp_path, shared_data):
+    """The hang comes while the learner sleeps (``learner.offload: all``: the engines' turn); its last checkpoint,
+    written in the learner's turn, is what the rerun resumes from."""
     run_dir = tmp_path / "run"
     cmd = _torchrun(run_dir, "steps=2", "checkpoint.save_every=1", "learner.pipeline_parallel_size=2",
                     f"phase_timeout_s={PHASE_TIMEOUT_S}", "rollout.engine=flaky",
-                    "rollout.engine_options={hang_at: 2, fail_rank: 1}")
+                    "rollout.engine_options={hang_at: 2, fail_rank: 1}", "learner.offload=all")
     proc = subprocess.Popen(cmd, env=_env(shared_data), cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -185,3 +187,11 @@ def test_tp2_x_dp2_one_engine_per_tensor_parallel_group(tmp_path, shared_data):
     assert [r["step"] for r in records] == [0, 1, 2]
     assert all(r["sync/probe_max_abs_diff"] < 1e-3 and r["rollout/weight_version"] == r["step"] - 1
                for r in records[1:])
+    # the learner asleep between its turns (learner.offload: all) at TP 2 x DP 2: the same run, bit for bit
+    cmd = _torchrun(tmp_path / "offload", "steps=2", "rollout.gpus_per_engine=2", "learner.tensor_parallel_size=2",
+                    "rollout.engine=flaky", "learner.offload=all")
+    cmd[cmd.index("--nproc-per-node") + 1] = "4"
+    asleep = subprocess.run(cmd, env=_env(shared_data), cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert asleep.returncode == 0, asleep.stdout[-3000:] + asleep.stderr[-3000:]
+    assert "TP=2 PP=1 DP=2" in asleep.stdout and "offload=all" in asleep.stdout
+    assert [_comparable(r) for r in _records(tmp_path / "offload")] == [_comparable(r) for r in records]

@@ -1,6 +1,6 @@
 """Mixtures of experts end to end on CPU: ``sparse-rl train`` of a tiny random Qwen3-MoE at EP 2 (two ranks under
 torchrun, DP 2, one HF engine each, the weight-sync probe on every step, dense and sparse evaluations, the
-load-balancing loss logged), resumed at PP 2 x EP 2 on four ranks from its step-2 checkpoint; ``sparse-rl eval``
+load-balancing loss logged; the same run with ``learner.offload: all`` bit for bit the same), resumed at PP 2 x EP 2 on four ranks from its step-2 checkpoint; ``sparse-rl eval``
 of the trained Megatron checkpoint (exported to HF, experts unstacked); ``sparse-rl mismatch`` of a tiny Qwen2-MoE
 with the routing share of the rho tail; a tiny Qwen2-MoE trained at EP 2, resumed, converted to HF and back. (The SGLang
 engine's MoE run: tests/sglang/test_train_sglang_moe.py.)"""
@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import torch
-from test_train import RECIPE, SMALL, _env, _records, free_port
+from test_train import RECIPE, SMALL, _comparable, _env, _flat, _model_state, _records, free_port
 
 MOE = ["plugins=[train_task_plugin]", "data.dataset=task:tiny_sums", "warm_start={}", "reward.name=parity",
        "learner.expert_parallel_size=2"]
@@ -40,6 +40,17 @@ def test_ep2_trains_resumes_at_pp2_x_ep2_and_evaluates(tmp_path, shared_data):
         # the checkpoint's router_aux_loss_coef (0.001) turns megatron's load-balancing loss on: ~1 when balanced
         assert 0.5 < r["train/moe_load_balancing_loss"] < 4 and math.isfinite(r["train/grad_norm"])
     assert any(r["loss/pg"] != 0 for r in records[1:])  # parity rewards: the groups carry a signal
+
+    # the same run with the learner asleep between its turns (learner.offload: all): bit for bit the same
+    asleep_dir = tmp_path / "offload"
+    asleep = subprocess.run(_torchrun(2, asleep_dir, "model_path=tiny-qwen3-moe", "steps=2", "learner.offload=all"),
+                            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert asleep.returncode == 0, asleep.stdout[-3000:] + asleep.stderr[-3000:]
+    assert "EP=2 ETP=1" in asleep.stdout and "offload=all" in asleep.stdout
+    assert [_comparable(r) for r in _records(asleep_dir)] == [_comparable(r) for r in records]
+    want, got = (dict(_flat(_model_state(d / "checkpoints" / "step_2"))) for d in (run_dir, asleep_dir))
+    assert sorted(want) == sorted(got) and any("optimizer" in key for key in want)
+    assert all((v == got[k]).all() if hasattr(v, "shape") else v == got[k] for k, v in want.items())
 
     # the same command at PP 2 x EP 2 on four ranks resumes from step 2 (the checkpoint reshards)
     second = subprocess.run(_torchrun(4, run_dir, "model_path=tiny-qwen3-moe", "steps=3",

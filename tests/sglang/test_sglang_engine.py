@@ -151,12 +151,35 @@ def test_a_sample_never_claims_weights_it_was_not_sampled_with(engine, tiny_mode
     assert engine.generate(PROMPTS[:1], 1, SamplingParams(max_new_tokens=4))[0].weight_version == 5
 
 
-def test_release_and_resume_memory(engine):
+def test_release_and_resume_memory(engine, hf_model):
     engine.release_memory()
     with pytest.raises(RuntimeError, match="after release_memory"):
         engine.generate(PROMPTS[:1], 1, SamplingParams(max_new_tokens=4))
     engine.resume_memory()
     assert len(engine.generate(PROMPTS[:1], 2, SamplingParams(max_new_tokens=4))) == 2
+    # by part, as the trainer's turns take them (SGLang's tags): the weights back for a push, the KV pool after
+    engine.release_memory()
+    engine.release_memory(["kv_cache"])  # already released: skipped (SGLang would pause it twice)
+    engine.resume_memory(["weights"])
+    with pytest.raises(RuntimeError, match="generate called after release_memory\\(\\) with kv_cache still released"):
+        engine.generate(PROMPTS[:1], 1, SamplingParams(max_new_tokens=4))
+    version = engine.weight_version + 1
+    engine.update_weights(list(hf_model.state_dict().items()), version=version)
+    engine.resume_memory(["kv_cache"])
+    assert engine.generate(PROMPTS[:1], 1, SamplingParams(max_new_tokens=4))[0].weight_version == version
+    with pytest.raises(ValueError, match="memory parts \\['cuda_graph'\\]; valid: weights, kv_cache"):
+        engine.release_memory(["cuda_graph"])
+
+
+def test_a_bucket_serialized_for_the_engine_leaves_the_learners_storage_private():
+    """Pickling a CPU tensor for another process moves its storage into shared memory in place; the payload is a
+    copy, so a learner parameter exported as itself stays resizable (``learner.offload`` can put it to sleep)."""
+    import torch
+
+    from sparse_rl_megatron.rollout.sglang_weights import serialize_bucket
+
+    weight = torch.randn(4, 8)
+    assert serialize_bucket([("w", weight)]) and not weight.untyped_storage().is_shared()
 
 
 def test_bad_request_settings_are_refused_with_the_field(engine):
