@@ -32,7 +32,9 @@ from sparse_rl_megatron.learner.forward import run_schedule
 from sparse_rl_megatron.learner.hf_io import HFCheckpointWriter, load_hf_into_model, read_arch, torch_dtype
 from sparse_rl_megatron.learner.logprobs import to_response_aligned, token_logprobs
 from sparse_rl_megatron.learner.offload import OFFLOAD_PARTS, Sleeper, part_storages, part_tensors, storage_bytes
-from sparse_rl_megatron.learner.model_provider import build_stage_model, check_sequence_parallel, resolve_layer_spec
+from sparse_rl_megatron.learner.model_provider import (
+    build_stage_model, check_sequence_parallel, expert_module_name, resolve_expert_kernels, resolve_layer_spec,
+)
 from sparse_rl_megatron.learner.parallel import current_layout, device, init_model_parallel
 from sparse_rl_megatron.learner.weight_export import DEFAULT_BUCKET_BYTES, Bucket, export_hf_buckets
 from sparse_rl_megatron.models.arch import ModelArch
@@ -98,6 +100,8 @@ class Learner:
         check_moe_training(self.arch, config, trainable)
         self.spec = resolve_layer_spec(config.layer_spec, self.device_facts)  # "te" or "local"
         check_sequence_parallel(self.spec, config.megatron_overrides, self.device_facts)
+        if self.arch.is_moe:
+            resolve_expert_kernels(config.moe.experts, self.spec)  # refused before any process group exists
         self.layout = init_model_parallel(config.tensor_parallel_size, config.pipeline_parallel_size, config.seed,
                                           facts=self.device_facts, ep=config.expert_parallel_size,
                                           etp=config.expert_tensor_parallel)
@@ -107,6 +111,7 @@ class Learner:
             self.arch, params_dtype=self.params_dtype, spec=self.spec,
             vocab_multiple=config.vocab_multiple, overrides=config.megatron_overrides, facts=self.device_facts,
             moe_aux_loss_coeff=self.moe_aux_loss_coeff, moe_router_dtype=config.moe.router_dtype,
+            moe_experts=config.moe.experts,
         )
         self.model.return_hidden = True
         self.use_thd = self.spec == "te"  # packed rows as THD (TE attention); the local spec takes a dense mask
@@ -304,11 +309,12 @@ class Learner:
     def describe(self) -> str:
         lay = current_layout()
         cfg = self.model.config
-        fused = [name for name in FUSION_SWITCHES if getattr(cfg, name, False)]
+        fused = [name for name in (*FUSION_SWITCHES, "moe_permute_fusion") if getattr(cfg, name, False)]
         if self.ddp is not None and self.ddp.ddp_config.overlap_grad_reduce:
             fused.append("overlap_grad_reduce")
         extras = [f"{k}={getattr(cfg, k)}" for k in ("sequence_parallel", "recompute_granularity") if getattr(cfg, k)]
         experts = (f" experts={self.arch.moe.num_experts} top-{self.arch.moe.top_k} EP={lay.ep} ETP={lay.etp}"
+                   f" expert_mlp={expert_module_name(self.model) or 'none on this stage'}"
                    if self.arch.is_moe else "")
         patches = cpu_compat.applied_patches()  # megatron-core's CPU workarounds in this process (learner/cpu_compat.py)
         compat = f" cpu_compat={patches[0]}..{patches[-1]}" if patches else ""
