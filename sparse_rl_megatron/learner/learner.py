@@ -36,6 +36,7 @@ from sparse_rl_megatron.learner.model_provider import (
     build_stage_model, check_sequence_parallel, expert_module_name, resolve_expert_kernels, resolve_layer_spec,
 )
 from sparse_rl_megatron.learner.parallel import current_layout, device, init_model_parallel
+from sparse_rl_megatron.learner.routing_replay import replaying
 from sparse_rl_megatron.learner.weight_export import DEFAULT_BUCKET_BYTES, Bucket, export_hf_buckets
 from sparse_rl_megatron.models.arch import ModelArch
 from sparse_rl_megatron.models.megatron_config import FUSION_SWITCHES
@@ -106,12 +107,14 @@ class Learner:
                                           facts=self.device_facts, ep=config.expert_parallel_size,
                                           etp=config.expert_tensor_parallel)
         self.params_dtype = config.torch_params_dtype(self.device_facts)
+        self.routing_replay = self.arch.is_moe and config.moe.routing_replay
+        self.replayer = None  # while a batch with routes runs: arms the routers per micro-batch (routing_replay.py)
         self.moe_aux_loss_coeff = moe_aux_loss_coeff(config, self.hf_config, self.arch) if self.arch.is_moe else 0.0
         self.model = build_stage_model(
             self.arch, params_dtype=self.params_dtype, spec=self.spec,
             vocab_multiple=config.vocab_multiple, overrides=config.megatron_overrides, facts=self.device_facts,
             moe_aux_loss_coeff=self.moe_aux_loss_coeff, moe_router_dtype=config.moe.router_dtype,
-            moe_experts=config.moe.experts,
+            moe_experts=config.moe.experts, moe_routing_replay=self.routing_replay,
         )
         self.model.return_hidden = True
         self.use_thd = self.spec == "te"  # packed rows as THD (TE attention); the local spec takes a dense mask
@@ -187,11 +190,12 @@ class Learner:
         width = width or batch.max_response_len
         model = self.ddp if self.ddp is not None else self.model
         model.eval()
-        outs = run_schedule(
-            model, mbs,
-            lambda mb, hidden: to_response_aligned(token_logprobs(self.model, hidden, mb, cfg.logprob_chunk_tokens), mb, width),
-            forward_only=True, use_thd=self.use_thd,
-        )
+        with replaying(self.model, batch, self.routing_replay) as replayer:
+            outs = run_schedule(
+                model, mbs,
+                lambda mb, hidden: to_response_aligned(token_logprobs(self.model, hidden, mb, cfg.logprob_chunk_tokens), mb, width),
+                forward_only=True, use_thd=self.use_thd, before_forward=replayer,
+            )
         # Rows are disjoint across DP ranks and only one TP rank of the last stage writes them, so a SUM
         # over the world assembles the full [B, T] exactly (adding zeros).
         full = torch.zeros(len(batch), width, dtype=torch.float32, device=device())
@@ -242,7 +246,11 @@ class Learner:
         if not self.trainable:
             raise RuntimeError("this Learner was built with trainable=False (a reference policy); it cannot train")
         self._check_awake("train_step")
-        return train_step(self, batch)
+        with replaying(self.model, batch.sequences, self.routing_replay) as self.replayer:
+            try:
+                return train_step(self, batch)
+            finally:
+                self.replayer = None
 
     def advance_schedule(self) -> float:
         """Move the lr schedule one optimizer step on without training (a slice the correction emptied), so a
@@ -320,6 +328,8 @@ class Learner:
         compat = f" cpu_compat={patches[0]}..{patches[-1]}" if patches else ""
         if self.config.offload != "none":
             extras.append(f"offload={self.config.offload}")
+        if self.routing_replay:
+            extras.append("routing_replay=sampler")
         return (f"{self.arch.family} L={self.arch.num_layers} H={self.arch.hidden_size} TP={lay.tp} PP={lay.pp} "
                 f"DP={lay.dp}{experts} dtype={self.params_dtype}{compat} spec={self.spec} "
                 f"fusions={','.join(fused) or 'none'}" + "".join(f" {e}" for e in extras))

@@ -69,7 +69,8 @@ def measure(cfg: "TrainConfig", plan: "RunPlan", rows: list[tuple[str, "Compress
         spec = ENGINES.get(cfg.rollout.engine)
         engine = reward = records = None
         if D.is_main():
-            engine = spec.make(cfg.rollout.engine_build(hf_dir, show_progress=cfg.log.progress))
+            engine = spec.make(cfg.rollout.engine_build(hf_dir, show_progress=cfg.log.progress,
+                                                        record_routing=cfg.learner.moe.routing_replay))
             stack.callback(engine.shutdown)
             reward = stack.enter_context(make_reward(cfg, plan))
             records = PromptOrder(plan.train_data.records, cfg.seed, cfg.data.shuffle).take(
