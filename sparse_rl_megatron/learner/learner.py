@@ -107,6 +107,7 @@ class Learner:
                                           facts=self.device_facts, ep=config.expert_parallel_size,
                                           etp=config.expert_tensor_parallel)
         self.params_dtype = config.torch_params_dtype(self.device_facts)
+        # routing replay: the trainer hands the sampler's routes over (trainer/step.py); a batch with routes is replayed
         self.routing_replay = self.arch.is_moe and config.moe.routing_replay
         self.replayer = None  # while a batch with routes runs: arms the routers per micro-batch (routing_replay.py)
         self.moe_aux_loss_coeff = moe_aux_loss_coeff(config, self.hf_config, self.arch) if self.arch.is_moe else 0.0
@@ -114,7 +115,7 @@ class Learner:
             self.arch, params_dtype=self.params_dtype, spec=self.spec,
             vocab_multiple=config.vocab_multiple, overrides=config.megatron_overrides, facts=self.device_facts,
             moe_aux_loss_coeff=self.moe_aux_loss_coeff, moe_router_dtype=config.moe.router_dtype,
-            moe_experts=config.moe.experts, moe_routing_replay=self.routing_replay,
+            moe_experts=config.moe.experts, moe_routing_replay=self.arch.is_moe,
         )
         self.model.return_hidden = True
         self.use_thd = self.spec == "te"  # packed rows as THD (TE attention); the local spec takes a dense mask
@@ -177,7 +178,8 @@ class Learner:
     @torch.no_grad()
     def logprobs(self, batch: SequenceBatch, width: int | None = None) -> torch.Tensor:
         """Dense log-probs of every response token under the current weights: ``[B, T]`` fp32 on CPU,
-        0 where ``batch.response_mask()`` is False. ``T = width`` (default: the longest response).
+        0 where ``batch.response_mask()`` is False. ``T = width`` (default: the longest response). A mixture of
+        experts with ``batch.routes`` routes every fed token to those experts (``routing_replay.py``).
         Collective; identical on every rank."""
         from megatron.core import parallel_state as ps
 
@@ -190,7 +192,7 @@ class Learner:
         width = width or batch.max_response_len
         model = self.ddp if self.ddp is not None else self.model
         model.eval()
-        with replaying(self.model, batch, self.routing_replay) as replayer:
+        with replaying(self.model, batch, self.arch.is_moe) as replayer:
             outs = run_schedule(
                 model, mbs,
                 lambda mb, hidden: to_response_aligned(token_logprobs(self.model, hidden, mb, cfg.logprob_chunk_tokens), mb, width),
@@ -205,6 +207,17 @@ class Learner:
                     full[torch.tensor(mb.rows, device=full.device)] = lp.float()
         dist.all_reduce(full)
         return full.cpu()
+
+    @torch.no_grad()
+    def routes(self, batch: SequenceBatch) -> list[torch.Tensor]:
+        """The experts this learner's own routers pick for every fed token of every row (a mixture of experts, its
+        dense forward; ``routing_replay.record_routes``): per row ``[P + R - 1, layers, top_k]`` int16, as
+        ``Sample.routed_experts``. Collective; identical on every rank."""
+        from sparse_rl_megatron.learner.routing_replay import record_routes
+
+        self._check_awake("routes", ("weights",))
+        (self.ddp if self.ddp is not None else self.model).eval()
+        return record_routes(self, batch)
 
     def data_parallel_rows(self, batch: SequenceBatch) -> list[int]:
         """The rows of ``batch`` this data-parallel rank computes (token-balanced, see ``split_rows``); empty
@@ -246,7 +259,7 @@ class Learner:
         if not self.trainable:
             raise RuntimeError("this Learner was built with trainable=False (a reference policy); it cannot train")
         self._check_awake("train_step")
-        with replaying(self.model, batch.sequences, self.routing_replay) as self.replayer:
+        with replaying(self.model, batch.sequences, self.arch.is_moe) as self.replayer:
             try:
                 return train_step(self, batch)
             finally:

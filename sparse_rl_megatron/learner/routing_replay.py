@@ -14,8 +14,10 @@ gathers the scores at given indices in ``topk_routing_with_score_function``). Be
 routers of this stage get its ``[S x b, top_k]`` indices in megatron-core's token order (sequence-major, the
 ``[S, b]`` activations flattened; under sequence parallel this TP rank's chunk of S). Positions the sampler never fed
 (right padding, a packed row's padding block, a stand-in micro-batch's rows are real rows and get their routes) take
-experts ``0..k-1``: their outputs are never scored. A batch without routes (the weight-sync probe, a dense model)
-routes as usual. Not with activation recompute at PP > 1 (the 1F1B schedule re-runs a forward after later
+experts ``0..k-1``: their outputs are never scored. Every MoE learner builds the hook (unarmed it is megatron-core's
+own top-k); a batch with routes is replayed, one without (the weight-sync probe, ``routing_replay: false``) routes
+as usual. ``record_routes`` reads the learner's own choices back (megatron-core's ``RECORD`` action), for
+``sparse-rl mismatch``'s engine-vs-learner routing flips. Not with activation recompute at PP > 1 (the 1F1B schedule re-runs a forward after later
 micro-batches armed the routers; refused in ``LearnerSettings``), nor with megatron-core's fused router
 (``moe_router_fusion``, which bypasses the hook; off, ``models/megatron_config.moe_kernel_settings``).
 """
@@ -108,3 +110,57 @@ def replaying(model, batch: "SequenceBatch", enabled: bool) -> Iterator[Replayer
         yield Replayer(batch, cfg.num_layers, cfg.moe_router_topk, sp_chunk)
     finally:
         disarm(model)
+
+
+def record_routes(learner, batch: "SequenceBatch") -> list[torch.Tensor]:
+    """``Learner.routes``: one forward of ``batch`` with every router recording its top-k; per row the
+    ``[P + R - 1, layers, top_k]`` int16 experts of its fed tokens. Collective. PP 1 without sequence parallel (every
+    rank holds every router and routes whole sequences)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from megatron.core.transformer.moe.router_replay import RouterReplayAction
+
+    from sparse_rl_megatron.learner.forward import run_schedule
+    from sparse_rl_megatron.learner.parallel import device
+    from sparse_rl_megatron.rollout.sample import ROUTE_DTYPE
+
+    cfg = learner.model.config
+    if learner.layout.pp > 1 or cfg.sequence_parallel:
+        raise ValueError(f"Learner.routes needs pipeline_parallel_size=1 without sequence parallel (got PP "
+                         f"{learner.layout.pp}, sequence_parallel={cfg.sequence_parallel}): every rank must hold every "
+                         "router and whole sequences")
+    routers = _routers(learner.model)
+    layers, k = cfg.num_layers, cfg.moe_router_topk
+    mbs = learner.micro_batches(batch)
+    longest = max(batch.lengths)
+    full = torch.zeros(len(batch), longest, layers, k, dtype=torch.long, device=device())
+
+    def arm_record(model, mb) -> None:
+        for _, replay in routers:
+            replay.clear_indices()
+            replay.set_router_replay_action(RouterReplayAction.RECORD)
+
+    def head(mb, hidden):
+        b, width = mb.input_ids.shape
+        got = torch.stack([replay.get_recorded_indices() for _, replay in routers], dim=1)  # [S * b, L, k]
+        return got.view(width, b, layers, k).transpose(0, 1)  # [b, S, L, k]
+
+    try:
+        outs = run_schedule(learner.model, mbs, head, forward_only=True, use_thd=learner.use_thd,
+                            before_forward=arm_record)
+    finally:
+        disarm(learner.model)
+    if ps.get_tensor_model_parallel_rank() == 0:
+        for mb, got in zip(mbs, outs):
+            if mb.padding:
+                continue
+            start = 0
+            for r, (row, n) in enumerate(zip(mb.rows, mb.seq_lengths)):
+                if mb.packed:
+                    full[row, :n] = got[0, start:start + n]
+                    start += n
+                else:
+                    full[row, :n] = got[r, :n]
+    dist.all_reduce(full)
+    full = full.cpu()
+    return [full[i, :n].to(ROUTE_DTYPE) for i, n in enumerate(batch.lengths)]
