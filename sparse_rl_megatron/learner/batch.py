@@ -33,6 +33,9 @@ class SequenceBatch:
     """Prompt token ids per row, ``[P_i]``; ``P_i >= 1`` (the first response token needs a context)."""
     responses: list[torch.Tensor]
     """Response token ids per row, ``[R_i]``; ``R_i >= 0``."""
+    routes: list[torch.Tensor] | None = None
+    """Mixtures of experts, for routing replay (``learner/routing_replay.py``): per row the sampler's experts of
+    every fed token, ``[P_i + R_i - 1, layers, top_k]`` (``Sample.routed_experts``); None: the routers choose."""
 
     def __post_init__(self) -> None:
         self.prompts = [torch.as_tensor(p, dtype=torch.long).reshape(-1) for p in self.prompts]
@@ -44,6 +47,13 @@ class SequenceBatch:
         for i, p in enumerate(self.prompts):
             if p.numel() < 1:
                 raise ValueError(f"SequenceBatch.prompts[{i}] is empty; every row needs >= 1 prompt token")
+        if self.routes is not None:
+            if len(self.routes) != len(self.prompts):
+                raise ValueError(f"SequenceBatch: {len(self.routes)} routes for {len(self.prompts)} rows")
+            for i, (r, n) in enumerate(zip(self.routes, self.lengths)):
+                if r.dim() != 3 or r.shape[0] != n:
+                    raise ValueError(f"SequenceBatch.routes[{i}] has shape {list(r.shape)}; need [{n}, layers, "
+                                     "top_k] (one entry per fed token: prompt + response - 1)")
 
     @classmethod
     def from_lists(cls, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> "SequenceBatch":

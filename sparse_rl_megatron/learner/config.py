@@ -13,7 +13,7 @@ import torch
 from sparse_rl_megatron.algo.loss import LossConfig
 from sparse_rl_megatron.learner.batch import BATCH_LAYOUTS
 from sparse_rl_megatron.learner.logprobs import DEFAULT_CHUNK_TOKENS
-from sparse_rl_megatron.learner.model_provider import LAYER_SPECS
+from sparse_rl_megatron.learner.model_provider import EXPERT_KERNELS, LAYER_SPECS
 from sparse_rl_megatron.learner.offload import OFFLOAD_MODES
 from sparse_rl_megatron.models.arch import DEFAULT_VOCAB_MULTIPLE
 from sparse_rl_megatron.utils.device import DeviceFacts, resolve
@@ -26,6 +26,8 @@ ParamsDtype = Literal["auto", "float32", "bfloat16"]
 PARAM_DTYPES: tuple[str, ...] = get_args(ParamsDtype)
 LayerSpecName = Literal["auto", "local", "te"]
 """The names of ``learner.model_provider.LAYER_SPECS`` (the registry checks them and says what each is)."""
+ExpertKernelsName = Literal["auto", "grouped", "sequential"]
+"""The names of ``learner.model_provider.EXPERT_KERNELS``."""
 RouterDtype = Literal["params", "fp32"]
 ROUTER_DTYPES: tuple[str, ...] = get_args(RouterDtype)
 BatchLayoutName = Literal["padded", "packed"]
@@ -115,6 +117,13 @@ class MoESettings:
     router_dtype: RouterDtype = "params"
     """The router's logits: in the parameter dtype (``params``, as the HF model and the rollout engines) or in
     ``fp32`` (megatron-core's advice for bf16 training; routing then differs from a bf16 engine's more often)."""
+    experts: ExpertKernelsName = "auto"
+    """The routed experts' kernels: auto (Transformer Engine's grouped GEMM where the TE layer spec runs, i.e. a GPU
+    with TE; megatron-core's sequential experts otherwise), grouped (TE only), sequential (one GEMM per expert)."""
+    routing_replay: bool = False
+    """R3 routing replay (``learner/routing_replay.py``): the dense recompute and the training forward route every
+    fed token to the experts the sampler chose (recorded at decode time, compressed cache included; the ``hf``
+    engine records them), with the learner's own router weights at them; off: the learner's routers choose."""
 
     def __post_init__(self) -> None:
         if self.aux_loss_coeff is not None and self.aux_loss_coeff < 0:
@@ -122,6 +131,7 @@ class MoESettings:
         if self.router_dtype not in ROUTER_DTYPES:
             raise ValueError(f"LearnerConfig.moe.router_dtype must be one of {', '.join(ROUTER_DTYPES)}, "
                              f"got {self.router_dtype!r}")
+        EXPERT_KERNELS.check(self.experts, "learner.moe.experts")
 
 
 @dataclass
@@ -200,6 +210,15 @@ class LearnerSettings:
         if overrides.get("sequence_parallel", False) and self.tensor_parallel_size < 2:
             raise ValueError("LearnerConfig.megatron_overrides.sequence_parallel=True splits the sequence over the "
                              f"tensor-parallel ranks and needs tensor_parallel_size >= 2, got {self.tensor_parallel_size}")
+        if (self.moe.routing_replay and self.pipeline_parallel_size > 1
+                and overrides.get("recompute_granularity") is not None):
+            raise ValueError("LearnerConfig.moe.routing_replay=true with megatron_overrides.recompute_granularity at "
+                             f"pipeline_parallel_size={self.pipeline_parallel_size}: the 1F1B schedule recomputes a "
+                             "micro-batch's forward after later ones armed the routers; valid: "
+                             "pipeline_parallel_size=1, no recompute_granularity, or routing_replay=false")
+        if self.moe.routing_replay and overrides.get("moe_router_fusion", False):
+            raise ValueError("LearnerConfig.moe.routing_replay=true with megatron_overrides.moe_router_fusion=true: "
+                             "the fused router bypasses megatron-core's RouterReplay; valid: moe_router_fusion=false")
         if self.loss.entropy_coef > 0:
             raise ValueError("LearnerConfig.loss.entropy_coef > 0 is not supported by the Megatron learner "
                              "(vocab-parallel entropy is not implemented); valid: 0")

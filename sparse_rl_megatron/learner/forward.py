@@ -66,6 +66,7 @@ def run_schedule(
     forward_only: bool,
     use_thd: bool = False,
     routed: bool = False,
+    before_forward: Callable[[Any, MicroBatch], None] | None = None,
 ) -> list[Any]:
     """Run all micro-batches through the schedule; returns ``head_fn``'s outputs (last stage only; [] elsewhere).
 
@@ -73,7 +74,8 @@ def run_schedule(
     ``(loss_share, metrics)``; the loss is already normalised by the global denominator, so the schedule is
     told ``num_tokens = 0`` (``calculate_per_token_loss`` on: no division by micro-batch count or tokens)
     and gradients are summed over micro-batches and data-parallel ranks. ``routed``: pass each micro-batch's
-    padding mask (a mixture of experts; ``model_inputs``).
+    padding mask (a mixture of experts; ``model_inputs``). ``before_forward(model, mb)`` runs before each
+    micro-batch's forward on every stage (routing replay arms the routers with ``mb``'s experts).
     """
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -85,6 +87,8 @@ def run_schedule(
 
     def forward_step(data_iterator, mdl):
         mb = next(data_iterator)
+        if before_forward is not None:
+            before_forward(mdl, mb)
         hidden = mdl(**model_inputs(mb, use_thd, routed, sp_chunk))
         if forward_only:
             return hidden, lambda out, non_loss_data=True: head_fn(mb, out)

@@ -32,8 +32,11 @@ from sparse_rl_megatron.learner.forward import run_schedule
 from sparse_rl_megatron.learner.hf_io import HFCheckpointWriter, load_hf_into_model, read_arch, torch_dtype
 from sparse_rl_megatron.learner.logprobs import to_response_aligned, token_logprobs
 from sparse_rl_megatron.learner.offload import OFFLOAD_PARTS, Sleeper, part_storages, part_tensors, storage_bytes
-from sparse_rl_megatron.learner.model_provider import build_stage_model, check_sequence_parallel, resolve_layer_spec
+from sparse_rl_megatron.learner.model_provider import (
+    build_stage_model, check_sequence_parallel, expert_module_name, resolve_expert_kernels, resolve_layer_spec,
+)
 from sparse_rl_megatron.learner.parallel import current_layout, device, init_model_parallel
+from sparse_rl_megatron.learner.routing_replay import replaying
 from sparse_rl_megatron.learner.weight_export import DEFAULT_BUCKET_BYTES, Bucket, export_hf_buckets
 from sparse_rl_megatron.models.arch import ModelArch
 from sparse_rl_megatron.models.megatron_config import FUSION_SWITCHES
@@ -98,15 +101,21 @@ class Learner:
         check_moe_training(self.arch, config, trainable)
         self.spec = resolve_layer_spec(config.layer_spec, self.device_facts)  # "te" or "local"
         check_sequence_parallel(self.spec, config.megatron_overrides, self.device_facts)
+        if self.arch.is_moe:
+            resolve_expert_kernels(config.moe.experts, self.spec)  # refused before any process group exists
         self.layout = init_model_parallel(config.tensor_parallel_size, config.pipeline_parallel_size, config.seed,
                                           facts=self.device_facts, ep=config.expert_parallel_size,
                                           etp=config.expert_tensor_parallel)
         self.params_dtype = config.torch_params_dtype(self.device_facts)
+        # routing replay: the trainer hands the sampler's routes over (trainer/step.py); a batch with routes is replayed
+        self.routing_replay = self.arch.is_moe and config.moe.routing_replay
+        self.replayer = None  # while a batch with routes runs: arms the routers per micro-batch (routing_replay.py)
         self.moe_aux_loss_coeff = moe_aux_loss_coeff(config, self.hf_config, self.arch) if self.arch.is_moe else 0.0
         self.model = build_stage_model(
             self.arch, params_dtype=self.params_dtype, spec=self.spec,
             vocab_multiple=config.vocab_multiple, overrides=config.megatron_overrides, facts=self.device_facts,
             moe_aux_loss_coeff=self.moe_aux_loss_coeff, moe_router_dtype=config.moe.router_dtype,
+            moe_experts=config.moe.experts, moe_routing_replay=self.arch.is_moe,
         )
         self.model.return_hidden = True
         self.use_thd = self.spec == "te"  # packed rows as THD (TE attention); the local spec takes a dense mask
@@ -169,7 +178,8 @@ class Learner:
     @torch.no_grad()
     def logprobs(self, batch: SequenceBatch, width: int | None = None) -> torch.Tensor:
         """Dense log-probs of every response token under the current weights: ``[B, T]`` fp32 on CPU,
-        0 where ``batch.response_mask()`` is False. ``T = width`` (default: the longest response).
+        0 where ``batch.response_mask()`` is False. ``T = width`` (default: the longest response). A mixture of
+        experts with ``batch.routes`` routes every fed token to those experts (``routing_replay.py``).
         Collective; identical on every rank."""
         from megatron.core import parallel_state as ps
 
@@ -182,11 +192,12 @@ class Learner:
         width = width or batch.max_response_len
         model = self.ddp if self.ddp is not None else self.model
         model.eval()
-        outs = run_schedule(
-            model, mbs,
-            lambda mb, hidden: to_response_aligned(token_logprobs(self.model, hidden, mb, cfg.logprob_chunk_tokens), mb, width),
-            forward_only=True, use_thd=self.use_thd,
-        )
+        with replaying(self.model, batch, self.arch.is_moe) as replayer:
+            outs = run_schedule(
+                model, mbs,
+                lambda mb, hidden: to_response_aligned(token_logprobs(self.model, hidden, mb, cfg.logprob_chunk_tokens), mb, width),
+                forward_only=True, use_thd=self.use_thd, before_forward=replayer,
+            )
         # Rows are disjoint across DP ranks and only one TP rank of the last stage writes them, so a SUM
         # over the world assembles the full [B, T] exactly (adding zeros).
         full = torch.zeros(len(batch), width, dtype=torch.float32, device=device())
@@ -196,6 +207,17 @@ class Learner:
                     full[torch.tensor(mb.rows, device=full.device)] = lp.float()
         dist.all_reduce(full)
         return full.cpu()
+
+    @torch.no_grad()
+    def routes(self, batch: SequenceBatch) -> list[torch.Tensor]:
+        """The experts this learner's own routers pick for every fed token of every row (a mixture of experts, its
+        dense forward; ``routing_replay.record_routes``): per row ``[P + R - 1, layers, top_k]`` int16, as
+        ``Sample.routed_experts``. Collective; identical on every rank."""
+        from sparse_rl_megatron.learner.routing_replay import record_routes
+
+        self._check_awake("routes", ("weights",))
+        (self.ddp if self.ddp is not None else self.model).eval()
+        return record_routes(self, batch)
 
     def data_parallel_rows(self, batch: SequenceBatch) -> list[int]:
         """The rows of ``batch`` this data-parallel rank computes (token-balanced, see ``split_rows``); empty
@@ -237,7 +259,11 @@ class Learner:
         if not self.trainable:
             raise RuntimeError("this Learner was built with trainable=False (a reference policy); it cannot train")
         self._check_awake("train_step")
-        return train_step(self, batch)
+        with replaying(self.model, batch.sequences, self.arch.is_moe) as self.replayer:
+            try:
+                return train_step(self, batch)
+            finally:
+                self.replayer = None
 
     def advance_schedule(self) -> float:
         """Move the lr schedule one optimizer step on without training (a slice the correction emptied), so a
@@ -304,16 +330,19 @@ class Learner:
     def describe(self) -> str:
         lay = current_layout()
         cfg = self.model.config
-        fused = [name for name in FUSION_SWITCHES if getattr(cfg, name, False)]
+        fused = [name for name in (*FUSION_SWITCHES, "moe_permute_fusion") if getattr(cfg, name, False)]
         if self.ddp is not None and self.ddp.ddp_config.overlap_grad_reduce:
             fused.append("overlap_grad_reduce")
         extras = [f"{k}={getattr(cfg, k)}" for k in ("sequence_parallel", "recompute_granularity") if getattr(cfg, k)]
         experts = (f" experts={self.arch.moe.num_experts} top-{self.arch.moe.top_k} EP={lay.ep} ETP={lay.etp}"
+                   f" expert_mlp={expert_module_name(self.model) or 'none on this stage'}"
                    if self.arch.is_moe else "")
         patches = cpu_compat.applied_patches()  # megatron-core's CPU workarounds in this process (learner/cpu_compat.py)
         compat = f" cpu_compat={patches[0]}..{patches[-1]}" if patches else ""
         if self.config.offload != "none":
             extras.append(f"offload={self.config.offload}")
+        if self.routing_replay:
+            extras.append("routing_replay=sampler")
         return (f"{self.arch.family} L={self.arch.num_layers} H={self.arch.hidden_size} TP={lay.tp} PP={lay.pp} "
                 f"DP={lay.dp}{experts} dtype={self.params_dtype}{compat} spec={self.spec} "
                 f"fusions={','.join(fused) or 'none'}" + "".join(f" {e}" for e in extras))

@@ -28,6 +28,11 @@ LAYER_SPECS.add("auto", "Transformer Engine when megatron-core can use it with C
 LAYER_SPECS.add("local", "megatron-core's own modules (runs on CPU)")
 LAYER_SPECS.add("te", "Transformer Engine modules (GPU)")
 
+EXPERT_KERNELS: Registry[str] = Registry("expert kernels")
+EXPERT_KERNELS.add("auto", "grouped with the Transformer Engine spec, sequential with the local one")
+EXPERT_KERNELS.add("grouped", "Transformer Engine's TEGroupedMLP: a layer's local experts in one grouped GEMM (GPU)")
+EXPERT_KERNELS.add("sequential", "megatron-core's SequentialMLP: one GEMM per local expert, one after the other")
+
 
 def te_installed() -> bool:
     """A ``transformer_engine`` package is on the path (it may still fail to import)."""
@@ -73,6 +78,20 @@ def resolve_layer_spec(name: str = "auto", facts: DeviceFacts | None = None) -> 
         warnings.warn(f"layer_spec='auto': {_te_missing_reason(facts)}; using the local megatron-core spec",
                       RuntimeWarning, stacklevel=2)
     return "local"
+
+
+def resolve_expert_kernels(name: str, spec: str) -> str:
+    """``grouped`` or ``sequential``: the experts' kernels ``name`` (of ``EXPERT_KERNELS``) stands for under the
+    resolved layer ``spec`` (``te`` or ``local``). ``auto``: grouped GEMM with Transformer Engine (the GPU default),
+    the sequential experts otherwise; ``grouped`` without TE is refused (megatron-core's legacy ``GroupedMLP`` of
+    the local spec needs the ``grouped_gemm`` package and a GPU, and is not offered)."""
+    EXPERT_KERNELS.check(name, "learner.moe.experts")
+    if name == "auto":
+        return "grouped" if spec == "te" else "sequential"
+    if name == "grouped" and spec != "te":
+        raise ValueError(f"learner.moe.experts='grouped' needs the Transformer Engine layer spec (layer_spec 'te', or "
+                         f"'auto' on a GPU with TE); the layer spec here is {spec!r}; valid: auto, sequential")
+    return name
 
 
 def layer_spec(name: str = "auto", qk_layernorm: bool = False, facts: DeviceFacts | None = None,
@@ -166,21 +185,26 @@ def build_stage_model(
     facts: DeviceFacts | None = None,
     moe_aux_loss_coeff: float = 0.0,
     moe_router_dtype: str = "params",
+    moe_experts: str = "auto",
+    moe_routing_replay: bool = False,
 ):
     """This rank's stage of the model (parallel state must be initialised), on the GPU when ``facts`` (default:
     this machine) has CUDA. Weights are random until loaded. A mixture of experts takes the expert layout of the
-    parallel state, ``moe_aux_loss_coeff`` and ``moe_router_dtype`` (``models.megatron_config.moe_config``); its
-    routers normalise the load-balancing loss through ``model.load_balancing`` (``learner/moe_aux_loss.py``)."""
+    parallel state, ``moe_aux_loss_coeff``, ``moe_router_dtype``, the experts' kernels ``moe_experts``
+    (``resolve_expert_kernels``) and ``moe_routing_replay`` (``models.megatron_config.moe_config``); its routers normalise the load-balancing loss through ``model.load_balancing`` (``learner/moe_aux_loss.py``)."""
     from megatron.core import parallel_state as ps
 
     facts = resolve(facts)
+    spec = resolve_layer_spec(spec, facts)
     tp = ps.get_tensor_model_parallel_world_size()
     pp = ps.get_pipeline_model_parallel_world_size()
     moe = None
     if arch.moe is not None:
         moe = dict(expert_parallel_size=ps.get_expert_model_parallel_world_size(),
                    expert_tensor_parallel_size=ps.get_expert_tensor_parallel_world_size(),
-                   aux_loss_coeff=moe_aux_loss_coeff, router_dtype=moe_router_dtype)
+                   aux_loss_coeff=moe_aux_loss_coeff, router_dtype=moe_router_dtype,
+                   grouped_gemm=resolve_expert_kernels(moe_experts, spec) == "grouped",
+                   routing_replay=moe_routing_replay)
     config = transformer_config(
         arch, tensor_parallel_size=tp, pipeline_parallel_size=pp, params_dtype=params_dtype, overrides=overrides,
         cuda=facts.cuda, moe=moe,
@@ -208,6 +232,16 @@ def build_stage_model(
     if facts.cuda:
         model.cuda(torch.cuda.current_device())
     return model
+
+
+def expert_module_name(model) -> str | None:
+    """The class of this stage's routed experts (``TEGroupedMLP``, ``SequentialMLP``, ...); None for a dense model
+    (or a stage without MoE layers)."""
+    for layer in unwrap(model).decoder.layers:
+        experts = getattr(layer.mlp, "experts", None)
+        if experts is not None:
+            return type(experts).__name__
+    return None
 
 
 def expert_offset(model) -> int:

@@ -119,7 +119,7 @@ def train_step(learner, batch: TrainBatch) -> dict[str, float]:
     model.zero_grad_buffer()
     optimizer.zero_grad()
     outputs = run_schedule(model, mbs, head, forward_only=False, use_thd=learner.use_thd,
-                           routed=learner.arch.is_moe)
+                           routed=learner.arch.is_moe, before_forward=learner.replayer)
     local_loss = torch.zeros((), dtype=torch.float64)
     for m in outputs:
         local_loss += float(m["loss/total"])

@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--budgets: {err}") from None
     json_path, png_path = output_paths(args, cfg, budgets)
     # every bad option or file is one line before any model loads; the study rolls out, it does not evaluate
-    plan = preflight(cfg, D.env_world_size(), lengths=("rollout",))
+    plan = preflight(cfg, D.env_world_size(), lengths=("rollout",), training=False)  # bf16 learner on CPU: log-probs
     correction, note = rejecting_correction(cfg.correction)
     console = Console(soft_wrap=True)
     main = D.env_rank() == 0

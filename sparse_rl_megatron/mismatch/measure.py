@@ -11,7 +11,9 @@ of the engine with that row's compression (same weights, same sampler seed for e
 rank recomputes pi_old and runs ``prepare_correction``; rank 0 keeps the row's statistics. Under torchrun the
 other ranks take part in the learner's collectives, as in training. For a mixture of experts rank 0 also splits
 each compressed row's rho tail into what the attention and what the routing change cause (``routing.py``), on an
-HF reference engine loaded from the same weights.
+HF reference engine loaded from the same weights; and, when the engine records the sampler's routes (the HF engine
+always does here), every rank recomputes pi_old replaying them and reads the learner's own routes back, so rank 0
+reports the engine-vs-learner routing flips and the rho tail with routing replay (``routing.replay_split``).
 """
 from __future__ import annotations
 
@@ -69,7 +71,8 @@ def measure(cfg: "TrainConfig", plan: "RunPlan", rows: list[tuple[str, "Compress
         spec = ENGINES.get(cfg.rollout.engine)
         engine = reward = records = None
         if D.is_main():
-            engine = spec.make(cfg.rollout.engine_build(hf_dir, show_progress=cfg.log.progress))
+            engine = spec.make(cfg.rollout.engine_build(hf_dir, show_progress=cfg.log.progress,
+                                                        record_routing=learner.arch.is_moe))
             stack.callback(engine.shutdown)
             reward = stack.enter_context(make_reward(cfg, plan))
             records = PromptOrder(plan.train_data.records, cfg.seed, cfg.data.shuffle).take(
@@ -92,8 +95,16 @@ def measure(cfg: "TrainConfig", plan: "RunPlan", rows: list[tuple[str, "Compress
                 batch = rollout_step(learner=learner, pool=pool, records=records, template=plan.template,
                                      n=cfg.rollout.samples_per_prompt, sampling=cfg.rollout.sampling,
                                      correction=correction, seed=cfg.seed, step=STUDY_STEP)
+            replay = _replay_inputs(learner, batch) if learner.arch.is_moe else None  # collective
             if D.is_main():
                 row = row_result(label, compression, batch)
+                if replay is not None:
+                    from sparse_rl_megatron.algo.hooks import pad
+                    from sparse_rl_megatron.mismatch.routing import replay_split
+
+                    sampler, _ = pad([s.sampler_logprobs for s in batch.samples])
+                    row.stats.update(replay_split(batch.samples, replay[0], replay[1], sampler,
+                                                  batch.prepared.response_mask))
                 if oracle is not None and not compression.is_dense:
                     from sparse_rl_megatron.mismatch.routing import routing_split
 
@@ -103,6 +114,18 @@ def measure(cfg: "TrainConfig", plan: "RunPlan", rows: list[tuple[str, "Compress
                                                    correction.veto_threshold))
                 out.rows.append(row)
         return out
+
+
+def _replay_inputs(learner, batch):
+    """``(the learner's own routes, pi_old replaying the sampler's routes)`` of a row whose samples carry routes (None
+    otherwise: every rank sees the same samples, so every rank decides alike). Collective."""
+    from sparse_rl_megatron.learner.batch import SequenceBatch
+
+    if any(s.routed_experts is None for s in batch.samples):
+        return None
+    seqs = batch.sequences
+    replayed = SequenceBatch(seqs.prompts, seqs.responses, [s.routed_experts for s in batch.samples])
+    return learner.routes(seqs), learner.logprobs(replayed, width=batch.prepared.old_log_probs.shape[1])
 
 
 def _serve_learner_weights(cfg: "TrainConfig", learner, engine, push: bool) -> float | None:

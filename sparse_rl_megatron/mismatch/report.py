@@ -56,6 +56,16 @@ MOE_COLUMNS: tuple[tuple[str, str, str], ...] = (
 """Added for a mixture of experts (``mismatch/routing.py``): the share of (token, layer) routings the compressed
 cache changes, and the contamination and rho p1 with the sampler routed as the dense model routes (the attention's
 share of the tail; the rest of ``contaminated seq`` is the routing's). Blank in the dense row."""
+REPLAY_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("flips vs learner", "moe/learner_flip_frac", ".4f"),
+    ("tok flips vs learner", "moe/learner_token_flip_frac", ".3f"),
+    ("contaminated, replay", "moe/contaminated_frac_replay", ".3f"),
+    ("p1, replay", "moe/rho_p1_replay", ".3g"),
+    ("max |log rho|, replay", "moe/log_rho_abs_max_replay", ".2g"),
+)
+"""Added for a mixture of experts whose engine recorded the sampler's routes (``routing.replay_split``), every row:
+the share of (fed token, layer) routings, and of fed tokens, where the sampler and the learner's dense recompute
+pick different experts (the dense row: precision and kernels alone), and the tail with routing replay."""
 
 
 def _finite(value: Any) -> Any:
@@ -92,8 +102,9 @@ def build_table(document: dict[str, Any]):
     table = Table(title=f"rho = pi_old / pi_sparse on {meta['prompts']} prompts x {meta['samples_per_prompt']} "
                         f"samples, sampler seed {meta['sampler_seed']}", title_justify="left")
     columns = COLUMNS
-    if any(key in row["stats"] for row in document["rows"] for _, key, _ in MOE_COLUMNS):
-        columns += MOE_COLUMNS
+    for extra in (MOE_COLUMNS, REPLAY_COLUMNS):
+        if any(key in row["stats"] for row in document["rows"] for _, key, _ in extra):
+            columns += extra
     table.add_column("KV cache", no_wrap=True)
     for header, _, _ in columns:
         table.add_column(header, justify="right")

@@ -24,6 +24,19 @@ Statistics (``moe/*``; rho against the learner's dense recompute, as the correct
 
 With the SGLang engine the replays run on the HF oracle (the same weights): the split is the oracle's, which the
 SGLang engine is checked against (``tests/sglang``).
+
+Every row, dense included, when the engine recorded the sampler's routes (the HF engine; ``replay_split``): the
+engine against the learner, i.e. what precision and kernels add (the sampler bf16, the learner bf16: near-tied top-k
+choices break differently), and what routing replay (``learner.moe.routing_replay``, R3) does to the tail:
+
+==================================  ============================================================================
+``moe/learner_flip_frac``           (fed response token, layer) pairs whose top-k set differs between the sampler's
+                                    recorded routes and the learner's own dense routing (as ``routing_flip_frac``)
+``moe/learner_token_flip_frac``     fed response tokens with a different top-k set in at least one layer
+``moe/learner_prompt_flip_frac``    (prompt token, layer) pairs likewise (prefill: never compressed)
+``moe/contaminated_frac_replay``    ``sparse/contaminated_frac`` with pi_old recomputed on the sampler's routes
+``moe/rho_p1_replay``, ``moe/rho_min_replay``, ``moe/log_rho_abs_max_replay``  the rho tail with replay
+==================================  ============================================================================
 """
 from __future__ import annotations
 
@@ -42,6 +55,8 @@ if TYPE_CHECKING:
     from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
     from sparse_rl_megatron.rollout.sample import Sample
 
+REPLAY_KEYS = ("moe/learner_flip_frac", "moe/learner_token_flip_frac", "moe/learner_prompt_flip_frac", "moe/contaminated_frac_replay",
+               "moe/rho_p1_replay", "moe/rho_min_replay", "moe/log_rho_abs_max_replay")
 ROUTING_KEYS = ("moe/routing_flip_frac", "moe/token_flip_frac", "moe/contaminated_frac_dense_routing",
                 "moe/routing_contamination", "moe/rho_p1_dense_routing", "moe/rho_min_dense_routing",
                 "moe/would_veto_frac_dense_routing", "moe/replay_max_abs_diff")
@@ -94,4 +109,36 @@ def routing_split(oracle: "HFRolloutEngine", samples: Sequence["Sample"], compre
         "moe/would_veto_frac_dense_routing": float((would_veto(log_rho, mask, veto_threshold) & has).sum()) / n_seq,
         "moe/replay_max_abs_diff": max((float((samples[i].sampler_logprobs - o.sampler_logprobs).abs().max())
                                         for i, o in zip(rows, own)), default=0.0),
+    }
+
+
+def replay_split(samples: Sequence["Sample"], learner_routes: Sequence[torch.Tensor], replayed_log_probs: torch.Tensor,
+                 sampler_log_probs: torch.Tensor, response_mask: torch.Tensor) -> dict[str, float]:
+    """The engine-vs-learner statistics of the module docstring for one row.
+
+    Args:
+        samples: the row's samples, each with the sampler's ``routed_experts``.
+        learner_routes: per sample the learner's own experts of the same fed tokens (``Learner.routes``).
+        replayed_log_probs, sampler_log_probs, response_mask: ``[B, T]`` the learner's recompute replaying the
+            sampler's routes, the sampler's log-probs, the response mask.
+    """
+    every = [routing_flips(s.routed_experts.long(), mine.long()) for s, mine in zip(samples, learner_routes)]
+    flips = [f[len(s.prompt_ids):] for s, f in zip(samples, every)]  # [R - 1, layers] per sample
+    prompt = [f[:len(s.prompt_ids)] for s, f in zip(samples, every)]
+    pairs = sum(f.numel() for f in flips)
+    fed = sum(f.shape[0] for f in flips)
+    mask = response_mask.to(torch.bool)
+    log_rho = sparsity_log_ratio(replayed_log_probs, sampler_log_probs, mask)
+    has = mask.any(dim=-1)
+    n_seq = max(int(has.sum()), 1)
+    tail = rho_summary(log_rho, mask)
+    return {
+        "moe/learner_flip_frac": sum(int(f.sum()) for f in flips) / pairs if pairs else 0.0,
+        "moe/learner_token_flip_frac": sum(int(f.any(dim=-1).sum()) for f in flips) / fed if fed else 0.0,
+        "moe/learner_prompt_flip_frac": sum(int(f.sum()) for f in prompt) / max(sum(f.numel() for f in prompt), 1),
+        "moe/contaminated_frac_replay": float((sequence_veto(log_rho, mask, CONTAMINATION_THRESHOLD) & has).sum())
+        / n_seq,
+        "moe/rho_p1_replay": tail["rho/p1"],
+        "moe/rho_min_replay": tail["rho/min"],
+        "moe/log_rho_abs_max_replay": tail["log_rho/abs_max"],
     }

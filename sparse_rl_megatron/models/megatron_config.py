@@ -7,7 +7,8 @@ adds a per-head RMSNorm of q and k (``qk_layernorm``; the layer spec must be bui
 Mixtures of experts (``ModelArch.moe``) get megatron-core's MoE layer in every layer (``moe_config``): a softmax
 top-k router (renormalised top-k = softmax over the k selected logits, ``moe_router_pre_softmax=False``;
 not renormalised = top-k of the full softmax, ``True``), SwiGLU experts of ``moe_ffn_hidden_size``, Qwen2-MoE's
-sigmoid-gated shared expert, the ``alltoall`` token dispatcher, no capacity limit (no token is ever dropped, so a
+sigmoid-gated shared expert, the experts' kernels of ``moe_kernel_settings`` (Transformer Engine's grouped GEMM on a
+GPU with TE, one GEMM per local expert otherwise), the ``alltoall`` token dispatcher, no capacity limit (no token is ever dropped, so a
 token's output does not depend on the other tokens of its batch), the Switch load-balancing loss.
 """
 from __future__ import annotations
@@ -73,9 +74,35 @@ def fusion_settings(cuda: bool) -> dict[str, bool]:
 _ROUTER_DTYPES = {"params": None, "fp32": "fp32"}
 
 
+# the fused permutation kernels megatron-core's token dispatcher calls when moe_permute_fusion is on (TE >= 2.1)
+_PERMUTE_KERNELS = ("fused_permute", "fused_permute_with_probs", "fused_sort_chunks_by_index",
+                    "fused_sort_chunks_by_index_with_probs", "fused_unpermute")
+
+
+def moe_kernel_settings(grouped_gemm: bool) -> dict[str, bool]:
+    """megatron-core's MoE kernel switches for the experts' path (``learner.model_provider.resolve_expert_kernels``):
+
+    - ``moe_grouped_gemm``: ``grouped_gemm`` (True: Transformer Engine's ``TEGroupedMLP``, all local experts in one
+      grouped GEMM per matrix; False: ``SequentialMLP``, one GEMM per local expert after the other).
+    - ``moe_permute_fusion``: with grouped GEMM, on when megatron-core found TE's fused permutation kernels (its own
+      import flags; it refuses the switch otherwise); the token order, and so every result, is the unfused one's.
+    - ``moe_router_fusion``: off. TE's fused top-k computes the routing without megatron-core's ``RouterReplay``
+      hook (``learner.moe.routing_replay`` would be ignored) and has not been compared with the engines' routers.
+    """
+    permute = False
+    if grouped_gemm:
+        from megatron.core.transformer.moe import moe_utils
+
+        permute = bool(moe_utils.HAVE_TE) and all(getattr(moe_utils, k, None) is not None for k in _PERMUTE_KERNELS)
+    return dict(moe_grouped_gemm=bool(grouped_gemm), moe_permute_fusion=permute, moe_router_fusion=False)
+
+
 def moe_config(arch: ModelArch, *, expert_parallel_size: int = 1, expert_tensor_parallel_size: int = 1,
-               aux_loss_coeff: float = 0.0, router_dtype: str = "params") -> dict[str, Any]:
-    """The ``TransformerConfig`` fields of ``arch``'s mixture of experts (empty for a dense model)."""
+               aux_loss_coeff: float = 0.0, router_dtype: str = "params", grouped_gemm: bool = False,
+               routing_replay: bool = False) -> dict[str, Any]:
+    """The ``TransformerConfig`` fields of ``arch``'s mixture of experts (empty for a dense model). ``grouped_gemm``:
+    the experts' kernels (``moe_kernel_settings``); ``routing_replay``: every router gets megatron-core's
+    ``RouterReplay`` (``learner/routing_replay.py`` feeds it the sampler's experts)."""
     if arch.moe is None:
         return {}
     arch.check_expert_parallel(expert_parallel_size, expert_tensor_parallel_size)
@@ -96,10 +123,11 @@ def moe_config(arch: ModelArch, *, expert_parallel_size: int = 1, expert_tensor_
         moe_router_load_balancing_type="aux_loss",
         moe_aux_loss_coeff=float(aux_loss_coeff),
         moe_router_dtype=_ROUTER_DTYPES[router_dtype],
-        moe_grouped_gemm=False,
         moe_token_dispatcher_type="alltoall",
+        moe_enable_routing_replay=bool(routing_replay),
         expert_model_parallel_size=expert_parallel_size,
         expert_tensor_parallel_size=expert_tensor_parallel_size,
+        **moe_kernel_settings(grouped_gemm),
     )
     if moe.has_shared_expert:
         fields.update(moe_shared_expert_intermediate_size=moe.shared_expert_ffn_hidden_size,

@@ -107,14 +107,15 @@ class RolloutConfig:
         return dataclasses.replace(self, sglang=dataclasses.replace(self.sglang, random_seed=seed))
 
     def engine_build(self, model_dir: str, *, show_progress: bool = False, slot: "EngineSlot | None" = None,
-                     run_seed: int | None = None) -> EngineBuild:
+                     run_seed: int | None = None, record_routing: bool = False) -> EngineBuild:
         """What an engine of this rollout section is built from (``rollout/engines.py``), the run-owned fields
         filled in here and nowhere else: the model the run exported for the engine (``model_dir``); with
         ``run_seed``, an ``sglang`` engine's unset ``random_seed`` (``for_run``); with ``slot``, the engine's place
         in the run's layout (``rollout/layout.py``: its first GPU, its server URL) and, for ``sglang``, its
         ``random_seed`` offset by the engine's index (SGLang samples from its scheduler's RNG, ignoring per-request
         seeds with the sparse_kv backend: engines with the same seed would draw the same numbers for their
-        different groups). Without ``slot``: one engine on every server of ``sglang.urls``, from GPU 0."""
+        different groups). Without ``slot``: one engine on every server of ``sglang.urls``, from GPU 0.
+        ``record_routing``: the engine records the sampler's routes (the run's ``learner.moe.routing_replay``)."""
         rollout = self if run_seed is None else self.for_run(run_seed)
         sglang = None
         if self.engine == "sglang":
@@ -126,7 +127,7 @@ class RolloutConfig:
                 sglang = dataclasses.replace(sglang, random_seed=(sglang.random_seed or 0) + slot.index)
         return EngineBuild(model_dir=model_dir, compression=self.compression, dtype=self.dtype,
                            max_batch_size=self.max_batch_size, show_progress=show_progress, sglang=sglang,
-                           options=dict(self.engine_options))
+                           options=dict(self.engine_options), record_routing=record_routing)
 
     @property
     def batch_size(self) -> int:

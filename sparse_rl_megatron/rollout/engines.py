@@ -50,6 +50,9 @@ class EngineBuild:
     """A progress bar while sampling (``hf``)."""
     tokenizer: str | None = None
     """A directory to load the tokenizer from; None: the model directory's (``hf``)."""
+    record_routing: bool = False
+    """Record every sample's routed experts (``Sample.routed_experts``) for the learner's routing replay
+    (``learner.moe.routing_replay``; ``hf``, mixtures of experts)."""
     sglang: "SGLangEngineConfig | None" = None
     """The full config of an ``sglang`` engine (placement, servers, weight sync, run-owned fields filled in)."""
     options: dict[str, Any] = field(default_factory=dict)
@@ -100,7 +103,7 @@ def _hf(build: EngineBuild) -> "RolloutEngine":
     no_plugin_options("hf", build)
     return HFRolloutEngine(build.model_dir, tokenizer=build.tokenizer, compression=build.compression,
                            dtype=getattr(torch, build.dtype), max_batch_size=build.max_batch_size,
-                           show_progress=build.show_progress)
+                           show_progress=build.show_progress, record_routing=build.record_routing)
 
 
 def _sglang(build: EngineBuild) -> "RolloutEngine":

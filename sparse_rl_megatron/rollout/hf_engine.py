@@ -21,7 +21,7 @@ from sparse_rl_megatron.rollout.engine import (
 from sparse_rl_megatron.rollout.hf_forward import HFDecoder
 from sparse_rl_megatron.rollout.centers import load_centers
 from sparse_rl_megatron.rollout.kv_cache import CompressedKVCache, align_keys
-from sparse_rl_megatron.rollout.sample import CompressionInfo, Sample
+from sparse_rl_megatron.rollout.sample import ROUTE_DTYPE, CompressionInfo, Sample
 from sparse_rl_megatron.rollout.sampling import draw_uniforms, sample_tokens
 from sparse_rl_megatron.rollout.stopping import StopChecker
 from sparse_rl_megatron.rollout.weights import copy_named_tensors, iter_pairs, read_hf_safetensors
@@ -44,11 +44,14 @@ class HFRolloutEngine:
         max_batch_size: most sequences decoded together.
         show_progress: a tqdm bar per chunk of rows.
         weight_version: version of the loaded weights, stamped on every sample.
+        record_routing: mixtures of experts: ``generate`` records every sample's routes (``Sample.routed_experts``:
+            the experts each prompt token went to at prefill and each fed response token at decode, under the
+            sample's own compressed cache) for routing replay in the learner.
     """
 
     def __init__(self, model, tokenizer=None, *, compression: CompressionConfig | None = None,
                  dtype: torch.dtype = torch.float32, max_batch_size: int = 64, show_progress: bool = True,
-                 weight_version: int = 0):
+                 weight_version: int = 0, record_routing: bool = False):
         if max_batch_size < 1:
             raise ValueError(f"HFRolloutEngine.max_batch_size must be >= 1; got {max_batch_size}")
         if isinstance(model, (str, os.PathLike)):
@@ -73,6 +76,7 @@ class HFRolloutEngine:
         self.show_progress = show_progress
         self.weight_version = weight_version
         self.decoder = HFDecoder(self.model)
+        self.record_routing = bool(record_routing) and self.decoder.moe
         self._released: set[str] = set()  # ENGINE_MEMORY_PARTS not resumed since release_memory
         self._newline_ids: torch.Tensor | None = None
 
@@ -151,7 +155,7 @@ batched with other rows may get other BLAS kernels; see ``kv_cache.KEY_ALIGN``).
         """An engine on the same model (same live weights) sampling with another KV compression."""
         return HFRolloutEngine(self.model, self.tokenizer, compression=compression, dtype=self.dtype,
                                max_batch_size=self.max_batch_size, show_progress=self.show_progress,
-                               weight_version=self.weight_version)
+                               weight_version=self.weight_version, record_routing=self.record_routing)
 
     @torch.no_grad()
     def dense_logprobs(self, prompts: Sequence[Sequence[int]],
@@ -201,6 +205,8 @@ batched with other rows may get other BLAS kernels; see ``kv_cache.KEY_ALIGN``).
         when it was fed (it decides the log-prob of token j + 1; token 0's comes from the prompt, never
         compressed); ``routing`` (one such tensor per pair) replays those experts instead of the router's choice,
         with the router's own weights at them: e.g. a compressed replay routed as the dense model routes.
+        ``Sample.routed_experts`` holds the prompt's experts at prefill followed by ``metadata["routing"]``: the
+        routes the learner replays to compute these log-probs (``learner.moe.routing_replay``).
         """
         self._check_resumed("teacher_forced")
         if len(prompts) != len(responses):
@@ -312,6 +318,8 @@ batched with other rows may get other BLAS kernels; see ``kv_cache.KEY_ALIGN``).
 
         cache = self._new_cache(len(groups), capacity, config)
         logits = self.decoder.prefill(padded, lens, cache)
+        record = self.decoder.moe and (self.record_routing or isinstance(picker, _Forced))
+        prompt_routes = self.decoder.prefill_routing.to("cpu", ROUTE_DTYPE) if record else None  # [G, P, L, k]
         cache.maybe_compress_after_prefill()
         expand = torch.tensor([groups.index(g) for g, _ in chunk], device=device)
         cache.select_rows(expand)
@@ -322,6 +330,7 @@ batched with other rows may get other BLAS kernels; see ``kv_cache.KEY_ALIGN``).
         lp_scaled: list[list[float]] = [[] for _ in chunk]
         reasons: list[str | None] = [None] * len(chunk)
         stats: dict[int, tuple[int, int, str | None]] = {}
+        fed_routes: list[list[torch.Tensor]] = [[] for _ in chunk]  # per chunk row: [L, k] per fed response token
         active = list(range(len(chunk)))       # chunk index of every cache row, in row order
         finished = [False] * len(active)      # finished rows stay in the batch until the next compaction
         newline = self._newline_mask().to(device) if config.trigger_on_newline and schedule.enabled else None
@@ -352,11 +361,22 @@ batched with other rows may get other BLAS kernels; see ``kv_cache.KEY_ALIGN``).
                     finished = [False] * len(active)
                 logits = self.decoder.decode(tok, cache, picker.forced_routing(active, step))
                 picker.record(active, step, self.decoder.last_routing)
+                if record:  # a row whose last token was just picked is fed too; that token routes nothing scored
+                    step_routes = self.decoder.last_routing.to("cpu", ROUTE_DTYPE)
+                    for row, c in enumerate(active):
+                        if not finished[row]:
+                            fed_routes[c].append(step_routes[row])
                 cache.maybe_compress_after_decode(None if newline is None else newline[tok])
                 if self.show_progress:
                     bar.set_postfix(running=len(active) - sum(finished), kv=int(cache.lens.max()))
-        return [self._make_sample(prompt_ids[g], prompts[g], g, i, tokens[c], lp[c], lp_scaled[c], reasons[c],
-                                  stats[c], config) for c, (g, i) in enumerate(chunk)]
+        samples = [self._make_sample(prompt_ids[g], prompts[g], g, i, tokens[c], lp[c], lp_scaled[c], reasons[c],
+                                     stats[c], config) for c, (g, i) in enumerate(chunk)]
+        if record:
+            for c, (g, _) in enumerate(chunk):
+                prompt = prompt_routes[groups.index(g), :len(prompt_ids[g])]
+                fed = fed_routes[c][:max(len(tokens[c]) - 1, 0)]
+                samples[c].routed_experts = torch.cat([prompt, torch.stack(fed)]) if fed else prompt.clone()
+        return samples
 
     @staticmethod
     def _row_stats(cache: CompressedKVCache, row: int) -> tuple[int, int, str | None]:

@@ -14,7 +14,8 @@ Mixtures of experts: the MLP is routed here (the model's router weight, softmax,
 config's ``norm_topk_prob`` says so, as transformers does), then the model's own experts (and Qwen2-MoE's gated
 shared expert) run. A decode step may *replay* given experts instead of the top-k (``forced_routing``: the
 routing weights are then the softmax's at those experts), and the experts each decode step chose are kept
-(``last_routing``): ``HFRolloutEngine.teacher_forced`` uses both to measure what routing adds to the mismatch.
+(``last_routing``, and ``prefill_routing`` for every prompt token): ``HFRolloutEngine.teacher_forced`` uses both to
+measure what routing adds to the mismatch, and ``generate`` records the sampler's routes for routing replay.
 """
 from __future__ import annotations
 
@@ -83,6 +84,9 @@ class HFDecoder:
         self.last_routing: torch.Tensor | None = None
         """After a decode step of a mixture of experts: ``[R, layers, top_k]`` long, the experts each row's token
         went to in every layer (the forced ones when replayed); None for a dense model."""
+        self.prefill_routing: torch.Tensor | None = None
+        """After a prefill of a mixture of experts: ``[R, P, layers, top_k]`` long, the experts every (padded) prompt
+        position went to in every layer; None for a dense model."""
 
     @property
     def num_layers(self) -> int:
@@ -141,13 +145,15 @@ class HFDecoder:
         mask = (causal[None] & valid[:, None, :])[:, None]                             # [R, 1, P, P]
         x = self.body.embed_tokens(input_ids)
         cos, sin = self.body.rotary_emb(x, positions)
+        chosen: list[torch.Tensor] = []
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             q, k, v = self._qkv(attn, layer.input_layernorm(x), cos, sin)
             cache.prefill_write(i, k, v, q, valid)
             x = x + _rows(attn.o_proj, self._attend(q, k, v, mask))
-            x = x + self._mlp(layer, layer.post_attention_layernorm(x), None, [])
+            x = x + self._mlp(layer, layer.post_attention_layernorm(x), None, chosen)
         cache.finish_prefill(prompt_lens)
+        self.prefill_routing = torch.stack(chosen, dim=1).view(rows, p, len(chosen), -1) if chosen else None
         last = x[torch.arange(rows, device=device), prompt_lens - 1]
         return self._logits(last)
 

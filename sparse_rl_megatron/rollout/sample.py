@@ -37,6 +37,10 @@ class CompressionInfo:
         return dataclasses.asdict(self)
 
 
+ROUTE_DTYPE = torch.int16
+"""Recorded expert ids (``Sample.routed_experts``): 2 bytes per (token, layer, k); experts < 32768."""
+
+
 @dataclass
 class Sample:
     """One generated response to one prompt, with everything the learner and the logs need.
@@ -67,6 +71,11 @@ class Sample:
     """``correct`` | ``wrong`` | ``no_answer`` | ``timeout`` | ``parse_error``."""
     metadata: dict[str, Any] = field(default_factory=dict)
     """Anything the data source attaches (gold answer, dataset name, source id)."""
+    routed_experts: torch.Tensor | None = None
+    """Mixtures of experts, when the engine records routes (routing replay, ``learner.moe.routing_replay``):
+    ``[P + R - 1, layers, top_k]`` int16, the experts every fed token went to in every layer as the sampler computed
+    it (the prompt's P tokens at prefill, then the first R - 1 response tokens at decode, under the sampler's
+    compressed cache); slime's ``rollout_routed_experts``. None otherwise."""
 
     def __post_init__(self) -> None:
         if len(self.sampler_logprobs) != len(self.response_ids):
@@ -74,6 +83,10 @@ class Sample:
                 f"Sample.sampler_logprobs has {len(self.sampler_logprobs)} entries but response_ids has "
                 f"{len(self.response_ids)}; they must match one log-prob per response token"
             )
+        fed = len(self.prompt_ids) + max(len(self.response_ids) - 1, 0)
+        if self.routed_experts is not None and (self.routed_experts.dim() != 3 or len(self.routed_experts) != fed):
+            raise ValueError(f"Sample.routed_experts has shape {list(self.routed_experts.shape)}; need "
+                             f"[{fed}, layers, top_k] (prompt + response - 1 fed tokens)")
 
     @property
     def response_length(self) -> int:
@@ -86,6 +99,7 @@ class Sample:
             value = getattr(self, key)
             out[key] = None if value is None else [float(x) for x in value]
         out["compression"] = self.compression.to_dict()
+        out["routed_experts"] = None if self.routed_experts is None else self.routed_experts.tolist()
         return out
 
     @classmethod
@@ -95,4 +109,6 @@ class Sample:
         for key in ("sampler_logprobs", "sampler_logprobs_scaled"):
             if data.get(key) is not None:
                 data[key] = torch.tensor(data[key], dtype=torch.float32)
+        if data.get("routed_experts") is not None:
+            data["routed_experts"] = torch.tensor(data["routed_experts"], dtype=ROUTE_DTYPE)
         return cls(**data)

@@ -307,6 +307,13 @@ class TrainConfig:
                 f"rollout.prompts_per_step x rollout.samples_per_prompt = {rollout_batch}")
         self.learner.optim.for_run(self.total_optimizer_steps)  # a decay shorter than the run: one line
         self._check_eval_modes()
+        if self.learner.moe.routing_replay and self.rollout.engine != "hf":
+            raise ValueError(
+                f"learner.moe.routing_replay=true with rollout.engine='{self.rollout.engine}': only the hf engine "
+                "records the sampler's experts (at decode time, compressed requests included); SGLang's "
+                "return_routed_experts reads a request's experts back through its req_to_token row, which the "
+                "sparse_kv plugin rewrites for compressed requests, and the sglang engine does not ask for them; "
+                "valid: rollout.engine=hf, or routing_replay=false")
         if (self.rollout.samples_per_prompt == 1
                 and self.correction.advantage_estimator not in SINGLE_SAMPLE_ESTIMATORS):
             raise ValueError(

@@ -36,7 +36,9 @@ def optimizer_steps(learner, batch: "RolloutBatch", num_steps: int, progress: bo
             empty += 1
             lr = learner.advance_schedule()
         else:
-            seqs = SequenceBatch([batch.sequences.prompts[r] for r in rows], [batch.sequences.responses[r] for r in rows])
+            routes = batch.sequences.routes
+            seqs = SequenceBatch([batch.sequences.prompts[r] for r in rows], [batch.sequences.responses[r] for r in rows],
+                                 None if routes is None else [routes[r] for r in rows])
             ref = None if batch.ref_log_probs is None else batch.ref_log_probs[rows]
             per_step.append(learner.train_step(TrainBatch(seqs, prepared, ref)))
             lr = per_step[-1].get("train/lr", lr)

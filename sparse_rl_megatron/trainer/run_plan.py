@@ -222,10 +222,11 @@ def check_launch_layout(cfg: "TrainConfig", world_size: int, ranks_per_node: int
                         "correct the recipe's launch.layout")
 
 
-def check_learner_dtype(cfg: "TrainConfig", on_gpu: bool) -> None:
-    """Megatron's CPU path trains float32 parameters only (its DDP wrapper refuses CPU bf16/fp16 tensors)."""
+def check_learner_dtype(cfg: "TrainConfig", on_gpu: bool, training: bool = True) -> None:
+    """Megatron's CPU path trains float32 parameters only (its DDP wrapper refuses CPU bf16/fp16 tensors); a command
+    that only computes log-probs (``training`` False: ``sparse-rl mismatch``) runs a bfloat16 learner on CPU too."""
     dtype = cfg.learner.params_dtype
-    if not on_gpu and dtype in ("bfloat16", "float16"):
+    if not on_gpu and training and dtype in ("bfloat16", "float16"):
         raise UserError(f"learner.params_dtype={dtype} needs a GPU: this machine has no CUDA device, and the learner "
                         "on CPU takes float32 parameters only; set learner.params_dtype=float32 (or auto: bfloat16 "
                         "on GPUs, float32 on CPU)")
@@ -298,16 +299,16 @@ def check_context(cfg: "TrainConfig", hf_config: dict[str, Any] | None, template
 
 def preflight(cfg: "TrainConfig", world_size: int, ranks_per_node: int | None = None,
               on_gpu: bool | None = None, lengths: tuple[str, ...] = ("rollout", "eval"),
-              device_facts: DeviceFacts | None = None) -> RunPlan:
+              device_facts: DeviceFacts | None = None, training: bool = True) -> RunPlan:
     """Check ``cfg`` against files, registries, ``world_size`` and the rollout layout (``rollout_layout``); load
     the data. ``lengths``: whose lengths must fit the model's context (what the command runs: ``rollout``,
     ``eval``). ``device_facts``: this machine's (default: detected here, once for the run; kept in the plan);
-    ``on_gpu``: check the learner dtype and the rollout layout as on GPUs or not (default: ``device_facts.cuda``).
-    Raises ``UserError``."""
+    ``on_gpu``: check the learner dtype and the rollout layout as on GPUs or not (default: ``device_facts.cuda``);
+    ``training``: the command trains (False: log-probs only, a bfloat16 learner allowed on CPU). Raises ``UserError``."""
     device_facts = resolve(device_facts)
     if on_gpu is None:
         on_gpu = device_facts.cuda
-    check_learner_dtype(cfg, on_gpu)
+    check_learner_dtype(cfg, on_gpu, training)
     hf_config = check_model(cfg, world_size)
     check_offload_host_memory(cfg, hf_config, world_size, ranks_per_node, on_gpu)
     task = None

@@ -62,7 +62,16 @@ def prepare_batch(learner, samples: list["Sample"], correction: "CorrectionConfi
     """Every rank: dense old log-probs (and reference log-probs) of ``samples``, then the Sparse-RL correction
     on the whole batch. Collective (the learner's)."""
     t0 = time.perf_counter()
-    seqs = SequenceBatch.from_lists([s.prompt_ids for s in samples], [s.response_ids for s in samples])
+    routes = None
+    if getattr(learner, "routing_replay", False):  # R3: the recompute and the training forward take the sampler's experts
+        missing = sum(s.routed_experts is None for s in samples)
+        if missing:
+            raise ValueError(f"learner.moe.routing_replay=true but {missing} of {len(samples)} samples carry no "
+                             "routed experts (the engine did not record them); valid: rollout.engine=hf, or "
+                             "routing_replay=false")
+        routes = [s.routed_experts for s in samples]
+    seqs = SequenceBatch([torch.tensor(s.prompt_ids, dtype=torch.long) for s in samples],
+                         [torch.tensor(s.response_ids, dtype=torch.long) for s in samples], routes)
     old = learner.logprobs(seqs)  # [B, T]
     t1 = time.perf_counter()
     ref = ref_learner.logprobs(seqs) if ref_learner is not None else None

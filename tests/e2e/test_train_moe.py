@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 from test_train import RECIPE, SMALL, _comparable, _env, _flat, _model_state, _records, free_port
 
+from sparse_rl_megatron.mismatch.routing import REPLAY_KEYS
+
 MOE = ["plugins=[train_task_plugin]", "data.dataset=task:tiny_sums", "warm_start={}", "reward.name=parity",
        "learner.expert_parallel_size=2"]
 
@@ -92,7 +94,11 @@ def test_mismatch_splits_the_tail_into_attention_and_routing(tmp_path, shared_da
     header = next(line for line in out.stdout.splitlines() if "KV cache" in line)
     assert "routing flips" in header and "contaminated, dense routing" in header
     dense, compressed = json.loads((run_dir / "mismatch" / "rkv-B12.json").read_text())["rows"]
-    assert dense["stats"]["log_rho/abs_max"] < 1e-3 and not any(k.startswith("moe/") for k in dense["stats"])
+    assert dense["stats"]["log_rho/abs_max"] < 1e-3
+    # fp32: the sampler's recorded routes are the learner's own (no flip), so replaying them changes nothing
+    assert {k for k in dense["stats"] if k.startswith("moe/")} == set(REPLAY_KEYS)
+    assert dense["stats"]["moe/learner_flip_frac"] == dense["stats"]["moe/learner_prompt_flip_frac"] == 0
+    assert dense["stats"]["moe/log_rho_abs_max_replay"] < 1e-3
     stats = compressed["stats"]
     assert stats["rollout/compression_events_mean"] > 0
     assert 0 < stats["moe/routing_flip_frac"] <= stats["moe/token_flip_frac"] <= 1
@@ -101,6 +107,34 @@ def test_mismatch_splits_the_tail_into_attention_and_routing(tmp_path, shared_da
     assert stats["moe/routing_contamination"] == stats["sparse/contaminated_frac"] - stats[
         "moe/contaminated_frac_dense_routing"]
     assert 0 < stats["moe/rho_min_dense_routing"] <= stats["moe/rho_p1_dense_routing"]
+
+
+def test_mismatch_in_bf16_reports_routing_flips_and_replay(tmp_path, shared_data):
+    """Sampler and learner both in bf16 on CPU (the learner computes log-probs only): near-tied top-k choices break
+    differently in the two, and the study reports it for every row, dense included (``routing.replay_split``), with the
+    tail when the recompute replays the sampler's routes (R3): without compression replay leaves only the rounding."""
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "sparse_rl_megatron.cli", "mismatch", f"run_dir={run_dir}", "--budgets", "12",
+           "--prompts", "2", "--samples", "2", "--max-new-tokens", "16", "--model", "tiny-qwen3-moe", "--dataset",
+           "gsm8k_train", "--template", "qwen25_chat", "rollout.compression.scope=response",
+           "rollout.compression.window=2", "rollout.compression.buffer=4", "rollout.dtype=bfloat16",
+           "learner.params_dtype=bfloat16", "log.progress=false"]
+    out = subprocess.run(cmd, env=_env(shared_data), cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    header = next(line for line in out.stdout.splitlines() if "KV cache" in line)
+    assert "flips vs learner" in header and "max |log rho|, replay" in header
+    doc = json.loads((run_dir / "mismatch" / "rkv-B12.json").read_text())
+    assert "dtype=torch.bfloat16" in doc["meta"]["learner"] and doc["meta"]["engine_dtype"] == "bfloat16"
+    dense, compressed = doc["rows"]
+    for row in (dense, compressed):
+        stats = row["stats"]
+        assert all(0 <= stats[k] <= 1 for k in ("moe/learner_flip_frac", "moe/learner_token_flip_frac",
+                                                "moe/learner_prompt_flip_frac", "moe/contaminated_frac_replay"))
+        assert stats["moe/learner_flip_frac"] <= stats["moe/learner_token_flip_frac"]
+    d = dense["stats"]
+    assert d["moe/learner_prompt_flip_frac"] + d["moe/learner_flip_frac"] > 0  # bf16 routers disagree somewhere
+    assert d["moe/log_rho_abs_max_replay"] < d["log_rho/abs_max"]  # replay removes the flips' share of the tail
+    assert d["moe/log_rho_abs_max_replay"] < 0.5  # what is left: bf16 rounding of the same routing
 
 
 def test_qwen2_moe_trains_at_ep2_resumes_and_converts(tmp_path, shared_data):

@@ -13,8 +13,8 @@ import pytest
 from sglang_ext.config import SparseKVConfig
 from sparse_rl_megatron.eval.config import EvalConfig
 from sparse_rl_megatron.learner.batch import BATCH_LAYOUTS
-from sparse_rl_megatron.learner.config import BatchLayoutName, LayerSpecName
-from sparse_rl_megatron.learner.model_provider import LAYER_SPECS
+from sparse_rl_megatron.learner.config import BatchLayoutName, ExpertKernelsName, LayerSpecName
+from sparse_rl_megatron.learner.model_provider import EXPERT_KERNELS, LAYER_SPECS
 from sparse_rl_megatron.trainer.config import TrainConfig
 from sparse_rl_megatron.utils.config_io import ConfigError, from_dict
 
@@ -73,3 +73,4 @@ def test_a_choice_that_is_not_a_string_is_a_type_error_as_before():
 def test_closed_registries_and_their_literal_agree():
     assert sorted(typing.get_args(LayerSpecName)) == LAYER_SPECS.names()
     assert sorted(typing.get_args(BatchLayoutName)) == BATCH_LAYOUTS.names()
+    assert sorted(typing.get_args(ExpertKernelsName)) == EXPERT_KERNELS.names()

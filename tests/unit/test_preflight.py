@@ -168,6 +168,7 @@ def test_a_16_bit_learner_needs_a_gpu(tmp_path):
         preflight(cfg, 1, on_gpu=False)
     assert preflight(cfg, 1, on_gpu=True).train_data  # on GPUs it is the recipes' dtype
     preflight(_train_cfg(tmp_path, overrides=("learner.params_dtype=auto",)), 1, on_gpu=False)
+    assert preflight(cfg, 1, on_gpu=False, training=False).train_data  # log-probs only (sparse-rl mismatch): bf16 on CPU
 
 
 def test_the_expert_layout_is_checked_before_any_model_loads(tmp_path):

@@ -114,3 +114,28 @@ def test_routing_on_a_dense_model_is_refused(tok):
     assert "routing" not in engine.teacher_forced(PROMPTS[:1], [[5, 6]])[0].metadata
     with pytest.raises(ValueError, match="not a mixture of experts"):
         engine.teacher_forced(PROMPTS[:1], [[5, 6]], routing=[torch.zeros(1, 2, 2)])
+
+
+def test_generate_records_the_sampler_routes_at_prefill_and_decode(model, tok):
+    """``record_routing``: every sample carries the experts of its prompt (prefill, the router's top-k of a full
+    forward) and of its fed response tokens under its own compressed cache: what the oracle's compressed replay of the
+    same tokens routes (routing replay in the learner takes these)."""
+    engine = HFRolloutEngine(model, tok, show_progress=False, record_routing=True)
+    # a stop string ends rows at different steps (a finished row is still fed until the batch drops it)
+    samples = engine.generate(PROMPTS, 4, SamplingParams(temperature=1.0, max_new_tokens=30, seed=1, stop=["e"]),
+                              compression=RKV)
+    assert max(s.compression.events for s in samples) >= 2 and len({s.response_length for s in samples}) > 2
+    replay = engine.teacher_forced([s.prompt_ids for s in samples], [s.response_ids for s in samples], compression=RKV)
+    layers, k = model.config.num_hidden_layers, model.config.num_experts_per_tok
+    for s, r in zip(samples, replay):
+        p = len(s.prompt_ids)
+        assert s.routed_experts.shape == (p + s.response_length - 1, layers, k)
+        assert torch.equal(s.routed_experts[p:].long(), r.metadata["routing"])
+        assert torch.equal(s.routed_experts, r.routed_experts)
+        ids = torch.tensor([s.prompt_ids])
+        with torch.no_grad():
+            logits = model(input_ids=ids, output_router_logits=True).router_logits
+        prompt = torch.stack([torch.topk(g.float(), k, dim=-1).indices for g in logits], dim=1)  # [P, layers, k]
+        assert torch.equal(s.routed_experts[:p].long().sort(-1).values, prompt.sort(-1).values)
+    assert all(s.routed_experts is None for s in _engine(model, tok).generate(PROMPTS[:1], 1, SamplingParams(
+        max_new_tokens=4, seed=1)))  # not recorded unless asked

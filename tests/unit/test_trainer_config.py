@@ -321,3 +321,18 @@ def test_adaptive_budget_section_is_typed_and_checked():
         with pytest.raises(ConfigError, match=match):
             from_dict(TrainConfig, {"rollout": {"engine": engine, "compression": {**rkv, **compression},
                                                 "adaptive_budget": adaptive}})
+
+
+@pytest.mark.parametrize("data,message", [
+    ({"rollout": {"engine": "sglang"}, "learner": {"moe": {"routing_replay": True}}},
+     r"^learner.moe.routing_replay=true with rollout.engine='sglang': only the hf engine records .*valid: "
+     r"rollout.engine=hf, or routing_replay=false$"),
+    ({"learner": {"pipeline_parallel_size": 2, "megatron_overrides": {"recompute_granularity": "full"},
+                  "moe": {"routing_replay": True}}},
+     r"routing_replay=true with megatron_overrides.recompute_granularity at pipeline_parallel_size=2: .*valid: "
+     r"pipeline_parallel_size=1, no recompute_granularity, or routing_replay=false$"),
+])
+def test_routing_replay_is_refused_where_it_cannot_hold(data, message):
+    with pytest.raises(ConfigError, match=message):
+        from_dict(TrainConfig, data)
+    from_dict(TrainConfig, {"learner": {"moe": {"routing_replay": True}}})  # the hf engine at PP 1: accepted

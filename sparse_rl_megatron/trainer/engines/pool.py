@@ -107,7 +107,8 @@ class EnginePool:
             for slot in layout.slots_of(rank):
                 label = pool.label_of(slot)
                 engine = spec.make(cfg.rollout.engine_build(hf_dir, show_progress=cfg.log.progress and rank == 0,
-                                                             slot=slot, run_seed=cfg.seed))
+                                                             slot=slot, run_seed=cfg.seed,
+                                                             record_routing=cfg.learner.moe.routing_replay))
                 stack.callback(engine.shutdown)
                 pool.local.append(LocalEngine(slot, engine, EngineWorker(label), label))
             if pool.local:

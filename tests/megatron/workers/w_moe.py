@@ -131,6 +131,7 @@ def main() -> None:
                         moe_learner(ref, tp, pp, ep, etp)
                 state["lrn"] = moe_learner(ref, tp, pp, ep, etp, trainable=tp == 1)
                 assert (state["lrn"].layout.ep, state["lrn"].layout.etp) == (ep, etp)
+                assert " expert_mlp=SequentialMLP " in state["lrn"].describe()  # the CPU's experts (test_moe_kernels)
 
             def logprobs_agree(ref=ref):
                 C.check_logprobs(state["lrn"], ref)
