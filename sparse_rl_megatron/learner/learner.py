@@ -153,7 +153,7 @@ class Learner:
         """Put ``parts`` (None: every part ``config.offload`` names; a part the mode keeps stays) to sleep
         (``learner/offload.py``) while others use the device; returns the device bytes freed per part. Local (no
         collective); a no-op for ``offload: none``."""
-        return self._sleeper.sleep(self._part_tensors(), device(), parts)
+        return self._sleeper.sleep(self._part_tensors, device(), parts)
 
     def wake(self, parts: Iterable[str] | None = None) -> None:
         """Bring ``parts`` (None: every sleeping part) back, bit for bit (gradients as the zeros the next step

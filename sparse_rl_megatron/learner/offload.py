@@ -24,7 +24,7 @@ learner captures one (no CUDA graphs, no registered NCCL user buffers).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 
@@ -125,8 +125,8 @@ def _as_bytes(storage: torch.UntypedStorage) -> torch.Tensor:
 class Sleeper:
     """Puts parts of one learner to sleep and wakes them, within what its offload mode allows.
 
-    ``sleep(tensors, device, parts)`` takes ``part_tensors(...)`` as they are at that moment (Adam creates its moments
-    at the first step, so they are collected at each sleep) and moves the storages of ``parts`` (None: every part
+    ``sleep(collect, device, parts)`` calls ``collect()`` for ``part_tensors(...)`` as they are at that moment (Adam
+    creates its moments at the first step, so they are collected at each sleep that moves anything) and moves the storages of ``parts`` (None: every part
     of the mode) that are awake; ``wake(parts)`` restores exactly the storages those parts put to sleep. So the
     weights can be awake for a recompute or a weight push while the gradients and the optimizer state sleep."""
 
@@ -146,7 +146,7 @@ class Sleeper:
     def asleep(self) -> bool:
         return bool(self._asleep)
 
-    def sleep(self, tensors: dict[str, list[torch.Tensor]], device: torch.device,
+    def sleep(self, collect: Callable[[], dict[str, list[torch.Tensor]]], device: torch.device,
               parts: Iterable[str] | None = None) -> dict[str, int]:
         """Move every storage of ``parts`` (of the mode's; None: all of them) that is awake off ``device``. Returns
         the bytes freed per part."""
@@ -155,7 +155,7 @@ class Sleeper:
         freed = dict.fromkeys(OFFLOAD_PARTS, 0)
         if not todo:
             return freed
-        storages = part_storages(tensors, device)  # an asleep part's storages are empty: not reached again
+        storages = part_storages(collect(), device)  # an asleep part's storages are empty: not reached again
         cuda = device.type == "cuda"
         moved: dict[str, list[tuple[torch.UntypedStorage, int]]] = {}
         for part in todo:
@@ -189,11 +189,12 @@ class Sleeper:
             for storage, nbytes in self._asleep.pop(part):
                 storage.resize_(nbytes)
                 view = _as_bytes(storage)
-                cuda = cuda or storage.device.type == "cuda"
+                on_cuda = storage.device.type == "cuda"
+                cuda = cuda or on_cuda
                 if part == "gradients":
                     view.zero_()
                 else:
-                    view.copy_(self._host[_key(storage)], non_blocking=storage.device.type == "cuda")
+                    view.copy_(self._host[_key(storage)], non_blocking=on_cuda)
         if cuda:
             torch.cuda.synchronize()
 

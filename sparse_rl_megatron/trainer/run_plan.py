@@ -199,9 +199,9 @@ def check_offload_host_memory(cfg: "TrainConfig", hf_config: dict[str, Any] | No
     if available is None:
         return
     ranks = ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    need = {name: ranks * offload_host_bytes(cfg, hf_config, world_size, name, on_gpu) for name in OFFLOAD_MODES.names()}
-    if need[mode] <= available:
+    if ranks * offload_host_bytes(cfg, hf_config, world_size, mode, on_gpu) <= available:
         return
+    need = {name: ranks * offload_host_bytes(cfg, hf_config, world_size, name, on_gpu) for name in OFFLOAD_MODES.names()}
     gib = lambda b: f"{b / 2 ** 30:.1f} GiB"  # noqa: E731
     fits = [f"{name} ({gib(b)})" for name, b in sorted(need.items(), key=lambda kv: kv[1]) if b <= available]
     raise UserError(f"learner.offload={mode} keeps {gib(need[mode] // ranks)} per rank in host memory (its sleeping "

@@ -29,7 +29,7 @@ class EngineMemory(Protocol):
 Pool = TypeVar("Pool", bound=EngineMemory)
 
 
-class Sleeper(Protocol):
+class LearnerMemory(Protocol):
     """What of a learner a turn moves (``Learner``)."""
 
     @property
@@ -43,15 +43,15 @@ class Sleeper(Protocol):
 class DeviceTurns:
     """The turn the GPUs are in; ``enter(turn)`` moves the learners and the engines' memory to it."""
 
-    def __init__(self, policy: Sleeper | None, reference: Sleeper | None = None):
-        self.learners: list[tuple[Sleeper, str]] = [(lrn, role) for lrn, role in ((policy, "policy"),
+    def __init__(self, policy: LearnerMemory | None, reference: LearnerMemory | None = None):
+        self.learners: list[tuple[LearnerMemory, str]] = [(lrn, role) for lrn, role in ((policy, "policy"),
                                                                                   (reference, "reference"))
                                                     if lrn is not None]
         self.pool: EngineMemory | None = None
         self.turn: Turn = "train"  # built awake
-        self.engine_parts: set[str] = set()  # the engines' parts resumed (none before they exist)
-        self.weights_released = False
-        """The engines' weights were released since their last push: only ``sync`` may take them back."""
+        self.engine_parts: set[str] = set()
+        """The engines' parts resumed (none before they exist). Weights missing here were released since their last
+        push: only ``sync``, whose caller pushes them, may take them back."""
 
     def start_engines(self, start: Callable[[], Pool]) -> Pool:
         """Put the learners to sleep, then build the engines (``start()``): they hold the GPU from here on."""
@@ -69,7 +69,7 @@ class DeviceTurns:
             raise ValueError(f"DeviceTurns.enter: unknown turn {turn!r}; valid: {', '.join(TURNS)}")
         if turn == self.turn:
             return
-        if "weights" in needs.engines and "weights" not in self.engine_parts and self.weights_released \
+        if self.pool is not None and "weights" in needs.engines and "weights" not in self.engine_parts \
                 and turn != "sync":
             raise RuntimeError(f"DeviceTurns: the engines' weights were released for the learner; enter the sync "
                                f"turn and push the weights before the {turn} turn")
@@ -82,7 +82,6 @@ class DeviceTurns:
         if release and pool is not None:
             pool.release_memory(release)
             self.engine_parts -= set(release)
-            self.weights_released = self.weights_released or "weights" in release
         # take: learners' parts needed wake, engines' parts needed resume
         for learner, role in self.learners:
             keep = needs.policy if role == "policy" else needs.reference
@@ -91,6 +90,4 @@ class DeviceTurns:
         if resume and pool is not None:
             pool.resume_memory(resume)
             self.engine_parts |= set(resume)
-            if turn == "sync":
-                self.weights_released = False  # the caller pushes the learner's weights now
         self.turn = turn
