@@ -1,8 +1,8 @@
 """The architecture of a decoder-only LM, read from a Hugging Face ``config.json``, per family.
 
 ``ModelArch`` holds only what the Megatron model and the weight mapping need. Families are chosen by the
-config's ``model_type`` through a registry (``qwen2``, ``llama``, ``qwen3``, and the mixtures of experts
-``qwen3_moe``, ``qwen2_moe``); anything a family does not support (sliding windows, RoPE scaling other than
+config's ``model_type`` through their registry (``models.families``: each family's ``FamilySpec`` gives its decoder
+features and the config flags it refuses); anything a family does not support (sliding windows, RoPE scaling other than
 Llama 3's, another activation, Llama / Qwen3 MLP or attention bias, dense layers between MoE layers) is refused
 with the field that says so, rather than converted into a model that silently computes something else.
 """
@@ -13,9 +13,9 @@ import math
 import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from sparse_rl_megatron.utils.registry import Registry
+from sparse_rl_megatron.models.families import FAMILY_SPECS, family_spec
 
 # Megatron-LM pads the vocabulary to a multiple of this (x TP) so the vocab-parallel matmuls are
 # aligned. We keep the multiple independent of TP whenever TP divides it (TP = 1, 2, 4, ..., 128),
@@ -83,7 +83,7 @@ class ModelArch:
     """Architecture facts of one model (all sizes global, i.e. before tensor parallelism)."""
 
     family: str
-    """Registry name of the family (``qwen2``, ``llama``, ``qwen3``); chosen by the HF ``model_type``."""
+    """Registry name of the family (``models.families``); chosen by the HF ``model_type``."""
     vocab_size: int
     """Rows of the HF embedding (the tokenizer's id space); padded rows are never exposed."""
     hidden_size: int
@@ -228,9 +228,6 @@ class ModelArch:
         ]
 
 
-FAMILIES: Registry[Callable[[dict[str, Any]], ModelArch]] = Registry("model family (HF model_type)")
-
-
 def _rope(cfg: dict[str, Any]) -> tuple[float, RopeScaling | None]:
     """``(rope_theta, scaling)`` of an HF config. transformers >= 5 writes ``rope_parameters`` (rope_type,
     rope_theta and the scaling keys); older configs a top-level ``rope_theta`` and a ``rope_scaling`` dict."""
@@ -287,35 +284,6 @@ def _common(cfg: dict[str, Any], family: str, qkv_bias: bool, qk_norm: bool = Fa
     )
 
 
-@FAMILIES.register("qwen2")
-def _qwen2(cfg: dict[str, Any]) -> ModelArch:
-    """Qwen2 / Qwen2.5: QKV bias, RMSNorm, SwiGLU, RoPE, GQA; tied embeddings on 0.5B-3B."""
-    return _common(cfg, "qwen2", qkv_bias=True)
-
-
-@FAMILIES.register("llama")
-def _llama(cfg: dict[str, Any]) -> ModelArch:
-    """Llama: no biases, RMSNorm, SwiGLU, RoPE, GQA."""
-    if cfg.get("mlp_bias"):
-        raise ValueError("mlp_bias=True is not supported for llama; valid: false")
-    # HF Llama's attention_bias puts a bias on o_proj too, which megatron-core can only add together with
-    # every other linear bias (add_bias_linear); loading it would silently drop o_proj.bias.
-    if cfg.get("attention_bias"):
-        raise ValueError("attention_bias=True is not supported for llama (o_proj.bias has no Megatron "
-                         "counterpart); valid: false")
-    return _common(cfg, "llama", qkv_bias=False)
-
-
-@FAMILIES.register("qwen3")
-def _qwen3(cfg: dict[str, Any]) -> ModelArch:
-    """Qwen3 dense: like Llama (no biases) plus a per-head RMSNorm on q and k before RoPE; ``head_dim`` is set
-    explicitly (128; not hidden / heads on every size); tied embeddings on 0.6B-4B."""
-    if cfg.get("attention_bias"):  # HF Qwen3 then also puts a bias on o_proj, as Llama does
-        raise ValueError("attention_bias=True is not supported for qwen3 (o_proj.bias has no Megatron "
-                         "counterpart); valid: false")
-    return _common(cfg, "qwen3", qkv_bias=False, qk_norm=True)
-
-
 def _moe(cfg: dict[str, Any], family: str, shared_expert: bool) -> MoEArch:
     """The ``MoEArch`` of a Qwen MoE config: every layer a mixture of experts (``decoder_sparse_step`` 1, no
     ``mlp_only_layers``, as in Qwen3-30B-A3B / 235B-A22B and Qwen1.5-MoE-A2.7B); anything else is refused."""
@@ -339,29 +307,14 @@ def _moe(cfg: dict[str, Any], family: str, shared_expert: bool) -> MoEArch:
     )
 
 
-@FAMILIES.register("qwen3_moe")
-def _qwen3_moe(cfg: dict[str, Any]) -> ModelArch:
-    """Qwen3-MoE (30B-A3B, 235B-A22B): Qwen3 attention (q/k norms, no biases) and a mixture of experts in every
-    layer, no shared expert, top-k weights renormalised (``norm_topk_prob``)."""
-    if cfg.get("attention_bias"):
-        raise ValueError("attention_bias=True is not supported for qwen3_moe (o_proj.bias has no Megatron "
-                         "counterpart); valid: false")
-    return _common(cfg, "qwen3_moe", qkv_bias=False, qk_norm=True, moe=_moe(cfg, "qwen3_moe", shared_expert=False))
-
-
-@FAMILIES.register("qwen2_moe")
-def _qwen2_moe(cfg: dict[str, Any]) -> ModelArch:
-    """Qwen1.5 / Qwen2-MoE: Qwen2 attention (QKV bias) and a mixture of experts in every layer plus a shared expert
-    gated by ``sigmoid(shared_expert_gate(x))``; top-k weights not renormalised by default."""
-    return _common(cfg, "qwen2_moe", qkv_bias=bool(cfg.get("qkv_bias", True)),
-                   moe=_moe(cfg, "qwen2_moe", shared_expert=True))
-
-
 def arch_from_hf_config(cfg: dict[str, Any]) -> ModelArch:
     """Parse an HF config dict (``config.json`` contents); the family comes from ``model_type``."""
     if "model_type" not in cfg:
-        raise ValueError(f"HF config has no 'model_type'; valid model types: {', '.join(FAMILIES.names())}")
-    return FAMILIES.get(cfg["model_type"])(cfg)
+        raise ValueError(f"HF config has no 'model_type'; valid model types: {', '.join(FAMILY_SPECS.names())}")
+    spec = family_spec(cfg["model_type"])
+    spec.check_flags(cfg)
+    return _common(cfg, spec.name, qkv_bias=spec.has_qkv_bias(cfg), qk_norm=spec.qk_norm,
+                   moe=_moe(cfg, spec.name, shared_expert=spec.shared_expert) if spec.moe else None)
 
 
 def read_hf_config(hf_dir: str | os.PathLike) -> dict[str, Any]:

@@ -2,8 +2,8 @@
 
 Nothing is downloaded: the tokenizer is a byte-level BPE trained on a small embedded corpus, with a
 Qwen2.5-style chat template (``<|im_start|>``/``<|im_end|>``), so any text encodes and decodes losslessly.
-Models are randomly initialised HF ``Qwen2ForCausalLM`` / ``LlamaForCausalLM`` / ``Qwen3ForCausalLM`` and the
-mixtures of experts ``Qwen3MoeForCausalLM`` / ``Qwen2MoeForCausalLM`` with a fixed seed.
+Models are randomly initialised HF models of any registered family (``models.families``: Qwen2, Llama, Qwen3 and
+the mixtures of experts Qwen3-MoE / Qwen2-MoE; each spec's ``tiny_config`` builds its config) with a fixed seed.
 """
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 
 import torch
+
+from sparse_rl_megatron.models.families import FAMILY_SPECS, TinyRequest, family_spec
 
 BOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|endoftext|>"
@@ -114,16 +116,18 @@ def tiny_config(
     shared_expert_intermediate_size: int | None = None,
     norm_topk_prob: bool | None = None,
 ):
-    """An HF config for a tiny ``qwen2`` (QKV bias), ``llama`` (no bias) or ``qwen3`` (no bias, q/k norms)
-    model, or a tiny mixture of experts: ``qwen3_moe`` (Qwen3 attention, ``num_experts`` routed experts of width
-    ``moe_intermediate_size``, default ``hidden_size``, top-``experts_per_token``, weights renormalised) or
-    ``qwen2_moe`` (Qwen2 attention, the same plus a shared expert of ``shared_expert_intermediate_size``, default
-    ``2 x hidden_size``, not renormalised). ``rope_scaling``: e.g. ``{"rope_type": "llama3", "factor": 8.0, ...}``;
-    ``head_dim``: qwen3 / qwen3_moe only (default ``hidden_size // num_heads``). ``tie_word_embeddings``: default
-    tied for the dense families, untied for the mixtures of experts (as every published Qwen MoE; SGLang 0.5.23's
-    MoE models do not tie the LM head)."""
-    from transformers import LlamaConfig, Qwen2Config, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig
-
+    """An HF config for a tiny model of ``family`` (a ``models.families`` name; its spec's ``tiny_config`` builds
+    it): ``qwen2`` (QKV bias), ``llama`` (no bias) or ``qwen3`` (no bias, q/k norms), or a tiny mixture of experts:
+    ``qwen3_moe`` (Qwen3 attention, ``num_experts`` routed experts of width ``moe_intermediate_size``, default
+    ``hidden_size``, top-``experts_per_token``, weights renormalised) or ``qwen2_moe`` (Qwen2 attention, the same plus
+    a shared expert of ``shared_expert_intermediate_size``, default ``2 x hidden_size``, not renormalised).
+    ``rope_scaling``: e.g. ``{"rope_type": "llama3", "factor": 8.0, ...}``; ``head_dim``: qwen3 / qwen3_moe only
+    (default ``hidden_size // num_heads``). ``tie_word_embeddings``: default the spec's ``tiny_tied``: tied for the
+    dense families, untied for the mixtures of experts (as every published Qwen MoE; SGLang 0.5.23's MoE models do
+    not tie the LM head)."""
+    if family not in FAMILY_SPECS:
+        raise ValueError(f"tiny_config: unknown family '{family}'; valid: {', '.join(FAMILY_SPECS.names())}")
+    spec = family_spec(family)
     common = dict(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
@@ -131,8 +135,7 @@ def tiny_config(
         num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads,
         intermediate_size=intermediate_size or 4 * hidden_size,
-        tie_word_embeddings=(family not in ("qwen3_moe", "qwen2_moe")) if tie_word_embeddings is None
-        else tie_word_embeddings,
+        tie_word_embeddings=spec.tiny_tied if tie_word_embeddings is None else tie_word_embeddings,
         max_position_embeddings=max_position_embeddings,
         rope_theta=rope_theta,
         rope_scaling=rope_scaling,
@@ -142,23 +145,11 @@ def tiny_config(
         pad_token_id=0,
         torch_dtype="float32",
     )
-    if family == "qwen2":
-        return Qwen2Config(**common)
-    if family == "llama":
-        return LlamaConfig(**common, attention_bias=False, mlp_bias=False)
-    if family == "qwen3":
-        return Qwen3Config(**common, head_dim=head_dim or hidden_size // num_heads, attention_bias=False)
-    moe = dict(num_experts=num_experts, num_experts_per_tok=experts_per_token,
-               moe_intermediate_size=moe_intermediate_size or hidden_size, decoder_sparse_step=1, mlp_only_layers=[],
-               output_router_logits=False)
-    if family == "qwen3_moe":
-        return Qwen3MoeConfig(**common, **moe, head_dim=head_dim or hidden_size // num_heads, attention_bias=False,
-                              norm_topk_prob=True if norm_topk_prob is None else norm_topk_prob)
-    if family == "qwen2_moe":
-        return Qwen2MoeConfig(**common, **moe, qkv_bias=True,
-                              shared_expert_intermediate_size=shared_expert_intermediate_size or 2 * hidden_size,
-                              norm_topk_prob=False if norm_topk_prob is None else norm_topk_prob)
-    raise ValueError(f"tiny_config: unknown family '{family}'; valid: llama, qwen2, qwen2_moe, qwen3, qwen3_moe")
+    return spec.tiny_config(TinyRequest(
+        common=common, head_dim=head_dim or hidden_size // num_heads, num_experts=num_experts,
+        experts_per_token=experts_per_token, moe_intermediate_size=moe_intermediate_size or hidden_size,
+        shared_expert_intermediate_size=shared_expert_intermediate_size or 2 * hidden_size,
+        norm_topk_prob=norm_topk_prob))
 
 
 def build_tiny_model(family: str = "qwen2", *, seed: int = 0, init_std: float = 0.02, **config_kwargs):
