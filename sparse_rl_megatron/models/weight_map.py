@@ -75,6 +75,16 @@ _EXPERT_PARAMS: dict[str, tuple[str, tuple[str, ...]]] = {
     "linear_fc1.weight": ("expert_gate_up", ("mlp.experts.{e}.gate_proj.weight", "mlp.experts.{e}.up_proj.weight")),
     "linear_fc2.weight": ("expert_row", ("mlp.experts.{e}.down_proj.weight",)),
 }
+FEATURE_PARAMS: dict[str, tuple[str, ...]] = {
+    "qkv_bias": ("self_attention.linear_qkv.bias",),
+    "qk_norm": _QK_NORMS,
+    "moe": ("mlp.router.weight", *(f"mlp.experts.local_experts.{{e}}.{s}" for s in _EXPERT_PARAMS)),
+    "shared_expert": _SHARED_EXPERT,
+}
+"""The canonical per-layer parameters each decoder feature (``FamilySpec.FEATURES``, read off a ``ModelArch`` by
+``arch_features``) adds to a plain Llama layer (``{e}``: every routed expert); ``moe`` also drops the dense MLP. A
+family's weight-map delta is its features."""
+_FEATURE_OF = {suffix: feature for feature, suffixes in FEATURE_PARAMS.items() for suffix in suffixes}
 EXPERT_KINDS = ("expert_gate_up", "expert_row")
 """Kinds split over the expert tensor-parallel ranks (and held by one expert-parallel rank)."""
 EMBEDDING = "embedding.word_embeddings.weight"
@@ -120,17 +130,23 @@ def layer_index(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def arch_features(arch: ModelArch) -> frozenset[str]:
+    """The decoder features (``FEATURE_PARAMS``' keys) ``arch`` has."""
+    has = {"qkv_bias": arch.qkv_bias, "qk_norm": arch.qk_norm, "moe": arch.moe is not None,
+           "shared_expert": arch.moe is not None and arch.moe.has_shared_expert}
+    return frozenset(f for f, on in has.items() if on)
+
+
 def _layer_suffixes(arch: ModelArch) -> list[str]:
     """Canonical per-layer suffixes of ``arch``, in forward order (routed experts by global index)."""
-    out = []
-    for suffix in _LAYER_PARAMS:
-        if (suffix.endswith(".bias") and not arch.qkv_bias) or (suffix in _QK_NORMS and not arch.qk_norm):
-            continue
-        if suffix in _DENSE_MLP and arch.moe is not None:
-            continue
-        out.append(suffix)
+    features = arch_features(arch)
+
+    def kept(suffix: str) -> bool:
+        return _FEATURE_OF.get(suffix) in (None, *features)
+
+    out = [s for s in _LAYER_PARAMS if kept(s) and not (s in _DENSE_MLP and "moe" in features)]
     if arch.moe is not None:
-        out += [s for s in _MOE_PARAMS if arch.moe.has_shared_expert or s not in _SHARED_EXPERT]
+        out += [s for s in _MOE_PARAMS if kept(s)]
         out += [f"mlp.experts.local_experts.{e}.{s}" for e in range(arch.moe.num_experts) for s in _EXPERT_PARAMS]
     return out
 
