@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 from sglang_ext.config import BACKEND_NAME, CONFIG_ENV, INNER_BACKENDS, SparseKVConfig, config_from_env
+from sparse_rl_megatron.models.families import FAMILY_SPECS, family_spec
 from sparse_rl_megatron.utils.config_io import ConfigError
 
 Stage = Literal["arguments", "model load"]
@@ -171,17 +172,17 @@ def _attention_arch(model_config: Any) -> Any:
     return arch.name if arch != AttentionArch.MHA else None
 
 
-UNTIED_HEAD_MODEL_TYPES = ("qwen3_moe", "qwen2_moe")
-"""Model types whose SGLang 0.5.23 implementation ignores ``tie_word_embeddings`` (no tied LM head)."""
 TIED_MOE_HEAD = ("tie_word_embeddings=true: SGLang 0.5.23's {value} model never ties its LM head to the embedding (it "
                  "would stay unloaded); valid for a mixture of experts: untied checkpoints (every published Qwen MoE), "
                  "or the hf rollout engine")
 
 
 def tied_moe_head(hf_config: dict[str, Any]) -> str | None:
-    """The model type of a Qwen MoE config with tied embeddings (refused), else None."""
+    """The model type of a config with tied embeddings whose SGLang 0.5.23 model never ties its LM head (a Qwen MoE:
+    ``FamilySpec.sglang_ties_head`` false; refused), else None."""
     model_type = hf_config.get("model_type")
-    return model_type if model_type in UNTIED_HEAD_MODEL_TYPES and hf_config.get("tie_word_embeddings") else None
+    untied = model_type in FAMILY_SPECS and not family_spec(model_type).sglang_ties_head
+    return model_type if untied and hf_config.get("tie_word_embeddings") else None
 
 
 def refuse_tied_moe_head(hf_config: dict[str, Any]) -> None:

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import math
 
+from sparse_rl_megatron.models.families import family_spec
+
 U_FP32 = 2.0 ** -24  # float32 unit round-off
 U_BF16 = 2.0 ** -8  # bfloat16 unit round-off (8 bits of mantissa, 7 stored)
 SAFETY = 4.0  # margin for the first-order model's neglected terms (products of errors, exp/log rounding)
@@ -198,14 +200,14 @@ def moe_decoder_sums(hidden: int, head_dim: int, heads: int, layers: int, keys: 
 
 def is_moe_config(config) -> bool:
     """An HF Qwen3-MoE / Qwen2-MoE config (every layer a mixture of experts)."""
-    return config.model_type in ("qwen3_moe", "qwen2_moe")
+    return family_spec(config.model_type).moe
 
 
 def hf_decoder_sums(config, keys: int) -> tuple[list[int], list[int]]:
     """``decoder_sums`` of an HF Llama / Qwen2 / Qwen3 (or Qwen3-MoE / Qwen2-MoE) config attending to at most
     ``keys`` positions."""
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    qk_norm = config.model_type in ("qwen3", "qwen3_moe")
+    qk_norm = family_spec(config.model_type).qk_norm
     if is_moe_config(config):
         return moe_decoder_sums(config.hidden_size, head_dim, config.num_attention_heads, config.num_hidden_layers,
                                 keys, config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size,

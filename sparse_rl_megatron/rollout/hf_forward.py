@@ -6,9 +6,9 @@ replaces only the attention's cache handling, so the per-row, per-head compresse
 together with a per-row mask while positions stay logical. Tests check it against ``model.generate`` and a
 full forward (fp32, <= 1e-5).
 
-Supported (each checked against ``model.generate`` in the tests): the Llama-style families whose attention
-is ``q/k/v/o_proj`` + RoPE with full (not sliding) attention in every layer: ``qwen2``, ``llama``, and
-``qwen3`` (per-head q/k RMSNorm before RoPE), and the mixtures of experts ``qwen3_moe`` / ``qwen2_moe``.
+Supported (each checked against ``model.generate`` in the tests): every registered family (``models.families``), all
+Llama-style, whose attention is ``q/k/v/o_proj`` + RoPE with full (not sliding) attention in every layer: ``qwen2``,
+``llama``, and ``qwen3`` (per-head q/k RMSNorm before RoPE), and the mixtures of experts ``qwen3_moe`` / ``qwen2_moe``.
 
 Mixtures of experts: the MLP is routed here (the model's router weight, softmax, top-k, renormalised when the
 config's ``norm_topk_prob`` says so, as transformers does), then the model's own experts (and Qwen2-MoE's gated
@@ -22,10 +22,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from sparse_rl_megatron.models.families import FAMILY_SPECS, family_names, family_spec
 from sparse_rl_megatron.rollout.kv_cache import CompressedKVCache
 
-MOE_MODEL_TYPES = ("qwen3_moe", "qwen2_moe")
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", *MOE_MODEL_TYPES)
 MIN_GEMM_ROWS = 4
 """Linear layers always get at least this many rows (zero rows appended, results dropped): for 1-3 rows CPU
 BLAS (MKL) takes a matrix-vector path that rounds differently from its matrix-matrix one, so a row's logits
@@ -58,10 +57,11 @@ class HFDecoder:
     def __init__(self, model: torch.nn.Module):
         config = model.config
         model_type = getattr(config, "model_type", None)
-        if model_type not in SUPPORTED_MODEL_TYPES:
+        if model_type not in FAMILY_SPECS:
             raise ValueError(
-                f"HFRolloutEngine: model_type '{model_type}' is not supported; valid: {', '.join(SUPPORTED_MODEL_TYPES)}"
+                f"HFRolloutEngine: model_type '{model_type}' is not supported; valid: {', '.join(family_names())}"
             )
+        spec = family_spec(model_type)
         layer_types = getattr(config, "layer_types", None) or []
         if any(t != "full_attention" for t in layer_types) or getattr(config, "use_sliding_window", False):
             raise ValueError("HFRolloutEngine: sliding-window attention layers are not supported (full attention only)")
@@ -77,10 +77,10 @@ class HFDecoder:
         self.max_positions = getattr(config, "max_position_embeddings", None)
         self.inv_freq = self.body.rotary_emb.inv_freq.detach().float()
         """[D / 2] the rotary frequencies (TriAttention un-rotates queries with them)."""
-        self.moe = model_type in MOE_MODEL_TYPES
+        self.moe = spec.moe
         self.top_k = int(config.num_experts_per_tok) if self.moe else 0
         self.norm_topk_prob = bool(config.norm_topk_prob) if self.moe else False
-        self.shared_expert = model_type == "qwen2_moe"  # Qwen2-MoE: a shared expert scaled by a sigmoid gate
+        self.shared_expert = spec.shared_expert  # Qwen2-MoE: a shared expert scaled by a sigmoid gate
         self.last_routing: torch.Tensor | None = None
         """After a decode step of a mixture of experts: ``[R, layers, top_k]`` long, the experts each row's token
         went to in every layer (the forced ones when replayed); None for a dense model."""

@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Literal, get_args
 from sparse_rl_megatron.algo.config import CorrectionConfig
 from sparse_rl_megatron.compression.config import CompressionConfig
 from sparse_rl_megatron.learner.config import LearnerConfig, LearnerSettings
+from sparse_rl_megatron.models.families import families
 from sparse_rl_megatron.rewards.pool import VerifierPoolConfig
 from sparse_rl_megatron.rollout.config import RolloutConfig
 
@@ -35,9 +36,10 @@ SINGLE_SAMPLE_ESTIMATORS = ("reinforce",)
 (grpo, drgrpo, rloo) give every sample of a one-sample group advantage 0, i.e. nothing to learn."""
 TINY_MODEL = "tiny"
 """``model_path`` value: a random tiny Qwen2 + byte-level tokenizer built in the run directory (no download)."""
-TINY_MODELS = {TINY_MODEL: "qwen2", "tiny-qwen3-moe": "qwen3_moe", "tiny-qwen2-moe": "qwen2_moe"}
-"""``model_path`` values of the random tiny models built in the run directory -> their ``models.tiny`` family:
-``tiny`` (Qwen2), ``tiny-qwen3-moe`` and ``tiny-qwen2-moe`` (4 experts, top-2; the latter with a shared expert)."""
+TINY_MODELS = {s.tiny_model_path: s.name for s in families() if s.tiny_model_path is not None}
+"""``model_path`` values of the random tiny models built in the run directory -> their ``models.tiny`` family (each
+family's ``FamilySpec.tiny_model_path``): ``tiny`` (Qwen2), ``tiny-qwen3-moe`` and ``tiny-qwen2-moe`` (4 experts,
+top-2; the latter with a shared expert)."""
 
 
 @dataclass
