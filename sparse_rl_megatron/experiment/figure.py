@@ -197,6 +197,8 @@ def _test_title(name: str, r: Mapping) -> str:
         verdict += f", Holm p {r['p_holm']:.2g}"
     elif r.get("p_sign_flip") is not None:
         verdict += f", sign-flip p {r['p_sign_flip']:.2g}"
+    if verdict.startswith("against") and r.get("p_against") is not None:
+        verdict += f" (opposite p {r['p_against']:.2g})"
     fp = r.get("footprint")
     if fp:
         verdict += (f"; footprint {fp['arm_kv_tokens']:.1f} vs {fp['reference_kv_tokens']:.1f} KV tokens "

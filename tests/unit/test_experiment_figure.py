@@ -187,3 +187,28 @@ def test_write_report_draws_the_tests_figure_from_its_analysis(tmp_path):
     write_report(cfg)
     for name in ("figure.png", "figure_claims.png", "figure_tests.png", "analysis.json"):
         assert (tmp_path / name).is_file()
+
+
+def test_the_docs_tests_figure_data_is_the_docs_table():
+    """docs/figures/lagchain_tests.json (what docs/figures/lagchain_tests.png is drawn from) holds issue 39's table
+    "The pre-registered tests" as docs/experiments.md prints it, and its means and intervals are those of its d_s."""
+    from pathlib import Path
+
+    from sparse_rl_megatron.experiment.stats import paired_summary
+
+    root = Path(__file__).resolve().parents[2]
+    saved = json.loads((root / "docs/figures/lagchain_tests.json").read_text())["tests"]
+    doc = (root / "docs/experiments.md").read_text()
+    section = doc[doc.index("## Issue 39: results"):doc.index("## Issue 27: pre-registration")]
+    table = section[section.index("### The pre-registered tests"):].split("\n\n")[1].splitlines()[2:]
+    rows = {line.split("|")[1].split()[0].rstrip(":"): [c.strip() for c in line.split("|")[2:-1]] for line in table}
+    assert sorted(rows) == sorted(saved) == sorted(t.name for t in DESIGNS.get("issue39").tests)
+    for name, r in saved.items():
+        d_s, mean, ci, bound, margin = rows[name][:5]
+        assert [float(x) for x in d_s.split(", ")] == r["diffs"] and len(r["diffs"]) == len(r["seeds"]) == 8
+        assert (float(mean), float(bound), float(margin)) == (r["mean"], r["bound"], r["margin"])
+        assert [float(x) for x in ci.strip("[]").split(", ")] == [r["ci_low"], r["ci_high"]]
+        again = paired_summary(r["diffs"], "greater", r["margin"])  # from the rounded d_s: within the rounding
+        assert abs(again.mean - r["mean"]) <= 0.06 and abs(again.ci_low - r["ci_low"]) <= 0.1
+        assert abs(again.ci_high - r["ci_high"]) <= 0.1
+        assert r["test"]["claim"] == next(t.claim for t in DESIGNS.get("issue39").tests if t.name == name)
