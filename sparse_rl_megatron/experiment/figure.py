@@ -3,7 +3,13 @@ there are several), rollout step on the x axis. The supervised control has no ro
 marker at the last step of the accuracy panels."""
 from __future__ import annotations
 
+import argparse
+import json
+import math
+import statistics
+import textwrap
 from pathlib import Path
+from typing import Mapping, Sequence
 
 FIGURE_FILE = "figure.png"
 SWEEP_FIGURE_FILE = "figure_sweep.png"
@@ -51,9 +57,10 @@ CLAIM_PANELS_39 = {
     "contaminated sequences (any rho < 0.5)": "sparse/contaminated_frac",
     "KV tokens held per sequence (peak)": "rollout/kv_tokens_peak_mean",
     "train reward": "rollout/reward_mean",
-    "grad norm (log scale)": "train/grad_norm",
+    "largest grad norm of the step's optimizer steps": "train/grad_norm_max",
 }
-"""Panels of the issue-39 figure: issue 27's, the adaptive arm's signal (the token share) and the grad norm."""
+"""Panels of the issue-39 figure: issue 27's, the adaptive arm's signal (the token share) and the grad norm (linear:
+the text compares runs' largest norms, ``results.run_maxima``, drawn per seed in ``figure_tests.png``)."""
 SMOOTHED_39 = SMOOTHED_27 | {"tokens with rho < 0.5"}
 
 
@@ -84,11 +91,13 @@ def _curve(by_seed: dict[int, list[dict]], key: str, window: int = 1
 def draw_figure(records: dict[str, dict[int, list[dict]]], out: str | Path, what: str = "arms",
                 panels: dict[str, str] | None = None,
                 marks: dict[str, tuple[float, str]] | None = None,
-                smooth: frozenset[str] = frozenset()) -> Path | None:
+                smooth: frozenset[str] = frozenset(), labels: Mapping[str, str] | None = None,
+                offscale: Mapping[str, tuple[str, ...]] | None = None) -> Path | None:
     """Draw ``records`` (``{arm: {seed: metrics records}}``) to ``out`` (``panels``: title -> metric, default
     ``PANELS``; ``marks``: title -> (value, label), a dashed horizontal line in that panel, e.g. a controller's
-    target; ``smooth``: titles drawn as trailing ``SMOOTH_STEPS``-step means); None when there is nothing to
-    draw."""
+    target; ``smooth``: titles drawn as trailing ``SMOOTH_STEPS``-step means; ``labels``: arm -> legend text, e.g.
+    ``arm_labels``; ``offscale``: title -> arms left out of that panel's axis, which is scaled to the other arms,
+    and written in it as a note of their mean, ``off_scale_note``); None when there is nothing to draw."""
     if not records:
         return None
     panels = panels or PANELS
@@ -102,16 +111,26 @@ def draw_figure(records: dict[str, dict[int, list[dict]]], out: str | Path, what
     rows = (len(panels) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.3 * rows), squeeze=False)
     colours = {name: f"C{i % 10}" for i, name in enumerate(records)}
+    labels = {name: (labels or {}).get(name, name) for name in records}
     for ax, (title, key) in zip(axes.flat, panels.items()):
+        notes = []
         for name, by_seed in records.items():
             steps, mean, low, high = _curve(by_seed, key, SMOOTH_STEPS if title in smooth else 1)
             if not steps:
                 continue
+            if name in (offscale or {}).get(title, ()):
+                notes.append(off_scale_note(labels[name], mean))
+                continue
             single = len(steps) == 1
-            ax.plot(steps, mean, color=colours[name], label=name, marker="*" if single else "o",
+            ax.plot(steps, mean, color=colours[name], label=labels[name], marker="*" if single else "o",
                     markersize=11 if single else 3, linestyle="none" if single else "-")
             if len(by_seed) > 1 and not single:
                 ax.fill_between(steps, low, high, color=colours[name], alpha=0.15)
+        if notes:
+            ax.text(0.5, 0.97, "\n".join(notes), transform=ax.transAxes, ha="center", va="top", fontsize=8,
+                    bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "grey"})
+            low, high = ax.get_ylim()
+            ax.set_ylim(low, high + 0.35 * (high - low))  # room for the note above the curves
         if title in (marks or {}):
             value, label = marks[title]
             ax.axhline(value, color="black", linestyle="--", linewidth=1)
@@ -126,12 +145,17 @@ def draw_figure(records: dict[str, dict[int, list[dict]]], out: str | Path, what
     spare = list(axes.flat)[len(panels):]
     for ax in spare:
         ax.axis("off")
-    handles, labels = axes.flat[1].get_legend_handles_labels()
+    legend = {}  # every arm's first line, whichever panel drew it (an off-scale arm is missing from some)
+    for ax in axes.flat:
+        for handle, text in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(text, handle)
+    order = [labels[name] for name in records if labels[name] in legend]
+    handles, texts = [legend[t] for t in order], order
     # the legend in a spare panel, else in a row under the grid: never over a panel's data
     if spare:
-        spare[0].legend(handles, labels, loc="center", fontsize=9, ncol=1)
+        spare[0].legend(handles, texts, loc="center", fontsize=9, ncol=1)
     else:
-        fig.legend(handles, labels, loc="lower center", fontsize=9, ncol=len(labels))
+        fig.legend(handles, texts, loc="lower center", fontsize=9, ncol=len(texts))
     seeds = sorted({s for by_seed in records.values() for s in by_seed})
     fig.suptitle(f"Sparse-RL claims at CPU scale, {what} (seeds {', '.join(map(str, seeds))}; lines: mean over seeds, "
                  "band: min-max)")
@@ -140,3 +164,144 @@ def draw_figure(records: dict[str, dict[int, list[dict]]], out: str | Path, what
     fig.savefig(out, dpi=90)
     plt.close(fig)
     return out
+
+
+TESTS_FIGURE_FILE = "figure_tests.png"
+"""The registered tests as the analysis decided them (``draw_tests_figure``), beside ``figure_claims.png``."""
+BUDGET_METRIC = "rollout/budget_sampled_mean"
+"""The mean budget in a step's samples' provenance (``analysis.BUDGET_KEY``): the budgets the legend names."""
+
+
+def arm_labels(records: Mapping[str, Mapping[int, list[dict]]]) -> dict[str, str]:
+    """Each arm's legend text: its name and the KV budgets its rollouts logged (``BUDGET_METRIC`` over every step
+    and seed): ``B = 14`` when one, ``adaptive B = 16-21`` (the range) when it moved, ``dense KV`` when none."""
+    out = {}
+    for name, by_seed in records.items():
+        budgets = [r[BUDGET_METRIC] for recs in by_seed.values() for r in recs if r.get(BUDGET_METRIC) is not None]
+        if not budgets:
+            out[name] = f"{name} (dense KV)"
+            continue
+        low, high = round(min(budgets), 1), round(max(budgets), 1)
+        out[name] = f"{name} (B = {low:g})" if low == high else f"{name} (adaptive B = {low:g}-{high:g})"
+    return out
+
+
+def off_scale_note(label: str, curve: Sequence[float]) -> str:
+    """The note an off-scale arm gets in its panel: its curve's mean over the steps."""
+    return f"{label}: {sum(curve) / len(curve):.1f} on average (off this axis)"
+
+
+def _test_title(name: str, r: Mapping) -> str:
+    verdict = r["verdict"]
+    if r.get("p_holm") is not None:
+        verdict += f", Holm p {r['p_holm']:.2g}"
+    elif r.get("p_sign_flip") is not None:
+        verdict += f", sign-flip p {r['p_sign_flip']:.2g}"
+    if verdict.startswith("against") and r.get("p_against") is not None:
+        verdict += f" (opposite p {r['p_against']:.2g})"
+    fp = r.get("footprint")
+    if fp:
+        verdict += (f"; footprint {fp['arm_kv_tokens']:.1f} vs {fp['reference_kv_tokens']:.1f} KV tokens "
+                    f"({fp['reference_arm']})")
+    return "\n".join(textwrap.wrap(f"{name}: {r['test']['claim']}", 52) + textwrap.wrap(verdict, 52))
+
+
+def _draw_test(ax, name: str, r: Mapping) -> None:
+    """One test's panel: the per-seed d_s as dots at their seeds, the mean with its 95% t interval right of them,
+    the margin as a dashed line; the title names the claim and the verdict."""
+    ax.set_title(_test_title(name, r), fontsize=8)
+    if "diffs" not in r:  # not run: nothing to draw
+        ax.text(0.5, 0.5, "no differences", transform=ax.transAxes, ha="center", va="center")
+        ax.set_xticks([])
+        return
+    seeds, diffs = list(r["seeds"]), list(r["diffs"])
+    ax.plot(seeds, diffs, marker="o", linestyle="none", color="C0", label="d_s, per seed")
+    x = max(seeds) + 1.5
+    mean, low, high = r["mean"], r["ci_low"], r["ci_high"]
+    if math.isfinite(low) and math.isfinite(high):
+        ax.errorbar([x], [mean], yerr=[[mean - low], [high - mean]], fmt="D", color="black", capsize=4,
+                    label="mean, 95% t CI")
+    else:
+        ax.plot([x], [mean], marker="D", linestyle="none", color="black", label="mean, 95% t CI")
+    ax.axhline(r["margin"], color="C3", linestyle="--", linewidth=1, label="the test's margin (H1: mean > it)")
+    ax.set_xticks([*seeds, x], [*map(str, seeds), "mean"], fontsize=8)
+    ax.set_xlabel("seed", fontsize=8)
+    ax.set_ylabel("d_s (points)", fontsize=8)
+    ax.grid(alpha=0.3)
+
+
+def _draw_run_maxima(ax, run_max: Mapping[str, Mapping[int, float]], title: str,
+                     labels: Mapping[str, str]) -> None:
+    """Per arm each seed's run maximum as a dot and their median as a bar, on a linear axis."""
+    names = list(run_max)
+    for i, name in enumerate(names):
+        values = list(run_max[name].values())
+        ax.plot([i] * len(values), values, marker="o", linestyle="none", color=f"C{i % 10}", alpha=0.7)
+        median = statistics.median(values)
+        ax.plot([i - 0.3, i + 0.3], [median, median], color="black", linewidth=2)
+        ax.annotate(f"{median:.2g}", (i + 0.32, median), fontsize=7, va="center")
+    ax.set_xticks(range(len(names)), [labels.get(n, n) for n in names], fontsize=7, rotation=25, ha="right")
+    ax.set_yscale("linear")
+    ax.set_title(title, fontsize=8)
+    ax.grid(alpha=0.3)
+
+
+def draw_tests_figure(tests: Mapping[str, Mapping], out: str | Path,
+                      run_max: Mapping[str, Mapping[int, float]] | None = None,
+                      labels: Mapping[str, str] | None = None, what: str = "") -> Path | None:
+    """Draw the registered tests as the analysis decided them (``tests``: ``analysis.json``'s ``tests``, name ->
+    ``analysis.decide``'s result) to ``out``: one panel per test, the per-seed paired endpoint differences d_s
+    (its ``seeds`` and ``diffs``), their mean and two-sided 95% t interval (``mean``, ``ci_low``, ``ci_high``), the
+    margin, the verdict in the title. ``run_max``: arm -> seed -> a run's largest gradient norm
+    (``results.run_maxima``), one more panel, linear, medians marked. None when there is nothing to draw."""
+    if not tests:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    count = len(tests) + (1 if run_max else 0)
+    cols = 4
+    rows = (count + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.6 * rows), squeeze=False)
+    for ax, (name, r) in zip(axes.flat, tests.items()):
+        _draw_test(ax, name, r)
+    if run_max:
+        _draw_run_maxima(axes.flat[len(tests)], run_max, "largest grad norm of a run (dots: seeds; bar: median)",
+                         labels or {})
+    spare = list(axes.flat)[count:]
+    for ax in spare:
+        ax.axis("off")
+    drawn = [ax for ax, r in zip(axes.flat, tests.values()) if "diffs" in r]
+    if drawn:
+        handles, texts = drawn[0].get_legend_handles_labels()
+        if spare:
+            spare[0].legend(handles, texts, loc="center", fontsize=9)
+        else:
+            fig.legend(handles, texts, loc="lower center", fontsize=9, ncol=len(texts))
+    fig.suptitle("The pre-registered tests: per-seed paired endpoint differences d_s (points), mean and 95% t CI, "
+                 f"margin{f'; {what}' if what else ''}")
+    fig.tight_layout(rect=(0, 0 if spare else 0.05, 1, 1))
+    out = Path(out)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> Path | None:
+    """``python -m sparse_rl_megatron.experiment.figure ANALYSIS_JSON OUT_PNG``: the tests figure of a saved
+    analysis (``analysis.json``, or a file with its ``tests`` and optionally ``run_max`` and ``what``), without the
+    run directories (``--stage report`` draws it with the rest)."""
+    parser = argparse.ArgumentParser(prog="python -m sparse_rl_megatron.experiment.figure",
+                                     description=main.__doc__)
+    parser.add_argument("analysis", help="analysis.json (its 'tests')")
+    parser.add_argument("out", help="the PNG to write")
+    args = parser.parse_args(argv)
+    saved = json.loads(Path(args.analysis).read_text())
+    run_max = {arm: {int(s): v for s, v in by_seed.items()} for arm, by_seed in saved.get("run_max", {}).items()}
+    return draw_tests_figure(saved["tests"], args.out, run_max or None, what=saved.get("what", ""))
+
+
+if __name__ == "__main__":
+    main()

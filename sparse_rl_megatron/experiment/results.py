@@ -35,6 +35,18 @@ STEP_MAX = {"grad_norm_max": "train/grad_norm_max"}
 STEP_MIN = {"rho_min": "sparse/rho_min"}
 
 
+def run_maxima(records: dict[str, dict[int, list[dict]]], name: str = "grad_norm_max") -> dict[str, dict[int, float]]:
+    """``{arm: {seed: the run's largest value of STEP_MAX[name]}}`` over its rollout steps (``seed_summary``'s
+    ``name``: the "largest gradient norm of a run" the docs compare), the runs that logged it."""
+    out: dict[str, dict[int, float]] = {}
+    for arm, by_seed in records.items():
+        for seed, recs in by_seed.items():
+            vals = _values(recs, STEP_MAX[name])
+            if vals:
+                out.setdefault(arm, {})[seed] = max(vals)
+    return out
+
+
 def arm_records(cfg: ExperimentConfig) -> dict[str, dict[int, list[dict]]]:
     """``{arm run name: {seed: metrics records}}`` of the complete arms (incomplete ones are left out)."""
     out: dict[str, dict[int, list[dict]]] = {}
@@ -158,7 +170,9 @@ def sweep_table(cfg: ExperimentConfig, summary: dict) -> str:
 
 def write_report(cfg: ExperimentConfig) -> tuple[Path, Path | None]:
     """``results.json``, ``results.md`` and ``figure.png`` (the main arms; ``figure_sweep.png``: the budget sweep)
-    of what is complete so far."""
+    of what is complete so far; with the analysis, ``figure_claims.png`` (the design's panels, the arms' budgets in
+    the legend) and ``figure_tests.png`` (the registered tests as ``analysis.json`` holds them, and each run's
+    largest gradient norm)."""
     out = Path(cfg.experiment.out)
     summary = summarise(cfg)
     (out / RESULTS_JSON).write_text(json.dumps(summary, indent=1) + "\n")
@@ -174,9 +188,11 @@ def write_report(cfg: ExperimentConfig) -> tuple[Path, Path | None]:
     main = {r.name: records[r.name] for r in runs if r.budget is None}
     figure = draw_figure(main, out / FIGURE_FILE, "arms")
     if main:  # the pre-registered analysis (issue 20) of whatever is complete
-        from sparse_rl_megatron.experiment.analysis import DESIGNS
+        from sparse_rl_megatron.experiment.analysis import ANALYSIS_JSON, DESIGNS
         from sparse_rl_megatron.experiment.analysis_report import write_full_analysis
-        from sparse_rl_megatron.experiment.figure import CLAIMS_FIGURE_FILE
+        from sparse_rl_megatron.experiment.figure import (
+            CLAIMS_FIGURE_FILE, TESTS_FIGURE_FILE, arm_labels, draw_tests_figure,
+        )
 
         write_full_analysis(cfg, main)
         design = DESIGNS.get(cfg.experiment.analysis)
@@ -188,5 +204,9 @@ def write_report(cfg: ExperimentConfig) -> tuple[Path, Path | None]:
             metric = SIGNALS.get(controller.signal).metric
             marks = {title: (controller.target, f"adaptive target {controller.target:g} ({controller.signal})")
                      for title, key in panels.items() if key == metric}
-        draw_figure(main, out / CLAIMS_FIGURE_FILE, "arms", panels, marks, smooth)
+        labels = arm_labels(main)
+        draw_figure(main, out / CLAIMS_FIGURE_FILE, "arms", panels, marks, smooth, labels, design.offscale)
+        tests = json.loads((out / ANALYSIS_JSON).read_text())["tests"]  # the verdicts as the analysis wrote them
+        draw_tests_figure(tests, out / TESTS_FIGURE_FILE, run_maxima(main), labels,
+                          f"seeds {', '.join(map(str, sorted({s for by_seed in main.values() for s in by_seed})))}")
     return out / RESULTS_MD, figure
