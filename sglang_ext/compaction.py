@@ -35,6 +35,7 @@ from sglang_ext.host_syncs import not_counted, to_host
 from sglang_ext import score_chunks as chunking
 from sglang_ext.score_chunks import score_chunks
 from sparse_rl_megatron.compression import ScoreInputs, choose_kept, gather_kept, get_scorer
+from sparse_rl_megatron.compression.scorers import QUERY_WINDOW
 
 
 def compress_due_rows(backend, plan) -> None:
@@ -106,7 +107,7 @@ def compress_rows(backend, rows: list[int], n: int):
             keys = kbuf[cand[rs]].permute(0, 2, 1, 3)                                    # [mc, Hkv, n, D]
             values = vbuf[cand[rs]].permute(0, 2, 1, 3)
             queries = None
-            if scorer.needs_queries:
+            if QUERY_WINDOW in scorer.needs:
                 ring = state.qwin[li][rows_t[rs]]                                       # [mc, Hq, a, D]
                 index = order_t[rs][:, None, :, None].expand(-1, ring.shape[1], -1, ring.shape[3])
                 queries = backend.query_groups.whole_group(torch.gather(ring, 2, index))
@@ -238,9 +239,9 @@ def _row_bytes(n: int, heads: int, head_dim: int, itemsize: int) -> int:
 
 def _pair_bytes(cfg, n: int, head_dim: int) -> int:
     """Transient scorer bytes per (row, KV head): R-KV's n x n similarity (float32, its boolean mask, the flipped
-    copy) dominates; the window attention is alpha x n per query head of the group."""
+    copy) dominates in a pairwise scorer; the window attention is alpha x n per query head of the group."""
     attention = 4 * cfg.window * n * 8
-    if cfg.method == "rkv":
+    if cfg.scorer.pairwise:
         return 8 * n * n + attention + 8 * n * head_dim
     return attention + 8 * n * head_dim
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from sparse_rl_megatron.compression import SCORERS, CompressionConfig
+from sparse_rl_megatron.compression.scorers import ACCUMULATED_ATTENTION, QUERY_CENTERS, QUERY_WINDOW
 from sparse_rl_megatron.utils.config_io import ConfigError, from_dict, to_dict
 
 BACKEND_NAME = "sparse_kv"
@@ -39,21 +40,25 @@ stale slots; ``abort_insert`` (an aborted compressed request goes into the radix
 retracted or preempted compressed request resumes as if it were dense). Never set it otherwise."""
 PLUGIN_FAULTS = ("skip_free", "stale_tables", "abort_insert", "no_refusal")
 
+PLUGIN_PROVIDES = frozenset({QUERY_WINDOW})
+"""The scorer inputs (``scorers.INPUT_FIELDS``) the plugin keeps: the ring of the last alpha queries per row."""
 PLUGIN_LACKS = {
-    "needs_accumulated_attention": "per-step attention mass, which the kernels do not return",
-    "needs_query_centers": "running sums of each request's pre-RoPE queries (online query centers), which the "
-                           "plugin's hooks do not keep yet",
+    ACCUMULATED_ATTENTION: "per-step attention mass, which the kernels do not return",
+    QUERY_CENTERS: "running sums of each request's pre-RoPE queries (online query centers), which the "
+                   "plugin's hooks do not keep yet",
 }
-"""What a scorer may need (its ``Scorer`` flag) that the plugin cannot give it, and why."""
+"""Why the plugin does not provide each other input a scorer may need."""
 
 
 def _plugin_lacks(method: str) -> str | None:
-    scorer = SCORERS.get(method)
-    return next((why for flag, why in PLUGIN_LACKS.items() if getattr(scorer, flag)), None)
+    missing = sorted(SCORERS.get(method).needs - PLUGIN_PROVIDES)
+    return PLUGIN_LACKS.get(missing[0], missing[0]) if missing else None
 
 
-SUPPORTED_METHODS = tuple(m for m in SCORERS.names() if _plugin_lacks(m) is None)
-"""The registered scorers the plugin serves (derived from ``compression.SCORERS``)."""
+def supported_methods() -> list[str]:
+    """The registered scorers the plugin serves: those needing only what it provides (read at each call, so a
+    scorer a run's plugin registers later counts)."""
+    return [m for m in SCORERS.names() if SCORERS.get(m).runs_with(PLUGIN_PROVIDES)]
 InnerBackend = Literal["", "torch_native", "triton", "flashinfer", "fa3"]
 """An SGLang attention backend under the plugin, or '' for the device's default."""
 INNER_BACKENDS: tuple[str, ...] = tuple(b for b in get_args(InnerBackend) if b)
@@ -85,10 +90,10 @@ class SparseKVConfig:
 
     def __post_init__(self) -> None:
         c = self.compression
-        if c.method not in SUPPORTED_METHODS:
+        if c.method not in supported_methods():
             raise ValueError(
                 f"compression.method '{c.method}' is not supported by the SGLang plugin (it needs "
-                f"{_plugin_lacks(c.method)}); valid: {', '.join(SUPPORTED_METHODS)}")
+                f"{_plugin_lacks(c.method)}); valid: {', '.join(supported_methods())}")
         if c.compress_prefill:
             raise ValueError("compression.compress_prefill is not supported by the SGLang plugin (Sparse-RL "
                              "compresses during decode only); set it to false")

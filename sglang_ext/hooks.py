@@ -3,38 +3,15 @@
 All hooks are inert unless this process runs the ``sparse_kv`` backend (``backend.active_backend()``), so
 installing the plugin changes nothing for servers that do not select it.
 
-| target | kind | why |
-|---|---|---|
-| ``ServerArgs.resolve_once`` | before | refuse flags and models as given (SGLang rewrites some); CPU row default |
-| ``ServerArgs.check_server_args`` | after | validate the config and refuse unsupported resolved settings at start |
-| ``ModelRunner.forward`` | after | compress due rows after the layers ran (outside any graph) |
-| ``ForwardBatch.init_new`` | after | decode batches get ``req_pool_indices_cpu`` too (host rows: no sync) |
-| ``KVCacheConfigurator._profile_available_bytes`` | around | the plugin's memory comes out of the KV budget first |
-| ``ReqToTokenPool.alloc`` | after | bind a request (its config, prompt length, provenance) to its row |
-| ``ReqToTokenPool.write`` | after | the radix checkpoint repoints a bound row at the tree's slots: the table follows |
-| ``BeamCoordinator.validate_and_init`` | around | beam search is refused per request (beam rows are remapped) |
-| ``PrefillAdder.add_one_req`` | around | a request is admitted by its own bound (its B + W + 1; ``admission``) |
-| ``PrefillAdder.add_chunked_req`` | around | the same, when a chunked prefill's last chunk reserves its future |
-| ``PrefillAdder._get_running_request_total_token_offset`` | around | a running compressed request: its exact need |
-| ``PrefillAdder.preempt_to_schedule`` | around | the same for the request a preemption makes room for |
-| ``Req._compute_max_prefix_len`` | around | a radix hit stops alpha tokens short (ring queries), and at the prompt |
-| ``common.checkpoint_kv_cache`` | around | a compressible request's checkpoint inserts its prompt only |
-| ``common.release_kv_cache`` | around | a compressed request is not inserted into the radix tree when it ends |
-| ``BasePrefixCache.free_kv_row`` | around | release a compressed row's real slots, skipping evicted ones |
-| ``pool_stats_observer.kv_private_tokens`` | around | the busy memory checker counts what rows really own |
-| ``allocation.alloc_for_decode`` | around | reserve slots for first compressions that copy a shared prompt |
-| ``ScheduleBatch.new_tokens_required_next_decode`` | around | those reservations count when SGLang checks memory |
-| ``schedule_batch.release_req`` | around | a retracted request that already compressed is refused, not resumed dense |
-| ``ScheduleBatch._get_decode_retraction_order`` | around | dense requests are retracted first, compressed ones last |
-| ``ScheduleBatch.retract_decode`` | around | forced retraction spares an all-compressed batch; the refusal's message |
-| ``Scheduler.pause_generation`` | around | a retract pause holding compressed requests pauses in place (``pause``) |
-| ``SchedulerOutputStreamer.is_request_level_customized_info_key`` | around | provenance sent once per request |
-| ``SchedulerInvariantChecker._check_all_pools`` | after | with ``stats_path``: log the idle pool (tests) |
+The hooks, each with its target, kind and why, are ``HOOKS`` at the end of this module: ``register_hooks``
+installs them in that order.
 """
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from http import HTTPStatus
+from typing import Callable
 
 import torch
 
@@ -308,41 +285,78 @@ def _idle_pool_check(result, checker, pool_stats, *args, **kwargs):
         record_idle(backend, pool_stats, total=checker.max_total_num_tokens, leak=bool(result[0]))
 
 
+@dataclass(frozen=True)
+class Hook:
+    """One place the plugin hooks into SGLang."""
+
+    target: str
+    """Dotted path of the SGLang function or method."""
+    kind: str
+    """``before``, ``after`` or ``around`` (the value of SGLang's ``HookType``)."""
+    fn: Callable
+    why: str
+
+
+_SRT = "sglang.srt."
+_POLICY = _SRT + "managers.schedule_policy.PrefillAdder."
+_BATCH = _SRT + "managers.schedule_batch."
+HOOKS: tuple[Hook, ...] = (
+    Hook(_SRT + "server_args.ServerArgs.resolve_once", "before", _before_resolution,
+         "refuse flags and models as given (SGLang rewrites some); CPU row default"),
+    Hook(_SRT + "server_args.ServerArgs.check_server_args", "after", _check_server_args,
+         "validate the config and refuse unsupported resolved settings at start"),
+    Hook(_SRT + "model_executor.model_runner.ModelRunner.forward", "after", _after_model_forward,
+         "compress due rows after the layers ran (outside any graph)"),
+    Hook(_SRT + "model_executor.forward_batch_info.ForwardBatch.init_new", "after", _record_host_rows,
+         "decode batches get ``req_pool_indices_cpu`` too (host rows: no sync)"),
+    Hook(_SRT + "mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes", "around",
+         reserve_before_kv_pool, "the plugin's memory comes out of the KV budget first"),
+    Hook(_SRT + "mem_cache.memory_pool.ReqToTokenPool.alloc", "after", _bind_rows,
+         "bind a request (its config, prompt length, provenance) to its row"),
+    Hook(_SRT + "mem_cache.memory_pool.ReqToTokenPool.write", "after", _follow_write,
+         "the radix checkpoint repoints a bound row at the tree's slots: the table follows"),
+    Hook(_SRT + "beam_search.coordinator.BeamCoordinator.validate_and_init", "around", _refuse_beams,
+         "beam search is refused per request (beam rows are remapped)"),
+    Hook(_POLICY + "add_one_req", "around", _add_one_req,
+         "a request is admitted by its own bound (its B + W + 1; ``admission``)"),
+    Hook(_POLICY + "add_chunked_req", "around", _with_own_bound,
+         "the same, when a chunked prefill's last chunk reserves its future"),
+    Hook(_POLICY + "_get_running_request_total_token_offset", "around", _running_offset,
+         "a running compressed request: its exact need"),
+    Hook(_POLICY + "preempt_to_schedule", "around", _with_own_bound,
+         "the same for the request a preemption makes room for"),
+    Hook(_BATCH + "Req._compute_max_prefix_len", "around", _max_prefix_len,
+         "a radix hit stops alpha tokens short (ring queries), and at the prompt"),
+    Hook(_SRT + "mem_cache.common.release_kv_cache", "around", _release_kv_cache,
+         "a compressed request is not inserted into the radix tree when it ends"),
+    Hook(_SRT + "mem_cache.common.checkpoint_kv_cache", "around", _checkpoint_kv_cache,
+         "a compressible request's checkpoint inserts its prompt only"),
+    Hook(_SRT + "mem_cache.base_prefix_cache.BasePrefixCache.free_kv_row", "around", _free_kv_row,
+         "release a compressed row's real slots, skipping evicted ones"),
+    Hook(_SRT + "managers.scheduler_components.pool_stats_observer.kv_private_tokens", "around", _kv_private_tokens,
+         "the busy memory checker counts what rows really own"),
+    Hook(_SRT + "mem_cache.allocation.alloc_for_decode", "around", _alloc_for_decode,
+         "reserve slots for first compressions that copy a shared prompt"),
+    Hook(_BATCH + "ScheduleBatch.new_tokens_required_next_decode", "around", _new_tokens_required,
+         "those reservations count when SGLang checks memory"),
+    Hook(_BATCH + "release_req", "around", _release_req,
+         "a retracted request that already compressed is refused, not resumed dense"),
+    Hook(_BATCH + "ScheduleBatch._get_decode_retraction_order", "around", _retraction_order,
+         "dense requests are retracted first, compressed ones last"),
+    Hook(_BATCH + "ScheduleBatch.retract_decode", "around", _retract_decode,
+         "forced retraction spares an all-compressed batch; the refusal's message"),
+    Hook(_SRT + "managers.scheduler.Scheduler.pause_generation", "around", _pause_generation,
+         "a retract pause holding compressed requests pauses in place (``pause``)"),
+    Hook(_SRT + "managers.scheduler_components.output_streamer.SchedulerOutputStreamer."
+         "is_request_level_customized_info_key", "around", _request_level_key, "provenance sent once per request"),
+    Hook(_SRT + "managers.scheduler_components.invariant_checker.SchedulerInvariantChecker._check_all_pools",
+         "after", _idle_pool_check, "with ``stats_path``: log the idle pool (tests)"),
+)
+"""Every hook of the plugin, in the order ``register_hooks`` installs them."""
+
+
 def register_hooks() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    after, around = HookType.AFTER, HookType.AROUND
-    for target, hook, kind in [
-        ("sglang.srt.server_args.ServerArgs.resolve_once", _before_resolution, HookType.BEFORE),
-        ("sglang.srt.server_args.ServerArgs.check_server_args", _check_server_args, after),
-        ("sglang.srt.model_executor.model_runner.ModelRunner.forward", _after_model_forward, after),
-        ("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new", _record_host_rows, after),
-        ("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes",
-         reserve_before_kv_pool, around),
-        ("sglang.srt.mem_cache.memory_pool.ReqToTokenPool.alloc", _bind_rows, after),
-        ("sglang.srt.mem_cache.memory_pool.ReqToTokenPool.write", _follow_write, after),
-        ("sglang.srt.beam_search.coordinator.BeamCoordinator.validate_and_init", _refuse_beams, around),
-        ("sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req", _add_one_req, around),
-        ("sglang.srt.managers.schedule_policy.PrefillAdder.add_chunked_req", _with_own_bound, around),
-        ("sglang.srt.managers.schedule_policy.PrefillAdder._get_running_request_total_token_offset", _running_offset,
-         around),
-        ("sglang.srt.managers.schedule_policy.PrefillAdder.preempt_to_schedule", _with_own_bound, around),
-        ("sglang.srt.managers.schedule_batch.Req._compute_max_prefix_len", _max_prefix_len, around),
-        ("sglang.srt.mem_cache.common.release_kv_cache", _release_kv_cache, around),
-        ("sglang.srt.mem_cache.common.checkpoint_kv_cache", _checkpoint_kv_cache, around),
-        ("sglang.srt.mem_cache.base_prefix_cache.BasePrefixCache.free_kv_row", _free_kv_row, around),
-        ("sglang.srt.managers.scheduler_components.pool_stats_observer.kv_private_tokens", _kv_private_tokens,
-         around),
-        ("sglang.srt.mem_cache.allocation.alloc_for_decode", _alloc_for_decode, around),
-        ("sglang.srt.managers.schedule_batch.ScheduleBatch.new_tokens_required_next_decode", _new_tokens_required,
-         around),
-        ("sglang.srt.managers.schedule_batch.release_req", _release_req, around),
-        ("sglang.srt.managers.schedule_batch.ScheduleBatch._get_decode_retraction_order", _retraction_order, around),
-        ("sglang.srt.managers.schedule_batch.ScheduleBatch.retract_decode", _retract_decode, around),
-        ("sglang.srt.managers.scheduler.Scheduler.pause_generation", _pause_generation, around),
-        ("sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer."
-         "is_request_level_customized_info_key", _request_level_key, around),
-        ("sglang.srt.managers.scheduler_components.invariant_checker.SchedulerInvariantChecker._check_all_pools",
-         _idle_pool_check, after),
-    ]:
-        HookRegistry.register(target, hook, kind)
+    for hook in HOOKS:
+        HookRegistry.register(hook.target, hook.fn, HookType(hook.kind))

@@ -34,13 +34,14 @@ Which log-probs go where: rho = pi_old / pi_sparse (dense old over sampler); PPO
 slime users: ``--custom-tis-function-path sparse_rl_megatron.algo.slime_hook.sparse_rl_correction``.
 """
 from sparse_rl_megatron.algo.advantages import ADVANTAGE_ESTIMATORS, compute_advantages
-from sparse_rl_megatron.algo.config import CORRECTION_MODES, CorrectionConfig, CorrectionMode
+from sparse_rl_megatron.algo.config import CorrectionConfig
 from sparse_rl_megatron.algo.correction import PreparedBatch, prepare_correction
 from sparse_rl_megatron.algo.entropy import entropy_from_logits
 from sparse_rl_megatron.algo.hooks import check_hook_signature, load_hook
 from sparse_rl_megatron.algo.kl import KL_ESTIMATORS, kl_penalty
 from sparse_rl_megatron.algo.loss import LossConfig, micro_batch_loss
 from sparse_rl_megatron.algo.metrics import mismatch_metrics
+from sparse_rl_megatron.algo.modes import CORRECTION_MODES, Correction, CorrectionInputs, CorrectionMode, register_correction_mode
 from sparse_rl_megatron.algo.normalisers import GlobalNormalisers, local_normalisers
 from sparse_rl_megatron.algo.policy_loss import ppo_clip_loss
 from sparse_rl_megatron.algo.ratio import LOG_RATIO_CLAMP, sparsity_log_ratio
@@ -58,7 +59,7 @@ from sparse_rl_megatron.algo.slime_hook import sparse_rl_correction
 __all__ = [
     "ADVANTAGE_ESTIMATORS", "CORRECTION_MODES", "KL_ESTIMATORS", "REDUCTIONS", "REJECTION_KEYS", "REJECTION_LEVELS",
     "WEIGHT_MODES", "LOG_RATIO_CLAMP",
-    "CorrectionConfig", "CorrectionMode", "LossConfig", "PreparedBatch", "GlobalNormalisers", "RejectionResult",
+    "CorrectionConfig", "CorrectionMode", "CorrectionInputs", "Correction", "register_correction_mode", "LossConfig", "PreparedBatch", "GlobalNormalisers", "RejectionResult",
     "prepare_correction", "micro_batch_loss",
     "sparsity_log_ratio", "reject", "sequence_veto", "importance_weights", "weight_stats", "normalisation_factor",
     "normalise_weights", "compute_advantages", "ppo_clip_loss", "kl_penalty", "entropy_from_logits",

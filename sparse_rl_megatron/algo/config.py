@@ -1,4 +1,4 @@
-"""How a rollout batch is corrected for the sparse sampler: ``CorrectionConfig`` and the mode registry.
+"""How a rollout batch is corrected for the sparse sampler: ``CorrectionConfig`` (the modes: ``modes.py``).
 
 Defaults are the Sparse-RL reference runs (arXiv 2601.10079 and its slime-based code): sequence veto at
 rho < 1e-4, token rejection outside rho in [0.5, 1.5], truncated weights min(rho, 1.5) normalised to mean 1
@@ -10,31 +10,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from sparse_rl_megatron.algo.advantages import ADVANTAGE_ESTIMATORS
+from sparse_rl_megatron.algo.modes import CORRECTION_MODES, hook_modes
 from sparse_rl_megatron.algo.rejection import RATIO_KEY, REJECTION_KEYS, REJECTION_LEVELS
 from sparse_rl_megatron.algo.reweighting import WEIGHT_MODES
-from sparse_rl_megatron.utils.registry import Registry
-
-
-@dataclass(frozen=True)
-class CorrectionMode:
-    """Which stages a correction mode runs."""
-
-    reject: bool
-    """Sequence veto + bound-based rejection (``rejection.reject``)."""
-    reweight: bool
-    """Importance weights from rho (``reweighting.importance_weights``); otherwise all weights are 1."""
-    uses_hook: bool = False
-    """Weights and mask come from the custom hook of ``CorrectionConfig.hook`` instead."""
-    needs_sampler: bool = True
-    """Needs the sampler's log-probs (every mode but ``none``, which only logs them when given)."""
-
-
-CORRECTION_MODES: Registry[CorrectionMode] = Registry("correction mode")
-CORRECTION_MODES.add("sparse_rl", CorrectionMode(reject=True, reweight=True))
-CORRECTION_MODES.add("rejection_only", CorrectionMode(reject=True, reweight=False))
-CORRECTION_MODES.add("reweight_only", CorrectionMode(reject=False, reweight=True))
-CORRECTION_MODES.add("none", CorrectionMode(reject=False, reweight=False, needs_sampler=False))
-CORRECTION_MODES.add("custom", CorrectionMode(reject=False, reweight=False, uses_hook=True))
 
 
 @dataclass
@@ -42,8 +20,8 @@ class CorrectionConfig:
     """Sparsity correction of one rollout batch (rejection, reweighting, advantages)."""
 
     mode: str = "sparse_rl"
-    """Correction mode: ``sparse_rl`` (rejection + reweighting), ``rejection_only``, ``reweight_only``,
-    ``none`` (plain GRPO, metrics only), ``custom`` (the function at ``hook``)."""
+    """Correction mode, a name in ``modes.CORRECTION_MODES``: ``sparse_rl`` (rejection + reweighting, the
+    default); each registered function's docstring says what it does."""
     veto_threshold: float | None = 1e-4
     """Drop a whole sequence if any of its tokens has rho < this (None or 0: no veto)."""
     rejection_level: str = "token"
@@ -70,7 +48,8 @@ class CorrectionConfig:
     advantage_eps: float = 1e-6
     """Added to the group std by ``grpo``."""
     hook: str | None = None
-    """Dotted path ``package.module.function`` of a slime-style correction hook (mode ``custom`` only)."""
+    """Dotted path ``package.module.function`` of a slime-style correction hook (only for a mode that runs one:
+    ``custom``)."""
     hook_args: dict[str, Any] = field(default_factory=dict)
     """Options handed to the hook as attributes of its ``args`` argument."""
 
@@ -99,10 +78,13 @@ class CorrectionConfig:
             )
         if not self.advantage_eps >= 0:
             raise ValueError(f"CorrectionConfig.advantage_eps must be >= 0, got {self.advantage_eps}")
-        if self.mode == "custom" and not self.hook:
-            raise ValueError("CorrectionConfig.hook must be a dotted path 'package.module.function' with mode='custom'")
-        if self.hook and self.mode != "custom":
-            raise ValueError(f"CorrectionConfig.hook is only used with mode='custom', but mode='{self.mode}'")
+        uses_hook = CORRECTION_MODES.get(self.mode).uses_hook
+        if uses_hook and not self.hook:
+            raise ValueError(f"CorrectionConfig.hook must be a dotted path 'package.module.function' with "
+                             f"mode='{self.mode}'")
+        if self.hook and not uses_hook:
+            raise ValueError(f"CorrectionConfig.hook is only used with {' or '.join(f'mode={m!r}' for m in hook_modes())}"
+                             f", but mode='{self.mode}'")
 
     @classmethod
     def field_names(cls) -> list[str]:

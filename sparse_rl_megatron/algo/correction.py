@@ -1,8 +1,8 @@
 """Once per rollout, on the GLOBAL batch: turn log-probs, masks and rewards into train-time tensors.
 
-``prepare_correction`` runs ratio -> rejection -> reweighting -> advantages (over kept samples) ->
-global normalisers -> metrics, and returns a ``PreparedBatch``. The learner slices it into micro-batches
-(``PreparedBatch.select`` / ``micro_batches``) and calls ``loss.micro_batch_loss`` on each; the global
+``prepare_correction`` runs ratio -> the correction mode (``modes.py``: rejection, reweighting, a hook) ->
+advantages (over kept samples) -> global normalisers -> metrics, and returns a ``PreparedBatch``. The learner
+slices it into micro-batches (``PreparedBatch.select`` / ``micro_batches``) and calls ``loss.micro_batch_loss`` on each; the global
 normalisers travel with every slice.
 """
 from __future__ import annotations
@@ -13,14 +13,13 @@ from typing import Any
 import torch
 
 from sparse_rl_megatron.algo.advantages import compute_advantages
-from sparse_rl_megatron.algo.config import CORRECTION_MODES, CorrectionConfig
+from sparse_rl_megatron.algo.config import CorrectionConfig
 from sparse_rl_megatron.algo.diagnostics import rollout_diagnostics
-from sparse_rl_megatron.algo.hooks import load_hook, run_hook_on_batch
 from sparse_rl_megatron.algo.metrics import mismatch_metrics
+from sparse_rl_megatron.algo.modes import CORRECTION_MODES, CorrectionInputs
 from sparse_rl_megatron.algo.normalisers import GlobalNormalisers, local_normalisers
 from sparse_rl_megatron.algo.ratio import sparsity_log_ratio
-from sparse_rl_megatron.algo.rejection import reject
-from sparse_rl_megatron.algo.reweighting import importance_weights, normalisation_factor
+from sparse_rl_megatron.algo.reweighting import normalisation_factor
 from sparse_rl_megatron.algo.validation import (
     as_bool_mask,
     check_2d,
@@ -92,37 +91,6 @@ class PreparedBatch:
             "old_log_probs", "response_mask", "loss_mask", "advantages", "weights", "keep", "log_rho")})
 
 
-def reject_and_reweight(
-    log_rho: torch.Tensor, response_mask: torch.Tensor, config: CorrectionConfig
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The built-in correction of ``config.mode``: rejection (if the mode rejects), then raw importance weights
-    (if it reweights; else weight 1 on every kept token). Used by ``prepare_correction`` and the slime hook.
-
-    Args:
-        log_rho: ``[B, T]`` clamped log rho; response_mask: ``[B, T]`` bool, real response tokens.
-    Returns:
-        ``(loss_mask [B, T] bool, vetoed [B] bool, weights [B, T])``; weights are 0 off the loss mask and
-        not yet normalised.
-    """
-    mode = CORRECTION_MODES.get(config.mode)
-    loss_mask = response_mask
-    vetoed = torch.zeros(response_mask.shape[0], dtype=torch.bool, device=response_mask.device)
-    if mode.reject:
-        rej = reject(
-            log_rho, response_mask, level=config.rejection_level, key=config.rejection_key,
-            lower=config.rejection_lower, upper=config.rejection_upper,
-            max_divergence=config.rejection_max_divergence, veto_threshold=config.veto_threshold,
-        )
-        loss_mask, vetoed = rej.mask, rej.vetoed
-    if mode.reweight:
-        weights, loss_mask = importance_weights(
-            log_rho, loss_mask, mode=config.weight_mode, lower=config.weight_lower, upper=config.weight_upper
-        )
-    else:
-        weights = loss_mask.to(log_rho.dtype)
-    return loss_mask, vetoed, weights
-
-
 def prepare_correction(
     old_log_probs: torch.Tensor,
     sampler_log_probs: torch.Tensor | None,
@@ -167,16 +135,8 @@ def prepare_correction(
         log_rho = torch.zeros_like(old)
     else:
         log_rho = sparsity_log_ratio(old_log_probs, sampler_log_probs, response)
-    vetoed = torch.zeros(batch, dtype=torch.bool, device=old.device)
-    hook_metrics: dict[str, float] = {}
-    if mode.uses_hook:
-        weights, loss_mask, hook_metrics = run_hook_on_batch(
-            load_hook(config.hook), dict(config.hook_args), old, torch.where(response, sampler_log_probs, old), response
-        )
-        # the hook does not say why: a sample it dropped whole counts as vetoed (what was dropped, whatever dropped it)
-        vetoed = response.any(dim=-1) & ~loss_mask.any(dim=-1)
-    else:
-        loss_mask, vetoed, weights = reject_and_reweight(log_rho, response, config)
+    correction = mode(CorrectionInputs(log_rho, response, old, sampler_log_probs), config)
+    loss_mask, vetoed, weights = correction.loss_mask, correction.vetoed, correction.weights
 
     keep = loss_mask.any(dim=-1)
     advantages = compute_advantages(
@@ -196,7 +156,7 @@ def prepare_correction(
             log_rho=log_rho, old_log_probs=old_log_probs, sampler_log_probs=sampler_log_probs, response_mask=response,
             keep=keep, rewards=rewards, veto_threshold=config.veto_threshold,
         ))
-    metrics.update(hook_metrics)
+    metrics.update(correction.metrics)
     metrics["sparse/kept_seqs"] = normalisers.kept_seqs
     metrics["sparse/kept_tokens"] = normalisers.kept_tokens
     return PreparedBatch(

@@ -5,7 +5,7 @@
 Options are read from attributes ``sparse_rl_<field>`` of ``args`` for every field of ``CorrectionConfig``
 (e.g. ``args.sparse_rl_veto_threshold``, ``args.sparse_rl_weight_upper``); missing or None attributes take
 the reference defaults, so the hook works with no extra flags (None means "not set": disable the veto with
-``sparse_rl_veto_threshold = 0``). Mode ``custom`` is refused (the hook would call itself).
+``sparse_rl_veto_threshold = 0``). A mode that runs a hook (``custom``) is refused (the hook would call itself).
 
 What this hook does per micro-batch: log rho = train (dense old) - rollout (sampler) log-probs; sequence veto
 and token rejection (returned as new ``loss_masks``, so slime drops those tokens from its denominators);
@@ -30,8 +30,8 @@ import torch
 from sparse_rl_megatron.algo.config import CorrectionConfig
 from sparse_rl_megatron.algo.hooks import pad
 from sparse_rl_megatron.algo.metrics import masked_quantiles
+from sparse_rl_megatron.algo.modes import CORRECTION_MODES, CorrectionInputs
 from sparse_rl_megatron.algo.ratio import sparsity_log_ratio
-from sparse_rl_megatron.algo.correction import reject_and_reweight
 from sparse_rl_megatron.algo.reweighting import normalisation_factor, weight_stats
 from sparse_rl_megatron.algo.validation import check_finite_where
 
@@ -49,8 +49,8 @@ def config_from_args(args: Any) -> CorrectionConfig:
         config = CorrectionConfig(**values)
     except ValueError as err:  # name the attribute the slime user set, not our dataclass field
         raise ValueError(str(err).replace("CorrectionConfig.", f"args.{ARGS_PREFIX}")) from err
-    if config.mode == "custom":
-        raise ValueError(f"{ARGS_PREFIX}mode='custom' is not allowed inside the Sparse-RL hook (it would call itself)")
+    if CORRECTION_MODES.get(config.mode).uses_hook:
+        raise ValueError(f"{ARGS_PREFIX}mode='{config.mode}' is not allowed inside the Sparse-RL hook (it would call itself)")
     return config
 
 
@@ -105,7 +105,8 @@ def sparse_rl_correction(
     check_finite_where(sampler, response, "rollout_log_probs")
     log_rho = sparsity_log_ratio(old, sampler, response)
 
-    new_mask, vetoed, weights = reject_and_reweight(log_rho, response, config)
+    correction = CORRECTION_MODES.get(config.mode)(CorrectionInputs(log_rho, response, old, sampler), config)
+    new_mask, vetoed, weights = correction.loss_mask, correction.vetoed, correction.weights
     stats = kwargs.get("sparse_rl_weight_stats")
     stats = weight_stats(weights, new_mask) if stats is None else torch.as_tensor(stats, dtype=torch.float64)
     factor = normalisation_factor(stats.to(weights.device)) if config.normalise_weights else torch.ones((), dtype=torch.float64)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from sparse_rl_megatron.compression.scorers import SCORERS
+from sparse_rl_megatron.compression.scorers import QUERY_CENTERS, SCORERS, Scorer
 
 DENSE_METHOD = "none"
 """Method name meaning: no compression, the full KV cache is kept."""
@@ -28,7 +28,7 @@ class CompressionConfig:
     """How the rollout engine compresses the KV cache (per layer, per KV head)."""
 
     method: str = DENSE_METHOD
-    """Scorer name: ``none`` (dense), ``rkv``, ``snapkv``, ``streamingllm``, ``h2o``, ``triattention``."""
+    """Scorer name, one of ``scorers.SCORERS`` (``none``: dense)."""
     budget: int = 512
     """B: KV tokens kept per layer and KV head after each compression (ignored when dense)."""
     window: int = 8
@@ -71,7 +71,7 @@ class CompressionConfig:
         if self.triattention_centers not in CENTER_SOURCES:
             raise ValueError(f"CompressionConfig.triattention_centers must be one of {', '.join(CENTER_SOURCES)}; "
                              f"got '{self.triattention_centers}'")
-        if self.method == "triattention" and self.triattention_centers == "file" and not self.triattention_centers_path:
+        if self.uses_center_file and not self.triattention_centers_path:
             raise ValueError("CompressionConfig.triattention_centers=file needs triattention_centers_path")
         for name in ("budget", "window", "buffer", "pool_kernel", "sink_tokens", "triattention_max_offset"):
             value = getattr(self, name)
@@ -96,7 +96,7 @@ class CompressionConfig:
             )
         if self.pool_kernel < 1 or self.pool_kernel % 2 == 0:
             raise ValueError(f"CompressionConfig.pool_kernel must be odd and >= 1; got {self.pool_kernel}")
-        if self.method == "streamingllm" and not 0 <= self.sink_tokens <= self.budget - self.window:
+        if self.scorer.keeps_sinks and not 0 <= self.sink_tokens <= self.budget - self.window:
             raise ValueError(
                 f"CompressionConfig.sink_tokens must be in [0, budget - window = {self.budget - self.window}]; "
                 f"got {self.sink_tokens}"
@@ -105,6 +105,16 @@ class CompressionConfig:
             raise ValueError(
                 "CompressionConfig.compress_prefill needs scope='all' (scope='response' always keeps the prompt whole)"
             )
+
+    @property
+    def scorer(self) -> Scorer:
+        """The registered scorer of ``method`` (what it needs and reads)."""
+        return SCORERS.get(self.method)
+
+    @property
+    def uses_center_file(self) -> bool:
+        """The scorer needs query centers and takes them from ``triattention_centers_path``."""
+        return QUERY_CENTERS in self.scorer.needs and self.triattention_centers == "file"
 
     @property
     def is_dense(self) -> bool:

@@ -1,4 +1,4 @@
-"""Token scorers, chosen by name: ``rkv``, ``snapkv``, ``streamingllm``, ``h2o``, ``triattention`` and ``none`` (dense).
+"""Token scorers, chosen by name from ``SCORERS`` (``register_scorer``): each declares what it needs.
 
 A scorer maps :class:`ScoreInputs` (one compression of one layer, for ``n`` sequences) to a score per KV
 head for every candidate *before* the observation window: ``[n, Hkv, N - alpha]`` float32, higher = keep.
@@ -55,19 +55,47 @@ class ScoreInputs:
         return self.keys.shape[2]
 
 
+QUERY_WINDOW = "query_window"
+"""Input: the post-RoPE queries of the last alpha tokens per layer (``ScoreInputs.queries``)."""
+ACCUMULATED_ATTENTION = "accumulated_attention"
+"""Input: ``attention_mass`` of every query so far (prefill and decode) per cached token."""
+QUERY_CENTERS = "query_centers"
+"""Input: the pre-RoPE query centers, the next position and the rotary ``inv_freq`` (``CENTER_FIELDS``)."""
+CENTER_FIELDS = ("query_center", "query_abs_center", "query_position", "rope_inv_freq")
+INPUT_FIELDS: dict[str, tuple[str, ...]] = {
+    QUERY_WINDOW: ("queries",),
+    ACCUMULATED_ATTENTION: ("accumulated_attention",),
+    QUERY_CENTERS: CENTER_FIELDS,
+}
+"""Every input a scorer may declare it needs beyond the keys and values, and the ``ScoreInputs`` fields it fills.
+An engine says which of these it provides (``rollout/kv_cache.PROVIDES``, ``sglang_ext/config.PLUGIN_PROVIDES``);
+a scorer runs on an engine that provides all it needs."""
+
+
 @dataclass(frozen=True)
 class Scorer:
-    """A named scoring rule and what it needs from the engine."""
+    """A named scoring rule and what it declares: the inputs it needs, the knobs it reads, its cost."""
 
     name: str
     fn: Callable[[ScoreInputs, "CompressionConfig"], torch.Tensor] | None
     """(inputs, config) -> [n, Hkv, N - alpha] float32; None for the dense pass-through."""
-    needs_queries: bool = False
-    """The engine must keep the post-RoPE queries of the last alpha tokens per layer."""
-    needs_accumulated_attention: bool = False
-    """The engine must accumulate ``attention_mass`` of every query (prefill and decode) per cached token."""
-    needs_query_centers: bool = False
-    """The engine must pass the pre-RoPE query centers, the next position and the rotary ``inv_freq``."""
+    summary: str = ""
+    """One line: what the score is (the docs' table of methods and the CLIs' help show it)."""
+    needs: frozenset[str] = frozenset()
+    """Inputs the engine must provide, keys of ``INPUT_FIELDS``."""
+    pairwise: bool = False
+    """The score compares every pair of candidates (an N x N float32 scratch per KV head: chunk sizing)."""
+    keeps_sinks: bool = False
+    """The first ``config.sink_tokens`` candidates always win (the budget must leave room for them)."""
+
+    def __post_init__(self) -> None:
+        unknown = sorted(self.needs - INPUT_FIELDS.keys())
+        if unknown:
+            raise ValueError(f"scorer '{self.name}' needs unknown inputs {unknown}; known: {sorted(INPUT_FIELDS)}")
+
+    def runs_with(self, provided: frozenset[str] | set[str]) -> bool:
+        """Whether an engine providing the inputs ``provided`` can run this scorer."""
+        return self.needs <= provided
 
     @property
     def compresses(self) -> bool:
@@ -79,14 +107,10 @@ class Scorer:
         n, hkv, length, _ = inputs.keys.shape
         if length <= config.window:
             raise ValueError(f"{self.name}: {length} candidates, need more than the window ({config.window})")
-        if self.needs_queries and inputs.queries is None:
-            raise ValueError(f"scorer '{self.name}' needs ScoreInputs.queries (the last alpha queries)")
-        if self.needs_accumulated_attention and inputs.accumulated_attention is None:
-            raise ValueError(f"scorer '{self.name}' needs ScoreInputs.accumulated_attention")
-        if self.needs_query_centers:
-            missing = [f for f in CENTER_FIELDS if getattr(inputs, f) is None]
+        for need in sorted(self.needs):
+            missing = [f for f in INPUT_FIELDS[need] if getattr(inputs, f) is None]
             if missing:
-                raise ValueError(f"scorer '{self.name}' needs ScoreInputs.{', '.join(missing)}")
+                raise ValueError(f"scorer '{self.name}' needs ScoreInputs.{', '.join(missing)} ({need})")
         scores = self.fn(inputs, config)
         expected = (n, hkv, length - config.window)
         if tuple(scores.shape) != expected:
@@ -95,7 +119,12 @@ class Scorer:
 
 
 SCORERS: Registry[Scorer] = Registry("KV compression method")
-CENTER_FIELDS = ("query_center", "query_abs_center", "query_position", "rope_inv_freq")
+
+
+def register_scorer(scorer: Scorer) -> Scorer:
+    """Register ``scorer`` under its name (a second registration of a name is refused)."""
+    SCORERS.add(scorer.name, scorer)
+    return scorer
 
 
 def _importance(inputs: ScoreInputs, config: "CompressionConfig") -> torch.Tensor:
@@ -143,14 +172,29 @@ def _triattention(inputs: ScoreInputs, config: "CompressionConfig") -> torch.Ten
     return scores[..., :past]
 
 
-SCORERS.add("none", Scorer("none", None))
-SCORERS.add("rkv", Scorer("rkv", _rkv, needs_queries=True))
-SCORERS.add("snapkv", Scorer("snapkv", _snapkv, needs_queries=True))
-SCORERS.add("streamingllm", Scorer("streamingllm", _streamingllm))
-SCORERS.add("h2o", Scorer("h2o", _h2o, needs_accumulated_attention=True))
-SCORERS.add("triattention", Scorer("triattention", _triattention, needs_query_centers=True))
+register_scorer(Scorer("none", None, "dense: nothing is compressed"))
+register_scorer(Scorer("rkv", _rkv, "R-KV: window attention importance minus key redundancy",
+                       needs=frozenset({QUERY_WINDOW}), pairwise=True))
+register_scorer(Scorer("snapkv", _snapkv, "SnapKV: window attention importance", needs=frozenset({QUERY_WINDOW})))
+register_scorer(Scorer("streamingllm", _streamingllm, "StreamingLLM: attention sinks, then the most recent tokens",
+                       keeps_sinks=True))
+register_scorer(Scorer("h2o", _h2o, "H2O: attention mass accumulated over every query (heavy hitters)",
+                       needs=frozenset({ACCUMULATED_ATTENTION})))
+register_scorer(Scorer("triattention", _triattention, "TriAttention: trigonometric series of the pre-RoPE query "
+                       "centers plus a norm term", needs=frozenset({QUERY_CENTERS})))
 
 
 def get_scorer(name: str) -> Scorer:
     """The scorer registered under ``name`` (unknown names raise, listing the valid ones)."""
     return SCORERS.get(name)
+
+
+def compressor_names() -> list[str]:
+    """The registered scorers that compress (every one but the dense pass-through)."""
+    return [n for n in SCORERS.names() if SCORERS.get(n).compresses]
+
+
+def methods_help(dense: bool = True) -> str:
+    """``none (dense), h2o, rkv, ...``: the method names for a CLI's help, from the registry."""
+    return ", ".join(([f"{n} (dense)" for n in SCORERS.names() if not SCORERS.get(n).compresses] if dense else [])
+                     + compressor_names())

@@ -41,7 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     g = parser.add_argument_group("engine and inference mode")
     g.add_argument("--engine", default="hf", help="rollout engine name: hf (reference) or sglang (SGLang + sparse_kv plugin)")
-    g.add_argument("--compression", default="none", help="KV compressor: none (dense), rkv, snapkv, streamingllm, h2o")
+    from sparse_rl_megatron.compression.scorers import methods_help
+
+    g.add_argument("--compression", default="none", help=f"KV compressor: {methods_help()}")
     g.add_argument("--budget", type=positive_int, default=None, help="KV budget B (default 512; needs --compression)")
     g.add_argument("--window", type=positive_int, default=None, help="observation window alpha (default 8)")
     g.add_argument("--buffer", type=positive_int, default=None, help="buffer W: compress at B + W (default 128)")
@@ -103,12 +105,13 @@ COMPRESSION_OPTIONS = ("budget", "window", "buffer", "scope")
 def _compression_settings(args: argparse.Namespace) -> dict:
     """The compression options given explicitly; refused without ``--compression`` (they would do nothing)."""
     from sparse_rl_megatron.compression.config import DENSE_METHOD
+    from sparse_rl_megatron.compression.scorers import compressor_names
 
     given = {name: getattr(args, name) for name in COMPRESSION_OPTIONS if getattr(args, name) is not None}
     if given and args.compression == DENSE_METHOD:
         flags = ", ".join(f"--{name}" for name in given)
         raise UsageError(f"{flags} without --compression would run dense (the full KV cache); add --compression "
-                         "rkv (or snapkv, streamingllm, h2o), or drop " + flags)
+                         f"rkv (or {', '.join(n for n in compressor_names() if n != 'rkv')}), or drop " + flags)
     return given
 
 

@@ -44,10 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("what to compare")
     g.add_argument("--budgets", default=None, help="comma-separated KV budgets, e.g. 64,128,256 (default: the "
                                                    "recipe's rollout.compression.budget)")
-    from sparse_rl_megatron.compression.scorers import SCORERS
+    from sparse_rl_megatron.compression.scorers import methods_help
 
-    g.add_argument("--compression", help="KV compressor (rollout.compression.method): "
-                                         + ", ".join(m for m in SCORERS.names() if m != "none"))
+    g.add_argument("--compression", help="KV compressor (rollout.compression.method): " + methods_help(dense=False))
     g.add_argument("--model", help="model (model_path): HF directory, Megatron checkpoint, tiny or task:<name>")
     g.add_argument("--dataset", help="prompts (data.dataset): a named set, a JSONL/Parquet file or task:<name>")
     g.add_argument("--template", help="prompt template (data.template)")

@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _check(args: argparse.Namespace) -> list[str]:
-    from sparse_rl_megatron.algo.config import CORRECTION_MODES
+    from sparse_rl_megatron.algo.modes import CORRECTION_MODES
 
     for name in ("prompts", "samples", "reference_samples", "repeats"):
         if getattr(args, name) < 1:

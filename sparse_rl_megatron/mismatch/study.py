@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
-from sparse_rl_megatron.algo.config import CORRECTION_MODES
+from sparse_rl_megatron.algo.modes import CORRECTION_MODES
 from sparse_rl_megatron.algo.rho_stats import rho_summary
 from sparse_rl_megatron.compression.config import CompressionConfig
 
@@ -56,7 +56,7 @@ def study_rows(compression: CompressionConfig, budgets: Sequence[int]) -> list[t
 def rejecting_correction(correction: "CorrectionConfig") -> tuple["CorrectionConfig", str | None]:
     """The correction the study counts rejections with, and a note when it is not the run's own."""
     mode = CORRECTION_MODES.get(correction.mode)
-    if mode.reject or mode.uses_hook:
+    if mode.rejects or mode.uses_hook:
         return correction, None
     note = (f"correction.mode '{correction.mode}' rejects nothing; the rejection columns show what mode "
             f"'{REJECTING_MODE}' would reject with the same bounds (veto rho < {correction.veto_threshold}, tokens "

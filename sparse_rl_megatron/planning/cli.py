@@ -53,7 +53,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="what of the learner sleeps while the engines decode: a learner.offload mode "
                         "(learner/offload.py; default none: nothing)")
     g = p.add_argument_group("rollout")
-    g.add_argument("--compression", default="none", help="KV compressor next to dense: rkv, snapkv, ... (default none)")
+    from sparse_rl_megatron.compression.scorers import methods_help
+
+    g.add_argument("--compression", default="none", help=f"KV compressor next to dense: {methods_help(dense=False)} "
+                                                         "(default none)")
     g.add_argument("--budget", type=int, default=512, help="B: KV tokens kept per layer and head (default 512)")
     g.add_argument("--buffer", type=int, default=128, help="W: tokens decoded between compressions (default 128)")
     g.add_argument("--window", type=int, default=8, help="alpha: observation window (default 8)")

@@ -75,7 +75,7 @@ class RolloutConfig:
         if adaptive.min_budget <= c.window:
             raise ValueError(f"adaptive_budget.min_budget ({adaptive.min_budget}) must be > compression.window "
                              f"({c.window})")
-        if c.method == "streamingllm" and adaptive.min_budget - c.window < c.sink_tokens:
+        if c.scorer.keeps_sinks and adaptive.min_budget - c.window < c.sink_tokens:
             raise ValueError(f"adaptive_budget.min_budget ({adaptive.min_budget}) must leave room for "
                              f"compression.sink_tokens ({c.sink_tokens}) besides the window ({c.window})")
 

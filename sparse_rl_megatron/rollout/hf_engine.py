@@ -294,8 +294,7 @@ batched with other rows may get other BLAS kernels; see ``kv_cache.KEY_ALIGN``).
             num_layers=d.num_layers, rows=rows, num_kv_heads=d.num_kv_heads, num_q_heads=d.num_q_heads,
             head_dim=d.head_dim, capacity=capacity, dtype=self.dtype, config=config,
             scaling=d.scaling, device=self.device, rope_inv_freq=d.inv_freq,
-            centers=load_centers(config.triattention_centers_path)
-            if config.method == "triattention" and config.triattention_centers == "file" else None)
+            centers=load_centers(config.triattention_centers_path) if config.uses_center_file else None)
 
     def _run_chunk(self, prompt_ids, prompts, chunk, max_new: int, picker, config: CompressionConfig
                    ) -> list[Sample]:

@@ -27,6 +27,10 @@ from sparse_rl_megatron.compression import (
     gather_kept,
     get_scorer,
 )
+from sparse_rl_megatron.compression.scorers import ACCUMULATED_ATTENTION, INPUT_FIELDS, QUERY_CENTERS, QUERY_WINDOW
+
+PROVIDES = frozenset(INPUT_FIELDS)
+"""The scorer inputs this cache keeps (every one: the reference engine runs every registered scorer)."""
 
 
 KEY_ALIGN = 16
@@ -55,6 +59,8 @@ class CompressedKVCache:
         self.config = config
         self.schedule = CompressionSchedule(config)
         scorer = get_scorer(config.method)
+        if not scorer.runs_with(PROVIDES):
+            raise ValueError(f"the HF engine cannot run '{config.method}': it needs {sorted(scorer.needs - PROVIDES)}")
         self.scaling = scaling
         self.num_layers = num_layers
         shape = (num_layers, rows, num_kv_heads, capacity, head_dim)
@@ -62,13 +68,13 @@ class CompressedKVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         track = self.schedule.enabled
         self.pos = torch.zeros(shape[:4], dtype=torch.long, device=device) if track else None
-        self.acc = torch.zeros(shape[:4], dtype=torch.float32, device=device) if scorer.needs_accumulated_attention else None
+        self.acc = torch.zeros(shape[:4], dtype=torch.float32, device=device) if ACCUMULATED_ATTENTION in scorer.needs else None
         self.qwin = (torch.zeros(num_layers, rows, num_q_heads, config.window, head_dim, dtype=dtype, device=device)
-                     if scorer.needs_queries else None)
+                     if QUERY_WINDOW in scorer.needs else None)
         self.qptr = 0
         """Ring slot the next query goes to (the oldest); shared by all rows, which decode in lockstep."""
         self.inv_freq = self.centers = self.qsum = self.qabs = self.qcount = None
-        if scorer.needs_query_centers:
+        if QUERY_CENTERS in scorer.needs:
             if rope_inv_freq is None:
                 raise ValueError(f"{config.method} needs the model's rotary inv_freq (rope_inv_freq)")
             self.inv_freq = rope_inv_freq.to(device=device, dtype=torch.float32)
