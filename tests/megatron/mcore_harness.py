@@ -1,8 +1,10 @@
 """Run megatron worker scripts (plain python or torchrun + gloo) and report their checks to pytest.
 
-A worker (``workers/mcore_worker.run_checks``) runs named checks in order on every rank and records each
-outcome in ``rank<r>.json``. Here each check becomes its own test result: pass, fail with the failing
-rank's traceback, or "did not run" with the launch's output tail (a check after the first failure).
+A worker (``workers/mcore_worker.run_launch``) runs the checks of its launch (functions of the test files,
+decorated with ``mcore_check``) in order on every rank and records each outcome in ``rank<r>.json``. Here each
+check becomes its own test result, reported by the test that passes the check function: pass, fail with the
+failing rank's traceback (which points into the test file), or "did not run" with the launch's output tail (a
+check after the first failure).
 """
 from __future__ import annotations
 
@@ -15,6 +17,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
+
+from mcore_worker import check_key
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
@@ -37,10 +42,12 @@ class LaunchResult:
     records: dict[str, dict[int, dict]] = field(default_factory=dict)
     seconds: float = 0.0
 
-    def check(self, name: str) -> None:
-        """Fail the calling test unless ``name`` passed on every rank."""
+    def check(self, fn: Callable | str, **params) -> None:
+        """Fail the calling test unless the check ``fn`` (with ``params``) passed on every rank. (A string: the
+        record name of a launch whose worker still names its checks, see ``tests/unit/test_mcore_checks.py``.)"""
         import pytest
 
+        name = fn if isinstance(fn, str) else check_key(fn, params)
         per_rank = self.records.get(name, {})
         failed = {r: rec for r, rec in per_rank.items() if rec["status"] == "fail"}
         if failed:
