@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from mcore_worker import check_key
+from mcore_worker import check_key, mcore_check
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
@@ -107,3 +108,18 @@ LAYOUTS = {
     "DP2": ("pair_launch", "tp1pp1"),
     "TP2xPP2": ("grid_launch", "tp2pp2"),
 }
+
+
+def tp_pp(tag: str) -> tuple[int, int]:
+    """The TP and PP sizes of a layout tag (``tp2pp1``; ``tp1``: TP = PP = 1)."""
+    m = re.fullmatch(r"tp(\d+)(?:pp(\d+))?", tag)
+    return int(m[1]), int(m[2] or 1)
+
+
+def at_every_layout(fn: Callable) -> Callable:
+    """Register the check ``fn(ctx, layout, model)`` for every model at every layout of ``LAYOUTS``, each in the
+    launch that has the layout (``single``, ``pair``, ``grid``)."""
+    for launch_name in ("single", "pair", "grid"):
+        fn = mcore_check(launch_name, params=[{"layout": tag, "model": m} for fixture, tag in LAYOUTS.values()
+                                              if fixture == f"{launch_name}_launch" for m in MODELS])(fn)
+    return fn

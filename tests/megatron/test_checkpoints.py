@@ -5,19 +5,19 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 from safetensors.torch import load_file
 
 import mcore_checks as C
-from mcore_harness import LAYOUTS, MODELS, run_cli
+from mcore_harness import LAYOUTS, MODELS, at_every_layout, run_cli
 from mcore_worker import mcore_check
-from test_parity_and_logprobs import PER_MODEL
-from test_train_step import check_train_tp1
+from test_train_step import check_train
 
 
-@mcore_check("single", params=PER_MODEL)
-def check_export_tp1(ctx, model):
-    """On the learner of check_build_tp1, before check_train_tp1 trains it."""
-    C.check_export_identical(ctx.state[model], ctx.refs[model])
+@at_every_layout
+def check_export(ctx, layout, model):
+    """On the learner of check_build, before check_train trains it."""
+    C.check_export_identical(ctx.learners[model], ctx.refs[model])
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -26,16 +26,27 @@ def test_export_weights_bit_identical(request, layout, model):
     """HF -> Megatron (loaded at the layout) -> export_weights buckets: every HF tensor bit-identical, no
     padded vocab rows, no lm_head for tied models."""
     fixture, tag = LAYOUTS[layout]
-    if layout == "TP1":
-        request.getfixturevalue(fixture).check(check_export_tp1, model=model)
-        return
-    request.getfixturevalue(fixture).check(f"{tag}_export_{model}")
+    request.getfixturevalue(fixture).check(check_export, layout=tag, model=model)
+
+
+@mcore_check("pair")
+def check_bf16_export_tp1pp2(ctx):
+    # megatron keeps the torch norms fp32 in a bf16 model: both stages must still plan one bucket
+    # layout (was: stage 0 planned bf16 from the embedding, stage 1 fp32 from a norm; gloo aborted)
+    ref = ctx.refs["qwen2_tied"]
+    lrn = C.learner(ref, 1, 2, trainable=False, params_dtype="bfloat16")
+    assert {p.dtype for p in lrn.model.parameters()} == {torch.bfloat16, torch.float32}
+    got = C.exported(lrn)
+    assert sorted(got) == sorted(ref["hf"])
+    bad = [k for k, v in got.items()
+           if v.dtype != torch.bfloat16 or not torch.equal(v, ref["hf"][k].to(torch.bfloat16))]
+    assert not bad, f"bf16 export differs from the HF weights cast to bf16: {bad[:4]}"
 
 
 def test_bf16_export_with_pipeline_stages(pair_launch):
     """bf16 model (norm weights kept fp32 by megatron) at PP = 2: every stage exports in one dtype, so the
     stages agree on the buckets; every tensor equals the HF weight cast to bf16."""
-    pair_launch.check("bf16_export_tp1pp2")
+    pair_launch.check(check_bf16_export_tp1pp2)
 
 
 def test_convert_cli_round_trip(mcore_refs, tp1_checkpoint, mcore_root):
@@ -63,18 +74,56 @@ def test_convert_cli_refuses_bad_input(mcore_refs, mcore_root):
     assert "sparse_rl_checkpoint.json not found" in proc.stderr and "hf-to-megatron" in proc.stderr
 
 
-@pytest.mark.parametrize("check", ["reshard_tp1_to_tp2pp2", "reshard_tp2pp2_to_tp1"])
+@mcore_check("grid")
+def check_reshard_tp1_to_tp2pp2(ctx):
+    ref = ctx.refs["qwen2_tied"]
+    lrn = C.learner(ref, 2, 2, path=ctx.tp1_ckpt)  # a TP=1 torch_dist checkpoint into TP=2 x PP=2
+    C.check_logits(lrn, ref)
+    C.check_export_identical(lrn, ref)
+    lrn.save(ctx.work / "tp2pp2_ckpt")
+    alive = C.bucket_lifetimes(lrn)
+    out = lrn.save_hf(ctx.work / "tp2pp2_live_hf", bucket_bytes=16 * 1024)  # rank 0 writes, streamed
+    assert len(alive) > 4, alive
+    if dist.get_rank() != 0:  # the others let go of each bucket before the next one is built
+        assert max(alive) == 0, f"tensors of the previous bucket still alive: {alive}"
+    if dist.get_rank() == 0:
+        from safetensors.torch import load_file
+
+        got = load_file(str(out / "model.safetensors"))
+        assert sorted(got) == sorted(ref["hf"]) and all(torch.equal(got[k], ref["hf"][k]) for k in got)
+
+
+@mcore_check("grid")
+def check_reshard_tp2pp2_to_tp1(ctx):
+    ref = ctx.refs["qwen2_tied"]
+    lrn = C.learner(ref, 1, 1, path=str(ctx.work / "tp2pp2_ckpt"))  # ... and back to TP=1 (DP = world)
+    C.check_logits(lrn, ref)
+    C.check_export_identical(lrn, ref)
+    if dist.get_rank() == 0:  # the model-free export of the TP2 x PP2 checkpoint
+        from safetensors.torch import load_file
+
+        from sparse_rl_megatron.learner import export_to_hf
+
+        out = export_to_hf(ctx.work / "tp2pp2_ckpt", ctx.work / "tp2pp2_hf")
+        got = load_file(str(out / "model.safetensors"))
+        assert sorted(got) == sorted(ref["hf"])
+        assert all(torch.equal(got[k], ref["hf"][k]) for k in got)
+    dist.barrier()
+
+
+@pytest.mark.parametrize("check", [check_reshard_tp1_to_tp2pp2, check_reshard_tp2pp2_to_tp1],
+                         ids=["reshard_tp1_to_tp2pp2", "reshard_tp2pp2_to_tp1"])
 def test_reshard(grid_launch, check):
     """A TP = 1 checkpoint (from the convert CLI) loads at TP = 2 x PP = 2 (logits parity, export bit-identical),
     is saved there, and loads back at TP = 1 bit-identically; its model-free HF export is bit-identical too."""
     grid_launch.check(check)
 
 
-@mcore_check("single", after=(check_train_tp1,))
+@mcore_check("single", after=(check_train,))
 def check_save_hf_after_training(ctx):
     from safetensors.torch import load_file
 
-    lrn, ref = ctx.state["llama"], ctx.refs["llama"]  # trained one step by check_train_tp1
+    lrn, ref = ctx.learners["llama"], ctx.refs["llama"]  # trained one step by check_train
     out = lrn.save_hf(ctx.work / "llama_hf_after_step")
     got, want = load_file(str(out / "model.safetensors")), C.exported(lrn)
     assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in got)
@@ -258,7 +307,7 @@ def test_checkpoints_portable_across_te_and_no_te(single_launch):
 def check_refuse_other_architecture(ctx):
     import pytest
 
-    q = ctx.state["qwen2_tied"]
+    q = ctx.learners["qwen2_tied"]
     with pytest.raises(ValueError, match=r"another architecture.*family: 'qwen2' vs 'llama'.*hidden_size: 112 vs 64"):
         q.load(ctx.state["llama_ckpt"])
     from sparse_rl_megatron.learner.hf_io import load_hf_into_model

@@ -9,26 +9,24 @@ the first and last pipeline stage stay bit-identical.
 import pytest
 import torch
 
+import torch.distributed as dist
+
 import mcore_checks as C
-from mcore_harness import LAYOUTS, MODELS
+from mcore_harness import LAYOUTS, MODELS, at_every_layout, tp_pp
 from mcore_worker import mcore_check
-from test_parity_and_logprobs import PER_MODEL
 
 
-@mcore_check("single", params=PER_MODEL)
-def check_train_tp1(ctx, model):
-    """On the learner of check_build_tp1, after the checks of its untrained weights (the modules before)."""
-    C.check_train_step(ctx.state[model], ctx.refs[model])
+@at_every_layout
+def check_train(ctx, layout, model):
+    """On the learner of check_build, after the checks of its untrained weights (the modules before)."""
+    C.check_train_step(ctx.learners[model], ctx.refs[model])
 
 
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_one_step_matches_reference(request, layout, model):
     fixture, tag = LAYOUTS[layout]
-    if layout == "TP1":
-        request.getfixturevalue(fixture).check(check_train_tp1, model=model)
-        return
-    request.getfixturevalue(fixture).check(f"{tag}_train_{model}")
+    request.getfixturevalue(fixture).check(check_train, layout=tag, model=model)
 
 
 @mcore_check("single")
@@ -36,8 +34,13 @@ def check_nan_guard_tp1(ctx):
     C.check_nan_guard(C.learner(ctx.refs["qwen2_tied"]), ctx.refs["qwen2_tied"])
 
 
+@mcore_check("pair")
+def check_nan_guard_tp1pp2(ctx):
+    C.check_nan_guard(C.learner(ctx.refs["qwen2_tied"], 1, 2), ctx.refs["qwen2_tied"])
+
+
 @pytest.mark.parametrize("fixture,check", [("single_launch", check_nan_guard_tp1),
-                                           ("pair_launch", "nan_guard_tp1pp2")],
+                                           ("pair_launch", check_nan_guard_tp1pp2)],
                          ids=["single_launch-nan_guard_tp1", "pair_launch-nan_guard_tp1pp2"])
 def test_nan_loss_skips_step_and_keeps_weights(request, fixture, check):
     """NaN advantages make the loss NaN: the step is skipped on every rank (counted), weights are bit-identical,
@@ -45,10 +48,20 @@ def test_nan_loss_skips_step_and_keeps_weights(request, fixture, check):
     request.getfixturevalue(fixture).check(check)
 
 
+@mcore_check(("pair", "grid"))
+def check_distributed_optimizer_train(ctx):
+    # data parallel x TP with Megatron's DistributedOptimizer (CPU: W7 patch at construction)
+    world = dist.get_world_size()
+    lrn = C.learner(ctx.refs["qwen2_untied"], 2 if world >= 4 else 1, 1, distributed_optimizer=True)
+    assert lrn.layout.dp >= 2
+    assert "DistributedOptimizer" in type(lrn.optimizer.chained_optimizers[0]).__name__
+    C.check_train_step(lrn, ctx.refs["qwen2_untied"])
+
+
 @pytest.mark.parametrize("fixture", ["pair_launch", "grid_launch"])
 def test_distributed_optimizer_step(request, fixture):
     """Megatron's DistributedOptimizer (DP = 2, and DP = 2 x TP = 2) matches the reference after one step."""
-    request.getfixturevalue(fixture).check("distributed_optimizer_train")
+    request.getfixturevalue(fixture).check(check_distributed_optimizer_train)
 
 
 @mcore_check("single")
@@ -120,10 +133,19 @@ def test_empty_slice_still_steps_the_lr_schedule(single_launch):
     single_launch.check(check_empty_slice_advances_lr)
 
 
-@pytest.mark.parametrize("model", ["qwen2_tied", "qwen2_untied"])
+FEWER_ROWS_MODELS = ("qwen2_tied", "qwen2_untied")
+
+
+@mcore_check("pair", params=[{"at": "tp1pp1", "model": m} for m in FEWER_ROWS_MODELS])
+@mcore_check("grid", params=[{"at": "tp2pp1", "model": m} for m in FEWER_ROWS_MODELS])
+def check_fewer_rows_than_dp(ctx, at, model):
+    C.check_fewer_rows_than_dp(C.learner(ctx.refs[model], *tp_pp(at)), ctx.refs[model])
+
+
+@pytest.mark.parametrize("model", FEWER_ROWS_MODELS)
 @pytest.mark.parametrize("fixture,layout", [("pair_launch", "tp1pp1"), ("grid_launch", "tp2pp1")])
 def test_fewer_rows_than_data_parallel_ranks(request, fixture, layout, model):
     """A one-row batch at DP = 2 (and TP = 2 x DP = 2): the rank without a row runs a padding micro-batch; log-probs
     equal HF's and the step equals the HF step on that row alone (it raised 'cannot split 1 rows over 2
     data-parallel ranks' in the trainer's weight-sync probe)."""
-    request.getfixturevalue(fixture).check(f"fewer_rows_than_dp_{layout}_{model}")
+    request.getfixturevalue(fixture).check(check_fewer_rows_than_dp, at=layout, model=model)

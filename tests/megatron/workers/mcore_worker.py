@@ -36,23 +36,26 @@ def expect(ok: bool, message: str) -> None:
         _failed.append(message)
 
 
-@dataclass(frozen=True)
+@dataclass
 class CheckSpec:
-    """What :func:`mcore_check` records on a check function."""
+    """What :func:`mcore_check` records on a check function: its parameter sets per launch."""
 
-    launches: tuple[str, ...]
-    params: tuple[dict, ...]
+    runs: dict[str, tuple[dict, ...]]
     after: tuple[Callable, ...]
 
 
 def mcore_check(launch: str | tuple[str, ...], params: list[dict] | None = None,
                 after: tuple[Callable, ...] = ()) -> Callable:
     """Mark ``fn(ctx, **p)`` as a check run by the worker of ``launch`` (one launch or several), once per ``p`` in
-    ``params`` (once without arguments when None), after every run of the checks in ``after``."""
+    ``params`` (once without arguments when None), after every run of the checks in ``after``. Stacked, one
+    decorator per launch gives each launch its own parameter sets."""
     launches = (launch,) if isinstance(launch, str) else tuple(launch)
 
     def mark(fn: Callable) -> Callable:
-        fn.mcore_check = CheckSpec(launches, tuple(dict(p) for p in (params or [{}])), tuple(after))
+        spec = getattr(fn, "mcore_check", None) or CheckSpec({}, ())
+        spec.runs.update({name: tuple(dict(p) for p in (params or [{}])) for name in launches})
+        spec.after += tuple(after)
+        fn.mcore_check = spec
         return fn
 
     return mark
@@ -63,24 +66,36 @@ def check_key(fn: Callable, params: dict) -> str:
     spec = getattr(fn, "mcore_check", None)
     if spec is None:
         raise TypeError(f"{fn!r} is not a check (decorate it with @mcore_check)")
-    if dict(params) not in spec.params:
-        raise ValueError(f"{fn.__qualname__} has no parameter set {params}; it runs with {list(spec.params)}")
+    known = [p for runs in spec.runs.values() for p in runs]
+    if dict(params) not in known:
+        raise ValueError(f"{fn.__qualname__} has no parameter set {params}; it runs with {known}")
     args = ",".join(f"{k}={v!r}" for k, v in sorted(params.items()))
     return f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__qualname__}[{args}]"
 
 
-def launch_checks(launch: str, modules: list[str]) -> list[tuple[str, Callable[[], None]]]:
+def launch_checks(launch: str, modules: list[str], group_by: str | None = None) -> list[tuple[str, Callable, dict]]:
     """The checks of ``launch`` in ``modules`` (imported in this order): module order, then definition order, then
-    parameter order, each check moved after the checks it names in ``after``."""
+    parameter order; with ``group_by``, the runs whose parameter ``group_by`` has one value run together, where
+    the first of them would (a layout's learners are built, checked and trained before the next layout's);
+    last, each check moves after the checks it names in ``after``."""
     import inspect
 
     runs = []  # (fn, params)
     for name in modules:
         mod = importlib.import_module(name)
         fns = [f for f in vars(mod).values() if inspect.isfunction(f) and f.__module__ == mod.__name__
-               and launch in getattr(f, "mcore_check", CheckSpec((), (), ())).launches]
+               and launch in getattr(f, "mcore_check", CheckSpec({}, ())).runs]
         for fn in sorted(fns, key=lambda f: f.__code__.co_firstlineno):
-            runs += [(fn, p) for p in fn.mcore_check.params]
+            runs += [(fn, p) for p in fn.mcore_check.runs[launch]]
+    if group_by:
+        grouped, seen = [], []
+        for fn, p in runs:
+            if group_by not in p:
+                grouped.append((fn, p))
+            elif p[group_by] not in seen:
+                seen.append(p[group_by])
+                grouped += [(f, q) for f, q in runs if q.get(group_by, object()) == p[group_by]]
+        runs = grouped
     ordered: list = []
     while runs:
         waiting = {fn for fn, _ in runs}
@@ -91,10 +106,11 @@ def launch_checks(launch: str, modules: list[str]) -> list[tuple[str, Callable[[
     return [(check_key(fn, p), fn, p) for fn, p in ordered]
 
 
-def run_launch(launch: str, modules: list[str], ctx: object, result_dir: str) -> None:
-    """Run the checks of ``launch`` found in the test ``modules`` (tests/megatron), each as ``fn(ctx, **params)``."""
+def run_launch(launch: str, modules: list[str], ctx: object, result_dir: str, group_by: str | None = None) -> None:
+    """Run the checks of ``launch`` found in the test ``modules`` (tests/megatron), each as ``fn(ctx, **params)``,
+    in the order of :func:`launch_checks`."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/megatron: the test modules
-    run_checks([(key, lambda fn=fn, p=p: fn(ctx, **p)) for key, fn, p in launch_checks(launch, modules)],
+    run_checks([(key, lambda fn=fn, p=p: fn(ctx, **p)) for key, fn, p in launch_checks(launch, modules, group_by)],
                result_dir)
 
 

@@ -4,8 +4,8 @@ state, refusal of mismatched checkpoints, the planner vs the learner).
 
 usage: w_single.py RESULT_DIR REF_PT WORK_DIR
 
-The checks share ``ctx``: ``refs`` (the HF references), ``work`` (a folder for checkpoints) and ``state`` (the
-learners that ``test_parity_and_logprobs.check_build_tp1`` builds, used by the later modules' checks).
+The checks share ``ctx``: ``refs`` (the HF references), ``work`` (a folder for checkpoints), ``learners`` (those
+that ``test_parity_and_logprobs.check_build`` builds, used by the later modules' checks) and ``state``.
 """
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ import torch
 
 torch.set_num_threads(1)
 
-# In this order: cpu_compat first (nothing applied yet), the learners' untrained checks before their train step.
+# In this order: cpu_compat first (nothing applied yet); the checks of a layout's learners (``layout``) run
+# together, the untrained ones (parity, log-probs, export) before the train step.
 MODULES = ["test_cpu_compat", "test_parity_and_logprobs", "test_checkpoints", "test_train_step", "test_plan_vs_learner"]
 
 
@@ -26,7 +27,8 @@ def main() -> None:
     from mcore_worker import run_launch
 
     result_dir, ref_path, work = sys.argv[1], sys.argv[2], Path(sys.argv[3])
-    run_launch("single", MODULES, SimpleNamespace(refs=C.load_refs(ref_path), work=work, state={}), result_dir)
+    ctx = SimpleNamespace(refs=C.load_refs(ref_path), work=work, learners={}, state={})
+    run_launch("single", MODULES, ctx, result_dir, group_by="layout")
 
 
 if __name__ == "__main__":
