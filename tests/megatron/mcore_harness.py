@@ -43,12 +43,12 @@ class LaunchResult:
     records: dict[str, dict[int, dict]] = field(default_factory=dict)
     seconds: float = 0.0
 
-    def check(self, fn: Callable | str, **params) -> None:
-        """Fail the calling test unless the check ``fn`` (with ``params``) passed on every rank. (A string: the
-        record name of a launch whose worker still names its checks, see ``tests/unit/test_mcore_checks.py``.)"""
+    def check(self, fn: Callable, **params) -> None:
+        """Fail the calling test unless the check ``fn`` (a function decorated with ``mcore_check``) passed with
+        ``params`` on every rank."""
         import pytest
 
-        name = fn if isinstance(fn, str) else check_key(fn, params)
+        name = check_key(fn, params)
         per_rank = self.records.get(name, {})
         failed = {r: rec for r, rec in per_rank.items() if rec["status"] == "fail"}
         if failed:

@@ -13,20 +13,6 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parents[1]
 FRAMEWORK_TIERS = ("megatron", "realmodel")
 
-# Test files whose launch still names its checks by string (their worker not moved yet): each entry must still
-# have such a call (the list only shrinks); every other file must have none.
-STILL_BY_NAME = {
-    "megatron/test_parity_and_logprobs.py": "pair_launch, grid_launch (workers/w_layouts.py)",
-    "megatron/test_checkpoints.py": "pair_launch, grid_launch (workers/w_layouts.py)",
-    "megatron/test_train_step.py": "pair_launch, grid_launch (workers/w_layouts.py)",
-    "megatron/test_plan_vs_learner.py": "pair_launch (workers/w_layouts.py)",
-    "megatron/test_offload.py": "pair_launch (w_layouts.py), moe_pair_launch (w_moe.py)",
-    "megatron/test_moe_parity.py": "moe_pair_launch, moe_grid_launch (workers/w_moe.py)",
-    "megatron/test_moe_aux_loss.py": "aux_launch (workers/w_moe_aux.py)",
-    "megatron/test_routing_replay.py": "replay_launch (workers/w_replay.py)",
-    "megatron/test_meta_layouts.py": "meta_launch (workers/w_meta.py)",
-}
-
 
 def _string_params(fn: ast.FunctionDef) -> set[str]:
     """Parameters of ``fn`` that a ``parametrize`` decorator fills with at least one string."""
@@ -91,12 +77,8 @@ def test_the_scan_finds_each_way_of_naming_a_check_by_string():
 
 
 def test_no_check_is_named_by_a_string():
-    found: dict[str, list[str]] = {}
+    found = []
     for path in sorted(TESTS.rglob("*.py")):
         rel = path.relative_to(TESTS)
-        for hit in string_named_checks(path.read_text(), str(rel), rel.parts[0] in FRAMEWORK_TIERS):
-            found.setdefault(str(rel), []).append(hit)
-    unexpected = {f: hits for f, hits in found.items() if f not in STILL_BY_NAME}
-    assert not unexpected, f"checks named by string (pass the check function instead): {unexpected}"
-    moved = sorted(set(STILL_BY_NAME) - set(found))
-    assert not moved, f"no string-named checks left in {moved}: take them out of STILL_BY_NAME"
+        found += string_named_checks(path.read_text(), str(rel), rel.parts[0] in FRAMEWORK_TIERS)
+    assert not found, f"checks named by string (pass the check function instead): {found}"
