@@ -100,7 +100,7 @@ def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 
 MODELS = ("qwen2_tied", "qwen2_untied", "llama", "qwen3")
-# (launch fixture, check-name prefix) of every layout the issue asks for
+# (launch fixture, layout tag: the checks' ``layout`` parameter) of every layout the issue asks for
 LAYOUTS = {
     "TP1": ("single_launch", "tp1"),
     "TP2": ("pair_launch", "tp2pp1"),
