@@ -1,6 +1,7 @@
 """Session fixtures of the megatron tier: HF references (in this process) and one launch per world size.
 
-Launches (each runs many checks, to pay megatron-core's import once per rank):
+Launches (each runs many checks, to pay megatron-core's import once per rank; a check is a function of a test
+file decorated with ``mcore_check(<launch>)``, see ``workers/mcore_worker.py``):
   single: 1 process          -> CPU compat, TP = 1 checks, NaN guard, resume, refusals
   pair:   torchrun, 2 ranks  -> TP = 2, PP = 2, DP = 2 checks, NaN guard at PP = 2, DistributedOptimizer,
                                 bf16 export at PP = 2, sequence parallel at TP = 2, a one-row batch at DP = 2,
@@ -55,9 +56,7 @@ def single_launch(mcore_refs, mcore_root) -> LaunchResult:
 def pair_launch(mcore_refs, mcore_root) -> LaunchResult:
     work = mcore_root / "pair_work"
     work.mkdir()
-    return launch("w_layouts.py", 2, [str(mcore_refs), str(work), "2x1,1x2,1x1", "nan_guard_pp2", "distopt",
-                                      "bf16_export_pp2", "sequence_parallel", "plan", "fewer_rows:1x1",
-                                      "offload:2x1,1x2"],
+    return launch("w_layouts.py", 2, ["pair", str(mcore_refs), str(work)],
                   mcore_root / "pair_results")
 
 
@@ -65,8 +64,7 @@ def pair_launch(mcore_refs, mcore_root) -> LaunchResult:
 def grid_launch(mcore_refs, mcore_root, tp1_checkpoint) -> LaunchResult:
     work = mcore_root / "grid_work"
     work.mkdir()
-    return launch("w_layouts.py", 4, [str(mcore_refs), str(work), "2x2", f"reshard:{tp1_checkpoint}", "distopt",
-                                      "fewer_rows:2x1"],
+    return launch("w_layouts.py", 4, ["grid", str(mcore_refs), str(work), str(tp1_checkpoint)],
                   mcore_root / "grid_results", timeout=600)
 
 
@@ -74,9 +72,6 @@ def grid_launch(mcore_refs, mcore_root, tp1_checkpoint) -> LaunchResult:
 #   moe_pair: torchrun, 2 ranks -> EP = 1 and EP = 2 (DP = 2) checks of both MoE models, the load-balancing step,
 #             uneven micro-batch counts, W11-W13
 #   moe_grid: torchrun, 4 ranks -> TP = 2 x EP = 2 (expert TP 2), PP = 2 x EP = 2, TP1 checkpoint -> PP2 x EP2 -> EP4
-from moe_reference import MOE_GRID_LAYOUTS, MOE_PAIR_LAYOUTS  # noqa: E402
-
-
 @pytest.fixture(scope="session")
 def moe_refs(mcore_root) -> Path:
     """``moe_ref.pt`` with the HF references of the MoE models; their HF checkpoints live next to it."""
@@ -98,8 +93,7 @@ def moe_tp1_checkpoint(moe_refs, mcore_root) -> Path:
 def moe_pair_launch(moe_refs, mcore_root) -> LaunchResult:
     work = mcore_root / "moe_pair_work"
     work.mkdir()
-    return launch("w_moe.py", 2, [str(moe_refs), str(work), MOE_PAIR_LAYOUTS, "aux_step", "uneven",
-                                 "plan", "cpu_compat", "offload"],
+    return launch("w_moe.py", 2, ["moe_pair", str(moe_refs), str(work)],
                   mcore_root / "moe_pair_results")
 
 
@@ -107,5 +101,5 @@ def moe_pair_launch(moe_refs, mcore_root) -> LaunchResult:
 def moe_grid_launch(moe_refs, mcore_root, moe_tp1_checkpoint) -> LaunchResult:
     work = mcore_root / "moe_grid_work"
     work.mkdir()
-    return launch("w_moe.py", 4, [str(moe_refs), str(work), MOE_GRID_LAYOUTS, f"reshard:{moe_tp1_checkpoint}"],
+    return launch("w_moe.py", 4, ["moe_grid", str(moe_refs), str(work), str(moe_tp1_checkpoint)],
                   mcore_root / "moe_grid_results", timeout=600)

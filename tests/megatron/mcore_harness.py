@@ -1,13 +1,16 @@
 """Run megatron worker scripts (plain python or torchrun + gloo) and report their checks to pytest.
 
-A worker (``workers/mcore_worker.run_checks``) runs named checks in order on every rank and records each
-outcome in ``rank<r>.json``. Here each check becomes its own test result: pass, fail with the failing
-rank's traceback, or "did not run" with the launch's output tail (a check after the first failure).
+A worker (``workers/mcore_worker.run_launch``) runs the checks of its launch (functions of the test files,
+decorated with ``mcore_check``) in order on every rank and records each outcome in ``rank<r>.json``. Here each
+check becomes its own test result, reported by the test that passes the check function: pass, fail with the
+failing rank's traceback (which points into the test file), or "did not run" with the launch's output tail (a
+check after the first failure).
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -15,6 +18,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
+
+from mcore_worker import check_key, mcore_check
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
@@ -37,10 +43,12 @@ class LaunchResult:
     records: dict[str, dict[int, dict]] = field(default_factory=dict)
     seconds: float = 0.0
 
-    def check(self, name: str) -> None:
-        """Fail the calling test unless ``name`` passed on every rank."""
+    def check(self, fn: Callable, **params) -> None:
+        """Fail the calling test unless the check ``fn`` (a function decorated with ``mcore_check``) passed with
+        ``params`` on every rank."""
         import pytest
 
+        name = check_key(fn, params)
         per_rank = self.records.get(name, {})
         failed = {r: rec for r, rec in per_rank.items() if rec["status"] == "fail"}
         if failed:
@@ -92,7 +100,7 @@ def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 
 MODELS = ("qwen2_tied", "qwen2_untied", "llama", "qwen3")
-# (launch fixture, check-name prefix) of every layout the issue asks for
+# (launch fixture, layout tag: the checks' ``layout`` parameter) of every layout the issue asks for
 LAYOUTS = {
     "TP1": ("single_launch", "tp1"),
     "TP2": ("pair_launch", "tp2pp1"),
@@ -100,3 +108,18 @@ LAYOUTS = {
     "DP2": ("pair_launch", "tp1pp1"),
     "TP2xPP2": ("grid_launch", "tp2pp2"),
 }
+
+
+def tp_pp(tag: str) -> tuple[int, int]:
+    """The TP and PP sizes of a layout tag (``tp2pp1``; ``tp1``: TP = PP = 1)."""
+    m = re.fullmatch(r"tp(\d+)(?:pp(\d+))?", tag)
+    return int(m[1]), int(m[2] or 1)
+
+
+def at_every_layout(fn: Callable) -> Callable:
+    """Register the check ``fn(ctx, layout, model)`` for every model at every layout of ``LAYOUTS``, each in the
+    launch that has the layout (``single``, ``pair``, ``grid``)."""
+    for launch_name in ("single", "pair", "grid"):
+        fn = mcore_check(launch_name, params=[{"layout": tag, "model": m} for fixture, tag in LAYOUTS.values()
+                                              if fixture == f"{launch_name}_launch" for m in MODELS])(fn)
+    return fn

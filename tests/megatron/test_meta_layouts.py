@@ -1,14 +1,16 @@
 """Qwen2.5 1.5B-72B, Qwen3 8B/32B and the Qwen3 mixtures of experts 30B-A3B / 235B-A22B at cluster layouts (the
 recipes' expert-parallel ones), proven on one CPU process without weights.
 
-``workers/w_meta.py`` builds every rank's megatron-core stage on the meta device (a fake process group
+The checks below (run by ``workers/w_meta.py``, whose helpers they call) build every rank's megatron-core stage on the meta device (a fake process group
 reports the rank; see its docstring) from the bundled real configs (``sparse_rl_megatron/models/configs``),
 and checks shard shapes against the weight map, exactly-once coverage of every HF tensor, and the parameter
 count against the HF model built on meta. One process for all cases (about 15 s of CPU).
 """
 import pytest
 
+import w_meta as W
 from mcore_harness import launch
+from mcore_worker import mcore_check
 
 # (model, TPxPP): the layouts a cluster would use, as the issue lists them, plus a second layout per model.
 CASES = [
@@ -31,8 +33,7 @@ MODELS = list(dict.fromkeys(m for m, _ in CASES))
 
 @pytest.fixture(scope="module")
 def meta_launch(tmp_path_factory):
-    cases = ",".join(f"{m}:{layout}" for m, layout in CASES)
-    return launch("w_meta.py", 1, [cases], tmp_path_factory.mktemp("meta_results"), timeout=300)
+    return launch("w_meta.py", 1, [], tmp_path_factory.mktemp("meta_results"), timeout=300)
 
 
 def test_every_bundled_model_is_covered():
@@ -41,14 +42,26 @@ def test_every_bundled_model_is_covered():
     assert sorted(MODELS) == known_models()
 
 
+@mcore_check("meta", params=[{"model": m} for m in MODELS])
+def check_hf(ctx, model):
+    W.check_hf(model, ctx.state)
+
+
 @pytest.mark.parametrize("model", MODELS)
 def test_hf_meta_model_matches_weight_map(meta_launch, model):
     """transformers' model of the config, built on meta, holds exactly the tensors (names, shapes) the weight map
     expects (q/k norms for Qwen3, QKV biases for Qwen2.5, lm_head only when untied)."""
-    meta_launch.check(f"hf_{model}")
+    meta_launch.check(check_hf, model=model)
+
+
+@mcore_check("meta", params=[{"model": m, "layout": layout} for m, layout in CASES])
+def check_layout(ctx, model, layout):
+    """TPxPP[xEPxETP]: every rank's shards against the weight map (``w_meta.check_layout``)."""
+    tp, pp, *experts = (int(x) for x in layout.split("x"))
+    ep, etp = experts if experts else (1, None)
+    W.check_layout(*ctx.state[model], tp, pp, ep, etp)
 
 
 @pytest.mark.parametrize("model,layout", CASES)
 def test_layout_shards_cover_hf_exactly_once(meta_launch, model, layout):
-    tp, pp, *experts = layout.split("x")
-    meta_launch.check(f"{model}_tp{tp}pp{pp}" + (f"ep{experts[0]}etp{experts[1]}" if experts else ""))
+    meta_launch.check(check_layout, model=model, layout=layout)

@@ -3,16 +3,19 @@
 HF defines ``router_aux_loss_coef`` for one loss over all layers jointly; megatron-core adds one per layer. The
 learner's per-layer coefficient is the checkpoint's x top_k / layers (``per_layer_coeff``), and padding (padded
 rows' right-padding, a stand-in micro-batch) is left out of the routers' statistics. The math part runs here
-(no megatron); the learner part in one process (``workers/w_moe_aux.py``) on tiny Qwen3-MoE / Qwen2-MoE models of
+(no megatron); the learner part in one process (the checks below, run by ``workers/w_moe_aux.py``) on tiny Qwen3-MoE / Qwen2-MoE models of
 4 layers, top-2, against the HF model's own ``aux_loss``."""
 import math
 
 import pytest
 import torch
 
+from mcore_worker import expect, mcore_check
 from sparse_rl_megatron.learner.moe_aux_loss import per_layer_coeff
+from w_moe_aux import AUX_LAYERS, FAMILIES, HF_COEF, build_model, hf_reference, learner_loss, tolerance
 
-FAMILIES = ("qwen3_moe", "qwen2_moe")
+# The launch's checks of one family run together (group_by="model"): each builds on the one before.
+PER_FAMILY = [{"model": m} for m in FAMILIES]
 
 
 def _hf_joint(counts: torch.Tensor, scores: torch.Tensor, tokens: int) -> float:
@@ -69,27 +72,88 @@ def aux_launch(tmp_path_factory):
     return launch("w_moe_aux.py", 1, [str(root / "work")], root / "results")
 
 
+@mcore_check("moe_aux", params=PER_FAMILY)
+def check_build(ctx, model):
+    from sparse_rl_megatron.learner import Learner
+    from sparse_rl_megatron.learner.config import LearnerConfig, OptimConfig
+
+    hf_model, path = build_model(model, ctx.work)
+    ctx.state.clear()
+    ctx.state["ref"] = hf_reference(hf_model, ctx.batch)
+    assert ctx.state["ref"]["margin"] > 2 * ctx.state["ref"]["bound"], ctx.state["ref"]
+    ctx.state["lrn"] = lambda layout: Learner(LearnerConfig(
+        model_path=str(path), layer_spec="local", params_dtype="float32", batch_layout=layout,
+        max_tokens_per_device=1000, optim=OptimConfig(lr=0.0)))
+
+
+@mcore_check("moe_aux", params=PER_FAMILY)
+def check_coefficient(ctx, model):
+    """No explicit value: the per-layer coefficient is the checkpoint's x top_k / layers."""
+    lrn = ctx.state["lrn"]("packed")
+    ctx.state["packed"] = lrn
+    want = per_layer_coeff(HF_COEF, lrn.arch.moe.top_k, AUX_LAYERS)
+    expect(want == HF_COEF * 2 / 4, f"per_layer_coeff({HF_COEF}, 2, 4) = {want}")
+    expect(lrn.moe_aux_loss_coeff == want, f"coefficient {lrn.moe_aux_loss_coeff!r}, want {want!r}")
+
+
 @pytest.mark.parametrize("model", FAMILIES)
 def test_coefficient_follows_the_checkpoint(aux_launch, model):
     """No ``learner.moe.aux_loss_coeff``: the learner's per-layer coefficient is router_aux_loss_coef x 2 / 4."""
-    aux_launch.check(f"build_{model}")
-    aux_launch.check(f"coefficient_{model}")
+    aux_launch.check(check_build, model=model)
+    aux_launch.check(check_coefficient, model=model)
+
+
+@mcore_check("moe_aux", params=PER_FAMILY)
+def check_matches_hf(ctx, model):
+    """Every row in one packed micro-batch (no padding): the learner's loss is HF's plus the covariance
+    gap of ``hf_reference`` (the loss at the checkpoint's scale; a coefficient reused per layer doubles it)."""
+    ref = ctx.state["ref"]
+    got = ctx.state["got"] = learner_loss(ctx.state["packed"], ctx.batch)
+    want = ref["hf"] + ref["gap"]
+    tol = tolerance(ref, want)
+    expect(abs(got - want) <= tol, f"learner {got!r} vs HF {ref['hf']!r} + gap {ref['gap']!r} = {want!r} "
+                                   f"(tolerance {tol:.3g})")
 
 
 @pytest.mark.parametrize("model", FAMILIES)
 def test_learner_loss_reproduces_hf_aux_loss(aux_launch, model):
     """One packed micro-batch: the learner's whole load-balancing loss = HF's coef x aux_loss + the layers'
     covariance term, within the router's error bound (reusing the coefficient per layer gives twice that)."""
-    aux_launch.check(f"matches_hf_{model}")
+    aux_launch.check(check_matches_hf, model=model)
+
+
+@mcore_check("moe_aux", params=PER_FAMILY)
+def check_stand_in_counts_nothing(ctx, model):
+    """The same micro-batch plus a stand-in (a rank's padding micro-batch): the loss does not move, and
+    the step stays finite (the stand-in's loss is 0, not 0/0)."""
+    from sparse_rl_megatron.learner.batch import padding_micro_batch
+
+    lrn = ctx.state["packed"]
+    mbs = lrn.micro_batches(ctx.batch)  # the one micro-batch (rows longest first) of ``matches_hf``
+    assert len(mbs) == 1
+    mbs.append(padding_micro_batch(ctx.batch, "packed"))
+    got = learner_loss(lrn, ctx.batch, mbs)
+    expect(got == ctx.state["got"], f"with a stand-in {got!r}, without {ctx.state['got']!r}")
 
 
 @pytest.mark.parametrize("model", FAMILIES)
 def test_stand_in_micro_batch_counts_no_token(aux_launch, model):
     """A stand-in micro-batch beside the real one leaves the loss bit for bit unchanged and the step finite."""
-    aux_launch.check(f"stand_in_{model}")
+    aux_launch.check(check_stand_in_counts_nothing, model=model)
+
+
+@mcore_check("moe_aux", params=PER_FAMILY)
+def check_padded_equals_packed(ctx, model):
+    """The same rows right-padded to the longest in one micro-batch: the loss equals the packed one's
+    (padding left out of the routers' statistics), both within the tolerance of HF's."""
+    ref = ctx.state["ref"]
+    got = learner_loss(ctx.state["lrn"]("padded"), ctx.batch)
+    tol = tolerance(ref, ref["hf"] + ref["gap"])
+    expect(abs(got - ctx.state["got"]) <= 2 * tol, f"padded {got!r} vs packed {ctx.state['got']!r} "
+                                                   f"(tolerance {2 * tol:.3g})")
 
 
 @pytest.mark.parametrize("model", FAMILIES)
 def test_padding_is_left_out_of_the_loss(aux_launch, model):
     """The same rows right-padded in one micro-batch: the same loss as packed (no padding)."""
-    aux_launch.check(f"padded_{model}")
+    aux_launch.check(check_padded_equals_packed, model=model)

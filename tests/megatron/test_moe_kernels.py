@@ -3,7 +3,8 @@
 spec runs (a GPU with TE), megatron-core's ``SequentialMLP`` otherwise. In-process: CUDA and TE are only *reported*
 (``DeviceFacts``, megatron-core's ``HAVE_TE`` flags), the TransformerConfig is built and validated by megatron-core,
 the TE spec builder is recorded instead of called (TE is not installed here); nothing runs a kernel. What the CPU
-learner builds (``expert_mlp=SequentialMLP`` in ``Learner.describe()``) is checked in ``workers/w_moe.py``."""
+learner builds (``expert_mlp=SequentialMLP`` in ``Learner.describe()``) is checked in
+``test_moe_parity.py::check_build``."""
 import pytest
 
 from sparse_rl_megatron.learner import model_provider as mp

@@ -1,8 +1,8 @@
 """Real model shapes on the meta device: the megatron-core model of every rank of a cluster layout, built in
 ONE process without GPUs, weights or real process groups.
 
-usage: w_meta.py RESULT_DIR CASES     CASES: comma-separated MODEL:TPxPP[xEPxETP], e.g. qwen2.5-7b:4x1,qwen2.5-72b:8x4,
-                                      qwen3-30b-a3b:1x1x8x1 (a mixture of experts: expert parallel x expert TP)
+usage: w_meta.py RESULT_DIR     runs the checks of ``test_meta_layouts.py`` (launch ``meta``: its CASES of
+                               MODEL and TPxPP[xEPxETP], a mixture of experts: expert parallel x expert TP)
 
 How: torch.distributed's ``fake`` backend (torch >= 2.x, ``FakeProcessGroup``: no communication, it only
 reports a rank and a world size) is initialised as rank r of a world of TP x PP, and megatron-core's
@@ -176,22 +176,14 @@ def check_layout(arch, hf: dict, tp: int, pp: int, ep: int = 1, etp: int | None 
 
 
 def main() -> None:
-    from mcore_worker import run_checks
+    from types import SimpleNamespace
+
+    from mcore_worker import run_launch
 
     from sparse_rl_megatron.learner import cpu_compat
 
     cpu_compat.apply()
-    result_dir, cases = sys.argv[1], [c.split(":") for c in sys.argv[2].split(",")]
-    state: dict = {}
-    checks = []
-    for name in dict.fromkeys(m for m, _ in cases):
-        checks.append((f"hf_{name}", lambda name=name: check_hf(name, state)))
-    for name, layout in cases:
-        tp, pp, *experts = (int(x) for x in layout.split("x"))
-        ep, etp = experts if experts else (1, None)
-        tag = f"{name}_tp{tp}pp{pp}" + (f"ep{ep}etp{etp}" if experts else "")
-        checks.append((tag, lambda name=name, tp=tp, pp=pp, ep=ep, etp=etp: check_layout(*state[name], tp, pp, ep, etp)))
-    run_checks(checks, result_dir)
+    run_launch("meta", ["test_meta_layouts"], SimpleNamespace(state={}), sys.argv[1])
 
 
 if __name__ == "__main__":

@@ -2,6 +2,9 @@
 
 usage: w_moe_aux.py RESULT_DIR WORK_DIR
 
+The checks are functions of ``test_moe_aux_loss.py`` (launch ``moe_aux``); this file builds their context and
+holds the helpers they share.
+
 For each MoE family a tiny model of ``AUX_LAYERS`` layers (so layers / top_k = 2: a coefficient reused per layer
 shows) with ``router_aux_loss_coef = HF_COEF``, trained at lr 0 (the weights never move, so every step sees the
 same model). What each check compares is in its docstring; the reference is the HF model's own ``aux_loss``
@@ -12,6 +15,7 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -106,66 +110,12 @@ def tolerance(ref: dict, value: float) -> float:
 
 def main() -> None:
     import mcore_spec as spec
-    from mcore_worker import expect, run_checks
-    from sparse_rl_megatron.learner import Learner, SequenceBatch
-    from sparse_rl_megatron.learner.batch import padding_micro_batch
-    from sparse_rl_megatron.learner.config import LearnerConfig, OptimConfig
-    from sparse_rl_megatron.learner.moe_aux_loss import per_layer_coeff
+    from mcore_worker import run_launch
+    from sparse_rl_megatron.learner import SequenceBatch
 
     result_dir, work = sys.argv[1], Path(sys.argv[2])
-    batch = SequenceBatch(*spec.sequences())
-    state: dict = {}
-    checks = []
-    for name in FAMILIES:
-        def build(name=name):
-            model, path = build_model(name, work)
-            state.clear()
-            state["ref"] = hf_reference(model, batch)
-            assert state["ref"]["margin"] > 2 * state["ref"]["bound"], state["ref"]
-            state["lrn"] = lambda layout: Learner(LearnerConfig(
-                model_path=str(path), layer_spec="local", params_dtype="float32", batch_layout=layout,
-                max_tokens_per_device=1000, optim=OptimConfig(lr=0.0)))
-
-        def coefficient():
-            """No explicit value: the per-layer coefficient is the checkpoint's x top_k / layers."""
-            lrn = state["lrn"]("packed")
-            state["packed"] = lrn
-            want = per_layer_coeff(HF_COEF, lrn.arch.moe.top_k, AUX_LAYERS)
-            expect(want == HF_COEF * 2 / 4, f"per_layer_coeff({HF_COEF}, 2, 4) = {want}")
-            expect(lrn.moe_aux_loss_coeff == want, f"coefficient {lrn.moe_aux_loss_coeff!r}, want {want!r}")
-
-        def matches_hf():
-            """Every row in one packed micro-batch (no padding): the learner's loss is HF's plus the covariance
-            gap of ``hf_reference`` (the loss at the checkpoint's scale; a coefficient reused per layer doubles it)."""
-            ref = state["ref"]
-            got = state["got"] = learner_loss(state["packed"], batch)
-            want = ref["hf"] + ref["gap"]
-            tol = tolerance(ref, want)
-            expect(abs(got - want) <= tol, f"learner {got!r} vs HF {ref['hf']!r} + gap {ref['gap']!r} = {want!r} "
-                                           f"(tolerance {tol:.3g})")
-
-        def stand_in_counts_nothing():
-            """The same micro-batch plus a stand-in (a rank's padding micro-batch): the loss does not move, and
-            the step stays finite (the stand-in's loss is 0, not 0/0)."""
-            lrn = state["packed"]
-            mbs = lrn.micro_batches(batch)  # the one micro-batch (rows longest first) of ``matches_hf``
-            assert len(mbs) == 1
-            mbs.append(padding_micro_batch(batch, "packed"))
-            got = learner_loss(lrn, batch, mbs)
-            expect(got == state["got"], f"with a stand-in {got!r}, without {state['got']!r}")
-
-        def padded_equals_packed():
-            """The same rows right-padded to the longest in one micro-batch: the loss equals the packed one's
-            (padding left out of the routers' statistics), both within the tolerance of HF's."""
-            ref = state["ref"]
-            got = learner_loss(state["lrn"]("padded"), batch)
-            tol = tolerance(ref, ref["hf"] + ref["gap"])
-            expect(abs(got - state["got"]) <= 2 * tol, f"padded {got!r} vs packed {state['got']!r} "
-                                                       f"(tolerance {2 * tol:.3g})")
-
-        checks += [(f"build_{name}", build), (f"coefficient_{name}", coefficient), (f"matches_hf_{name}", matches_hf),
-                   (f"stand_in_{name}", stand_in_counts_nothing), (f"padded_{name}", padded_equals_packed)]
-    run_checks(checks, result_dir)
+    ctx = SimpleNamespace(work=work, batch=SequenceBatch(*spec.sequences()), state={})
+    run_launch("moe_aux", ["test_moe_aux_loss"], ctx, result_dir, group_by="model")
 
 
 if __name__ == "__main__":
