@@ -20,7 +20,7 @@ import time
 import torch
 
 from sparse_rl_megatron.compression import CompressionConfig
-from sparse_rl_megatron.rollout.engine import SamplingParams
+from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
 from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
 from sparse_rl_megatron.rollout.kv_cache import CompressedKVCache
 

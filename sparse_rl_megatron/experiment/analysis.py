@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from sparse_rl_megatron.experiment.figure import (
-    CLAIM_PANELS, CLAIM_PANELS_27, CLAIM_PANELS_39, SMOOTHED_27, SMOOTHED_39,
+    CLAIM_PANELS, CLAIM_PANELS_ADAPTIVE, CLAIM_PANELS_LAGCHAIN, SMOOTHED_ADAPTIVE, SMOOTHED_LAGCHAIN,
 )
 from sparse_rl_megatron.experiment.stats import holm, paired_summary
 from sparse_rl_megatron.utils.registry import Registry
@@ -76,7 +76,7 @@ TESTS = (
 )
 
 
-TESTS_27 = (
+TESTS_ADAPTIVE = (
     Test("C1", "naive at the low budget degrades GRPO", "dense", "naive_low", metric="_shortcut_free"),
     Test("C2b", "the correction helps at the low budget (Sparse-RL beats naive)", "sparse_rl_low", "naive_low",
          metric="_shortcut_free"),
@@ -96,7 +96,7 @@ TESTS_27 = (
 )
 
 
-TESTS_39 = (
+TESTS_LAGCHAIN = (
     Test("C1", "naive at the low budget degrades GRPO", "dense", "naive_low", metric="_shortcut_free"),
     Test("C1m", "naive at the mid budget degrades GRPO", "dense", "naive_mid", metric="_shortcut_free"),
     Test("C2", "the correction helps at the low budget (Sparse-RL beats naive)", "sparse_rl_low", "naive_low",
@@ -150,16 +150,16 @@ class Design:
 DESIGNS: Registry[Design] = Registry("experiment analysis design")
 DESIGNS.add("issue20", Design(TESTS, ("C1", "C2a", "C2b"), holm_note="Holm over C1, C2a, C2b, C3",
                               study_tests=True))
-DESIGNS.add("issue27", Design(TESTS_27, ("C1", "C2b", "G", "A", "T_high", "T_mid", "T_low"),
+DESIGNS.add("issue27", Design(TESTS_ADAPTIVE, ("C1", "C2b", "G", "A", "T_high", "T_mid", "T_low"),
                               Footprint("A", "sparse_rl_adaptive", ("sparse_rl_low", "sparse_rl_mid", "sparse_rl_high"),
                                         ("T_low", "T_mid", "T_high")),
                               holm_note="Holm over C1, C2b, C3, G, A; T_high -> T_mid -> T_low a fixed sequence",
-                              panels=CLAIM_PANELS_27, smoothed=SMOOTHED_27, mark_adaptive_target=True))
-DESIGNS.add("issue39", Design(TESTS_39, ("C1", "C1m", "C2", "T_low", "T_mid", "A"),
+                              panels=CLAIM_PANELS_ADAPTIVE, smoothed=SMOOTHED_ADAPTIVE, mark_adaptive_target=True))
+DESIGNS.add("issue39", Design(TESTS_LAGCHAIN, ("C1", "C1m", "C2", "T_low", "T_mid", "A"),
                               Footprint("A", "sparse_rl_adaptive", ("sparse_rl_low", "sparse_rl_mid"),
                                         ("T_low", "T_mid")),
                               holm_note="Holm over C1, C1m, C2, T_low, T_mid, C3, A",
-                              panels=CLAIM_PANELS_39, smoothed=SMOOTHED_39, mark_adaptive_target=True))
+                              panels=CLAIM_PANELS_LAGCHAIN, smoothed=SMOOTHED_LAGCHAIN, mark_adaptive_target=True))
 
 
 def evals(records: list[dict], key: str) -> list[tuple[int, float]]:

@@ -32,7 +32,7 @@ CLAIM_PANELS = {
     "grad norm (log scale)": "train/grad_norm",
 }
 """Panels of the issue-20 figure (``figure_claims.png``)."""
-CLAIM_PANELS_27 = {
+CLAIM_PANELS_ADAPTIVE = {
     "shortcut-free accuracy, dense inference": "eval/dense/shortcut_free_accuracy",
     "shortcut-free accuracy, sparse inference": "eval/sparse/shortcut_free_accuracy",
     "KV budget sampled with": "rollout/budget_sampled_mean",
@@ -41,9 +41,9 @@ CLAIM_PANELS_27 = {
     "train reward": "rollout/reward_mean",
 }
 """Panels of the issue-27 figure (``figure_claims.png``): accuracy, budget and contamination over the steps."""
-SMOOTHED_27 = frozenset({"KV budget sampled with", "contaminated sequences (any rho < 0.5)", "train reward"})
+SMOOTHED_ADAPTIVE = frozenset({"KV budget sampled with", "contaminated sequences (any rho < 0.5)", "train reward"})
 """Per-step panels of the issue-27 figure drawn as trailing means (``SMOOTH_STEPS``)."""
-CLAIM_PANELS_39 = {
+CLAIM_PANELS_LAGCHAIN = {
     "shortcut-free accuracy, dense inference": "eval/dense/shortcut_free_accuracy",
     "shortcut-free accuracy, sparse inference": "eval/sparse/shortcut_free_accuracy",
     "KV budget sampled with": "rollout/budget_sampled_mean",
@@ -54,7 +54,7 @@ CLAIM_PANELS_39 = {
     "grad norm (log scale)": "train/grad_norm",
 }
 """Panels of the issue-39 figure: issue 27's, the adaptive arm's signal (the token share) and the grad norm."""
-SMOOTHED_39 = SMOOTHED_27 | {"tokens with rho < 0.5"}
+SMOOTHED_LAGCHAIN = SMOOTHED_ADAPTIVE | {"tokens with rho < 0.5"}
 
 
 SMOOTH_STEPS = 10

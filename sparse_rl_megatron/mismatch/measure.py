@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Callable
 
 from sparse_rl_megatron.learner import Learner
 from sparse_rl_megatron.mismatch.study import row_result
-from sparse_rl_megatron.rollout.engines import ENGINES
-from sparse_rl_megatron.trainer.engines.pool import EnginePool, probe_weights, sync_weights
-from sparse_rl_megatron.trainer.engines.weight_probe import probe_sequence, probe_tolerance
+from sparse_rl_megatron.rollout.engine_registry import ENGINES
+from sparse_rl_megatron.trainer.engine_pool.pool import EnginePool, probe_weights, sync_weights
+from sparse_rl_megatron.trainer.engine_pool.weight_probe import probe_sequence, probe_tolerance
 from sparse_rl_megatron.trainer.run import make_reward
 from sparse_rl_megatron.trainer.runtime import distributed as D
 from sparse_rl_megatron.trainer.runtime.model_dirs import export_for_engine, prepare_model

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 from sparse_rl_megatron.data.record_extras import CHAIN_KEY, SUBSET_KEY, full_chain
 from sparse_rl_megatron.data.templates import render_prompt
 from sparse_rl_megatron.rewards.registry import REWARDS
-from sparse_rl_megatron.rollout.engine import SamplingParams
+from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
 from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
 
 if TYPE_CHECKING:

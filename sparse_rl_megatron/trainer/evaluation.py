@@ -31,7 +31,7 @@ from sparse_rl_megatron.eval.config import BenchmarkSettings, EvalConfig
 from sparse_rl_megatron.eval.runner import benchmark_section, sample_problems
 from sparse_rl_megatron.eval.subsets import full_chain_metrics, shortcut_free_metrics, subset_metrics
 from sparse_rl_megatron.rollout.work_split import split_groups
-from sparse_rl_megatron.trainer.engines.pool import EnginePool
+from sparse_rl_megatron.trainer.engine_pool.pool import EnginePool
 from sparse_rl_megatron.trainer.runtime import distributed as D
 
 if TYPE_CHECKING:

@@ -53,19 +53,20 @@ def _loop(cfg: TrainConfig, run: Run) -> dict[str, float]:
         # 1. rollout + reward (every engine, its share) -> dense recompute (+ reference) -> correction, whole batch
         hb.phase(step, "rollout")
         records = run.prompts.take(cfg.rollout.prompts_per_step) if main else None
-        budget = run.budget.budget if run.budget is not None else None  # the adaptive budget of this step
+        controller = run.budget_controller
+        budget = controller.budget if controller is not None else None  # the adaptive budget of this step
         batch = run.rollout(step, records, budget)
-        if run.budget is not None:  # the next step's budget, from this step's mismatch (same on every rank)
-            batch.metrics.update(run.budget.metrics())
-            run.budget.update_from_metrics(batch.metrics)
-            batch.metrics["rollout/budget_signal"] = run.budget.last_signal
+        if controller is not None:  # the next step's budget, from this step's mismatch (same on every rank)
+            batch.metrics.update(controller.metrics())
+            controller.update_from_metrics(batch.metrics)
+            batch.metrics["rollout/budget_signal"] = controller.last_signal
         # 2. optimizer steps on global-batch slices (the engines' memory still released)
         hb.phase(step, "train")
         t0 = time.perf_counter()
-        train = run.optimize(batch)
+        optimized = run.optimize(batch)
         if not batch.trainable:
             run.say(f"[yellow]step {step}: correction rejected every sample; no optimizer step[/]")
-        train["time/train_s"] = time.perf_counter() - t0
+        optimized["time/train_s"] = time.perf_counter() - t0
         # 3. checkpoint (periodic, last step, or stop requested on any rank) while the whole learner is awake
         stop = _stop_reason(run)
         every = cfg.checkpoint.save_every
@@ -75,7 +76,7 @@ def _loop(cfg: TrainConfig, run: Run) -> dict[str, float]:
         # 4. weight sync learner -> engine (version = step), checked by the probe; the learner then sleeps
         hb.phase(step, "sync")
         sync = run.sync(version=step)
-        metrics = {**batch.metrics, **train, **sync, "time/sync_s": sync["sync/seconds"]}
+        metrics = {**batch.metrics, **optimized, **sync, "time/sync_s": sync["sync/seconds"]}
         # 5. evaluation, metrics
         if step == cfg.steps or (cfg.eval.every and step % cfg.eval.every == 0):
             hb.phase(step, "evaluation")

@@ -17,14 +17,14 @@ import torch
 from sparse_rl_megatron.algo import prepare_correction
 from sparse_rl_megatron.algo.hooks import pad
 from sparse_rl_megatron.learner.batch import SequenceBatch
-from sparse_rl_megatron.trainer.engines.pool import EngineError, EnginePool, rollout_metrics
+from sparse_rl_megatron.trainer.engine_pool.pool import EngineError, EnginePool, rollout_metrics
 
 if TYPE_CHECKING:
     from sparse_rl_megatron.algo import CorrectionConfig, PreparedBatch
     from sparse_rl_megatron.data.record import MathRecord
     from sparse_rl_megatron.learner import Learner
     from sparse_rl_megatron.learner.batch import SequenceBatch
-    from sparse_rl_megatron.rollout.engine import SamplingParams
+    from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
     from sparse_rl_megatron.rollout.sample import Sample
 
 __all__ = ["EngineError", "RolloutBatch", "prepare_batch", "rollout_metrics", "rollout_samples", "rollout_step",

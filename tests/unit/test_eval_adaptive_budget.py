@@ -80,8 +80,8 @@ def model_dir(tmp_path_factory) -> Path:
 
 
 def _evaluate(cfg: TrainConfig, model_dir: Path, work: Path, controller_budget: int | None) -> dict:
-    from sparse_rl_megatron.rollout.engines import ENGINES
-    from sparse_rl_megatron.trainer.engines.pool import EnginePool
+    from sparse_rl_megatron.rollout.engine_registry import ENGINES
+    from sparse_rl_megatron.trainer.engine_pool.pool import EnginePool
     from sparse_rl_megatron.trainer.evaluation import evaluate_pool
     from sparse_rl_megatron.trainer.run import make_reward
     from sparse_rl_megatron.trainer.run_plan import preflight

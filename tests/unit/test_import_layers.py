@@ -25,7 +25,7 @@ LAYERS = (
     ("planning.recipe", "planning.cli"),
     ("trainer.runtime",),
     ("trainer.checkpointing",),
-    ("trainer.engines",),
+    ("trainer.engine_pool",),
     ("trainer",),
     ("mismatch", "experiment"),
     ("cli", "convert_cli"),

@@ -40,7 +40,7 @@ def main() -> None:
     from sparse_rl_megatron.algo import CorrectionConfig, prepare_correction
     from sparse_rl_megatron.compression import CompressionConfig
     from sparse_rl_megatron.models.tiny import save_tiny_hf_checkpoint
-    from sparse_rl_megatron.rollout.engine import SamplingParams
+    from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
     from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
 
     result_dir, work = sys.argv[1], Path(sys.argv[2])

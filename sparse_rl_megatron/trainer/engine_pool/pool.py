@@ -26,27 +26,27 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Sequence
 import torch
 
 from sparse_rl_megatron.data.templates import render_prompt
-from sparse_rl_megatron.rollout.engine import ENGINE_MEMORY_PARTS
-from sparse_rl_megatron.rollout.engines import ENGINES
+from sparse_rl_megatron.rollout.engine_protocol import ENGINE_MEMORY_PARTS
+from sparse_rl_megatron.rollout.engine_registry import ENGINES
 from sparse_rl_megatron.rollout.layout import RolloutLayout
 from sparse_rl_megatron.rollout.repetition import repetition_metrics
 from sparse_rl_megatron.rollout.work_split import group_cost, split_groups
-from sparse_rl_megatron.trainer.engines.colocated_weights import ColocatedPayloads
-from sparse_rl_megatron.trainer.engines.weight_probe import WeightSyncError, engine_logprobs, probe_verdict
-from sparse_rl_megatron.trainer.engines.worker import EngineHang, EngineWorker, Handoff
+from sparse_rl_megatron.trainer.engine_pool.colocated_weights import ColocatedPayloads
+from sparse_rl_megatron.trainer.engine_pool.weight_probe import WeightSyncError, engine_logprobs, probe_verdict
+from sparse_rl_megatron.trainer.engine_pool.worker import EngineHang, EngineWorker, Handoff
 from sparse_rl_megatron.trainer.runtime import distributed as D
 from sparse_rl_megatron.utils.errors import UserError
 
 if TYPE_CHECKING:
     from sparse_rl_megatron.data.record import MathRecord
-    from sparse_rl_megatron.rollout.engine import RolloutEngine, SamplingParams
+    from sparse_rl_megatron.rollout.engine_protocol import RolloutEngine, SamplingParams
     from sparse_rl_megatron.rollout.layout import EngineSlot, RolloutLayout
     from sparse_rl_megatron.learner.batch import SequenceBatch
     from sparse_rl_megatron.learner.learner import Learner
     from sparse_rl_megatron.rewards.reward import SampleReward
     from sparse_rl_megatron.rollout.sample import Sample
     from sparse_rl_megatron.trainer.config import TrainConfig
-    from sparse_rl_megatron.trainer.engines.colocated_weights import ColocatedPayloads
+    from sparse_rl_megatron.trainer.engine_pool.colocated_weights import ColocatedPayloads
 
 MIB = 1024 * 1024
 PHASE_REPORT_MARGIN_S = 60.0
@@ -201,13 +201,13 @@ class EnginePool:
             return None, error
 
     def release_memory(self, parts: Sequence[str] = ENGINE_MEMORY_PARTS) -> None:
-        """Every engine frees ``parts`` of its memory (``rollout.engine.ENGINE_MEMORY_PARTS``) while the learner uses
+        """Every engine frees ``parts`` of its memory (``rollout.engine_protocol.ENGINE_MEMORY_PARTS``) while the learner uses
         the device (SGLang with ``memory_saver`` on CUDA)."""
         self.on_engines(lambda engine, slot: engine.release_memory(parts),
                         f"releasing its memory ({', '.join(parts)}) for the learner")
 
     def resume_memory(self, parts: Sequence[str] = ENGINE_MEMORY_PARTS) -> None:
-        """Every engine takes ``parts`` of its memory back (``rollout.engine.ENGINE_MEMORY_PARTS``)."""
+        """Every engine takes ``parts`` of its memory back (``rollout.engine_protocol.ENGINE_MEMORY_PARTS``)."""
         self.on_engines(lambda engine, slot: engine.resume_memory(parts),
                         f"taking its memory back ({', '.join(parts)})")
 
