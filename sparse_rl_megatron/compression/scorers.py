@@ -10,7 +10,7 @@ Formulas: ``../shared/reference/algorithm.md`` (section "KV compression operator
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 import torch
 
@@ -19,8 +19,18 @@ from sparse_rl_megatron.compression.redundancy import key_redundancy
 from sparse_rl_megatron.compression.triattention import triattention_scores
 from sparse_rl_megatron.utils.registry import Registry
 
-if TYPE_CHECKING:
-    from sparse_rl_megatron.compression.config import CompressionConfig
+
+class ScorerSettings(Protocol):
+    """The settings a scorer reads: the fields of ``config.CompressionConfig`` of the same names (which names its
+    method from ``SCORERS``: the scorers do not import it, so the two modules do not import each other)."""
+
+    window: int
+    pool_kernel: int
+    gqa_pooling: str
+    similarity_threshold: float
+    rkv_lambda: float
+    sink_tokens: int
+    triattention_max_offset: int
 
 
 @dataclass
@@ -60,7 +70,7 @@ class Scorer:
     """A named scoring rule and what it needs from the engine."""
 
     name: str
-    fn: Callable[[ScoreInputs, "CompressionConfig"], torch.Tensor] | None
+    fn: Callable[[ScoreInputs, ScorerSettings], torch.Tensor] | None
     """(inputs, config) -> [n, Hkv, N - alpha] float32; None for the dense pass-through."""
     needs_queries: bool = False
     """The engine must keep the post-RoPE queries of the last alpha tokens per layer."""
@@ -73,7 +83,7 @@ class Scorer:
     def compresses(self) -> bool:
         return self.fn is not None
 
-    def __call__(self, inputs: ScoreInputs, config: "CompressionConfig") -> torch.Tensor:
+    def __call__(self, inputs: ScoreInputs, config: ScorerSettings) -> torch.Tensor:
         if self.fn is None:
             raise RuntimeError(f"scorer '{self.name}' is the dense pass-through: it never scores tokens")
         n, hkv, length, _ = inputs.keys.shape
@@ -98,26 +108,26 @@ SCORERS: Registry[Scorer] = Registry("KV compression method")
 CENTER_FIELDS = ("query_center", "query_abs_center", "query_position", "rope_inv_freq")
 
 
-def _importance(inputs: ScoreInputs, config: "CompressionConfig") -> torch.Tensor:
+def _importance(inputs: ScoreInputs, config: ScorerSettings) -> torch.Tensor:
     return window_importance(
         inputs.queries, inputs.keys, window=config.window, pool_kernel=config.pool_kernel,
         gqa_pooling=config.gqa_pooling, scaling=inputs.scaling,
     )
 
 
-def _rkv(inputs: ScoreInputs, config: "CompressionConfig") -> torch.Tensor:
+def _rkv(inputs: ScoreInputs, config: ScorerSettings) -> torch.Tensor:
     """R-KV: ``lambda * importance - (1 - lambda) * redundancy`` (redundancy computed over all N keys)."""
     redundancy = key_redundancy(inputs.keys, threshold=config.similarity_threshold)
     past = inputs.num_candidates - config.window
     return config.rkv_lambda * _importance(inputs, config) - (1.0 - config.rkv_lambda) * redundancy[..., :past]
 
 
-def _snapkv(inputs: ScoreInputs, config: "CompressionConfig") -> torch.Tensor:
+def _snapkv(inputs: ScoreInputs, config: ScorerSettings) -> torch.Tensor:
     """SnapKV: the window importance alone."""
     return _importance(inputs, config)
 
 
-def _streamingllm(inputs: ScoreInputs, config: "CompressionConfig") -> torch.Tensor:
+def _streamingllm(inputs: ScoreInputs, config: ScorerSettings) -> torch.Tensor:
     """StreamingLLM: the first ``sink_tokens`` candidates always win, then recency (newer = higher)."""
     n, hkv, length, _ = inputs.keys.shape
     past = length - config.window
@@ -126,13 +136,13 @@ def _streamingllm(inputs: ScoreInputs, config: "CompressionConfig") -> torch.Ten
     return scores
 
 
-def _h2o(inputs: ScoreInputs, config: "CompressionConfig") -> torch.Tensor:
+def _h2o(inputs: ScoreInputs, config: ScorerSettings) -> torch.Tensor:
     """H2O: accumulated attention mass (heavy hitters); recency is covered by the alpha window."""
     past = inputs.num_candidates - config.window
     return inputs.accumulated_attention[..., :past].float()
 
 
-def _triattention(inputs: ScoreInputs, config: "CompressionConfig") -> torch.Tensor:
+def _triattention(inputs: ScoreInputs, config: ScorerSettings) -> torch.Tensor:
     """TriAttention: trigonometric series of the query centers plus the norm term (``triattention.py``);
     standardised over all N candidates, the window's included, as the authors standardise every evictable token."""
     past = inputs.num_candidates - config.window
