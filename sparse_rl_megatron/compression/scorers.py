@@ -4,7 +4,7 @@ A scorer maps :class:`ScoreInputs` (one compression of one layer, for ``n`` sequ
 head for every candidate *before* the observation window: ``[n, Hkv, N - alpha]`` float32, higher = keep.
 The selector (``selector.py``) then keeps the top ``B - alpha`` of them plus the alpha window tokens.
 
-Formulas: ``../shared/reference/algorithm.md`` (section "KV compression operators"); TriAttention:
+Formulas: ``docs/algorithm.md`` (section "KV compression: the operators and their budget"); TriAttention:
 ``triattention.py``.
 """
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """megatron-core on a CPU-only torch: the workarounds W1-W13, in one place.
 
 megatron-core 0.16.1 (and 0.17-0.19) hard-codes CUDA in many spots that a CPU run with the gloo backend
-walks through. Each patch below is named after the workaround of
-``../shared/reference/megatron-on-cpu.md`` that found it, does the least that makes the spot run on CPU,
+walks through. Each patch below is numbered in the order an investigation of megatron-core on CPU found the spot
+(W1-W13, each described below), does the least that makes the spot run on CPU,
 and is applied only when ``torch.cuda.is_available()`` is False. ``apply()`` is idempotent. This shim checks CUDA
 by itself, on purpose, instead of taking the run's ``utils.device.DeviceFacts``: it patches megatron-core
 process-wide, from whichever entry point reaches megatron first, and must answer for this torch build itself.
