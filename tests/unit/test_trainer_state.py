@@ -64,3 +64,30 @@ def test_a_state_file_of_another_shape_is_named():
     good = TrainerState(step=1, weight_version=1, learner_steps=2, seed=0, data={}).to_json()
     with pytest.raises(ValueError, match="missing data, seed; unknown colour"):
         TrainerState.from_json({**{k: v for k, v in good.items() if k not in ("data", "seed")}, "colour": 1})
+
+
+def test_the_two_counts_a_state_keeps_beside_its_step_are_checked_on_resume(tmp_path):
+    """``weight_version`` must be the step (else the state is refused when read), and ``learner_steps`` the count the
+    learner's own files restore (else the checkpoint does not load: its parts are of different saves)."""
+    from types import SimpleNamespace
+
+    from sparse_rl_megatron.trainer.checkpointing.resume import Choice, load
+    from sparse_rl_megatron.utils.errors import RunFailed
+
+    good = TrainerState(step=3, weight_version=3, learner_steps=6, seed=0, data={}).to_json()
+    assert TrainerState.from_json(good).weight_version == 3
+    with pytest.raises(ValueError, match=r"^weight_version 2 is not its step 3 "):
+        TrainerState.from_json({**good, "weight_version": 2})
+
+    class _Loading:
+        steps = 0
+
+        def load(self, path):
+            self.steps = 5   # the learner's files: one optimizer step fewer than the trainer state says
+
+    ckpt = tmp_path / "step_3"
+    run = SimpleNamespace(cfg=SimpleNamespace(checkpoint=SimpleNamespace(resume=str(ckpt))), run_dir=tmp_path,
+                          learner=_Loading(), say=lambda text: None)
+    with pytest.raises(RunFailed, match=r"step_3 does not load into this run's model: its learner files record 5 "
+                                        r"optimizer steps, its trainer state 6: parts of different saves$"):
+        load(run, Choice(ckpt, TrainerState.from_json(good)))

@@ -47,9 +47,11 @@ class TrainerState:
     step: int
     """Rollout steps completed."""
     weight_version: int
-    """The weight version the engines serve after this step (= step)."""
+    """The weight version the engines serve after this step (= step: a resumed run's engines serve ``step``; a
+    state where the two differ is refused when read)."""
     learner_steps: int
-    """Optimizer steps the learner has taken."""
+    """Optimizer steps the learner has taken (the learner's own files record the same count: ``resume.load``
+    refuses a checkpoint whose two counts differ, its parts are of different saves)."""
     seed: int
     """The run's seed."""
     data: dict[str, Any]
@@ -118,4 +120,7 @@ class TrainerState:
             raise ValueError(f"not a trainer state of this version: "
                              + "; ".join(filter(None, [missing and f"missing {', '.join(missing)}",
                                                        unknown and f"unknown {', '.join(unknown)}"])))
+        if state["weight_version"] != state["step"]:
+            raise ValueError(f"weight_version {state['weight_version']} is not its step {state['step']} (the engines "
+                             f"serve the weights of the step saved)")
         return cls(**state)
