@@ -69,7 +69,7 @@ def test_run_evaluates_with_the_controllers_current_budget(tmp_path, monkeypatch
     unused = dict.fromkeys(("console", "learner", "ref_learner", "pool", "probe", "heartbeat", "stop",
                             "prompts"))  # parts of a run this method does not touch
     run = Run(cfg=_cfg(tmp_path), plan=SimpleNamespace(eval_data={"x": None}, template="t"), run_dir=tmp_path,
-              budget=controller, turns=DeviceTurns(None), **unused)
+              budget_controller=controller, turns=DeviceTurns(None), **unused)
     run.evaluate(STEP)
     assert seen == {"controller_budget": controller.budget}
 
