@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Callable
 import yaml
 
 from sparse_rl_megatron.learner import Learner
+from sparse_rl_megatron.observability import metric_names as MN
 from sparse_rl_megatron.observability.metrics_writer import METRICS_FILE, MetricsWriter
 from sparse_rl_megatron.observability.plots import PLOT_FILE
 from sparse_rl_megatron.rewards.registry import REWARDS
@@ -293,11 +294,11 @@ def start_run(cfg: TrainConfig):
                     f"samples, {cfg.optimizer_steps_per_rollout} optimizer step(s) each")
         # the engine serves the learner's weights from here on: pushed after a resume, probed always
         startup = run.sync(version=run.step) if resume is not None else run.probe_start()
-        if "sync/probe_mean_abs_diff" in startup:
+        if MN.SYNC_PROBE_MEAN_ABS_DIFF in startup:
             count = run.plan.layout.num_engines
             run.say(f"engine '{cfg.rollout.engine}' serves the learner's weights (version {run.step}) on "
                     f"{'all ' + str(count) + ' engines' if count > 1 else 'its engine'}: probe mean |log-prob diff| "
-                    f"{startup['sync/probe_mean_abs_diff']:.2g} (max {startup['sync/probe_max_abs_diff']:.2g})")
+                    f"{startup[MN.SYNC_PROBE_MEAN_ABS_DIFF]:.2g} (max {startup[MN.SYNC_PROBE_MAX_ABS_DIFF]:.2g})")
         yield run
 
 
