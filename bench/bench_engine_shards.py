@@ -57,7 +57,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(1)
     from sparse_rl_megatron.compression import CompressionConfig
-    from sparse_rl_megatron.rollout.engine import SamplingParams
+    from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
     from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
     from sparse_rl_megatron.models.tiny import save_tiny_hf_checkpoint
 

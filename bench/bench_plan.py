@@ -113,7 +113,7 @@ def kv_rows() -> list[tuple]:
     from sparse_rl_megatron.models.arch import arch_from_hf_config
     from sparse_rl_megatron.planning.inputs import BatchShape
     from sparse_rl_megatron.planning.kv import kv_bytes_per_token, kv_tokens_per_sequence
-    from sparse_rl_megatron.rollout.engine import SamplingParams
+    from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
     from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
     from sparse_rl_megatron.models.tiny import build_tiny_model, build_tiny_tokenizer
 

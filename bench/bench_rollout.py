@@ -20,7 +20,7 @@ import time
 import torch
 
 from sparse_rl_megatron.compression import CompressionConfig
-from sparse_rl_megatron.rollout.engine import SamplingParams
+from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
 from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
 from sparse_rl_megatron.rollout.kv_cache import CompressedKVCache
 
@@ -55,7 +55,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    """The "small random Qwen2" of ../shared/reference/models-and-data.md (4.9M parameters), its shape flags."""
+    """A small random Qwen2 (4.9M parameters: vocabulary 2048, hidden 256, 6 layers, 4 heads over 2 KV heads), its
+    shape flags."""
     p.add_argument("--vocab", type=int, default=2048)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--intermediate", type=int, default=688)

@@ -49,10 +49,10 @@ def main(argv=None) -> None:
     torch.set_num_threads(1)
     from sparse_rl_megatron.algo import prepare_correction
     from sparse_rl_megatron.learner import Learner, LearnerConfig, OptimConfig, SequenceBatch, TrainBatch
-    from sparse_rl_megatron.rollout.engine import SamplingParams
+    from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
     from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
-    from sparse_rl_megatron.trainer.engines.pool import probe_weights, sync_weights
-    from sparse_rl_megatron.trainer.engines.weight_probe import probe_sequence
+    from sparse_rl_megatron.trainer.engine_pool.pool import probe_weights, sync_weights
+    from sparse_rl_megatron.trainer.engine_pool.weight_probe import probe_sequence
     from sparse_rl_megatron.models.tiny import save_tiny_hf_checkpoint
 
     model_dir = tempfile.mkdtemp(prefix="bench-sync-")

@@ -324,7 +324,7 @@ def generate(engine, jobs: list[Job], seed: int, plan: Plan | None = None) -> tu
     redrawn (plainly). Returns ``{(job, index): Sample}`` of the samples that finished (aborted ones are left
     out), the number of redraws and the number of aborted samples."""
     from sparse_rl_megatron.compression import CompressionConfig
-    from sparse_rl_megatron.rollout.engine import SamplingParams
+    from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
 
     plan = plan or Plan()
     sampling = [SamplingParams(temperature=1.0, max_new_tokens=j.max_new_tokens, ignore_eos=True, seed=seed)

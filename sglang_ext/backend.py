@@ -13,14 +13,13 @@ compressed and their evicted slots freed (``compaction``).
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 from sglang_ext import admission, host_syncs, memory
-from sglang_ext.config import BACKEND_NAME, FAULT_ENV, REQUEST_KEY, ConfigError, SparseKVConfig, request_compression
+from sglang_ext.config import BACKEND_NAME, REQUEST_KEY, ConfigError, PluginFaults, SparseKVConfig, request_compression
 from sglang_ext.forward_plan import (ForwardPlan, check_tables, follow_rewrite, plan_forward, sglang_host,
                                      written_positions)
 from sglang_ext.host_syncs import counted, not_counted
@@ -63,6 +62,8 @@ class SparseKVBackend(AttentionBackend):
         refuse_at_model_load(model_runner)   # before anything reads the pool: the layouts it cannot serve
         pool = model_runner.token_to_kv_pool
         self.config = config
+        self.faults = PluginFaults.from_env()
+        """Test-only fault injection (``config.FAULT_ENV``), read once here."""
         self.runner = model_runner
         self.device = model_runner.device
         self.req_to_token_pool = model_runner.req_to_token_pool
@@ -183,7 +184,7 @@ class SparseKVBackend(AttentionBackend):
         (``forward_plan.follow_rewrite``); rows no request of the plugin holds yet are left to their first plan."""
         if self.appending:   # the coming decode tokens' slots: new positions, read from out_cache_loc
             return
-        if os.environ.get(FAULT_ENV) == "stale_tables":
+        if self.faults.stale_tables:
             return   # fault injection for tests: the tables keep slots SGLang freed (the defect of issue 25)
         rtt = self.req_to_token_pool.req_to_token
         generation = sglang_host(self.req_to_token_pool.req_generation)

@@ -21,7 +21,6 @@ Host syncs: none, except one device-to-host copy per compressing step for the ke
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections import defaultdict
 
@@ -29,7 +28,6 @@ import numpy as np
 import torch
 
 from sglang_ext.accounting import owned_slots, take_extras
-from sglang_ext.config import FAULT_ENV
 from sglang_ext.forward_plan import _send
 from sglang_ext.host_syncs import not_counted, to_host
 from sglang_ext import score_chunks as chunking
@@ -209,7 +207,7 @@ def _give_back(backend, zero_rows: torch.Tensor, zero_cols: torch.Tensor, freed:
     if freed.numel() == 0 or not backend.config.free_evicted:
         return
     backend.req_to_token_pool.req_to_token[zero_rows, zero_cols] = 0
-    if os.environ.get(FAULT_ENV) == "skip_free":
+    if backend.faults.skip_free:
         return  # fault injection for tests: the slots leave the request but never reach the free list
     backend.allocator.free(freed)
 

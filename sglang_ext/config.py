@@ -37,8 +37,26 @@ FAULT_ENV = "SPARSE_RL_KV_FAULT"
 never freed), so a test can show the strict idle memory checker catches a broken free; ``stale_tables`` (the tables
 ignore SGLang's rewrites of a bound row, the defect of issue 25), so a test can show the soak's oracle catches
 stale slots; ``abort_insert`` (an aborted compressed request goes into the radix tree whole); ``no_refusal`` (a
-retracted or preempted compressed request resumes as if it were dense). Never set it otherwise."""
-PLUGIN_FAULTS = ("skip_free", "stale_tables", "abort_insert", "no_refusal")
+retracted or preempted compressed request resumes as if it were dense). Never set it otherwise. Read once per
+process, when the plugin's backend is built (``PluginFaults.from_env``), not on the paths it breaks."""
+PluginFault = Literal["skip_free", "stale_tables", "abort_insert", "no_refusal"]
+PLUGIN_FAULTS: tuple[str, ...] = get_args(PluginFault)
+
+
+@dataclass(frozen=True)
+class PluginFaults:
+    """The test-only faults of ``FAULT_ENV`` this process runs with, one flag each (all off but in fault tests)."""
+
+    skip_free: bool = False
+    stale_tables: bool = False
+    abort_insert: bool = False
+    no_refusal: bool = False
+
+    @classmethod
+    def from_env(cls) -> "PluginFaults":
+        """From ``FAULT_ENV`` (unset, or a value that names no fault: none)."""
+        fault = os.environ.get(FAULT_ENV, "")
+        return cls(**{fault: True}) if fault in PLUGIN_FAULTS else cls()
 
 PLUGIN_PROVIDES = frozenset({QUERY_WINDOW})
 """The scorer inputs (``scorers.INPUT_FIELDS``) the plugin keeps: the ring of the last alpha queries per row."""

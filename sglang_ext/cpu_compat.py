@@ -74,7 +74,8 @@ def apply_cpu_server_defaults(server_args) -> None:
 
 
 def cpu_engine_kwargs() -> dict:
-    """``sglang.Engine`` arguments that work on CPU (see ../shared/reference/sglang-on-cpu.md)."""
+    """``sglang.Engine`` arguments that work on CPU: the torch-native attention and sampling (no CUDA kernels), no
+    CUDA graphs, pages of one token (a page of several would mix kept and evicted tokens)."""
     return dict(
         device="cpu",
         attention_backend="torch_native",

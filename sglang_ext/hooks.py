@@ -8,7 +8,6 @@ installs them in that order.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Callable
@@ -19,7 +18,7 @@ from sglang_ext.accounting import extras_needed, handles_row, owned_slots, relea
 from sglang_ext.admission import KEEP_COMPRESSED, clipped, request_bound, retraction_rank, running_reserve
 from sglang_ext.backend import active_backend
 from sglang_ext.compaction import record_idle
-from sglang_ext.config import FAULT_ENV, REQUEST_KEY, ConfigError
+from sglang_ext.config import REQUEST_KEY, ConfigError
 from sglang_ext.cpu_compat import apply_cpu_server_defaults
 from sglang_ext.memory import reserve_before_kv_pool
 from sglang_ext.pause import pause_mode
@@ -182,14 +181,14 @@ def _release_kv_cache(original, req, tree_cache, *, checkpoint: bool):
             fed = len(req.origin_input_ids) + len(req.output_ids) - 1   # the last sampled token is never fed
             last = not (req.finished() and int(backend.state.logical_len[row]) > fed)
             backend.state.sync_meta(row, last_forward=last)
-        if checkpoint and backend.state.compressed[row] and not _aborted_insert_fault(req):
+        if checkpoint and backend.state.compressed[row] and not _aborted_insert_fault(backend, req):
             checkpoint = False  # its slots no longer hold one token per position: the tree keeps only the prompt
     return original(req, tree_cache, checkpoint=checkpoint)
 
 
-def _aborted_insert_fault(req) -> bool:
+def _aborted_insert_fault(backend, req) -> bool:
     """Fault injection for tests (``abort_insert``): an aborted compressed request goes into the radix tree whole."""
-    if os.environ.get(FAULT_ENV) != "abort_insert":
+    if not backend.faults.abort_insert:
         return False
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
@@ -238,7 +237,7 @@ def _release_req(original, *args, **kwargs):
     req = kwargs["req"]
     row = req.kv.req_pool_idx
     refuse = backend is not None and row is not None and backend.state.events[row] > 0 and not req.finished() \
-        and os.environ.get(FAULT_ENV) != "no_refusal"   # fault injection for tests: resumed as if it were dense
+        and not backend.faults.no_refusal   # fault injection for tests: resumed as if it were dense
     kept = original(*args, **kwargs)
     if not refuse:
         return kept

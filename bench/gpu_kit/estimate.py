@@ -42,7 +42,7 @@ def count_decode_ops(sizes: Sizes, steps: int = 24) -> dict[str, float]:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from sparse_rl_megatron.compression import CompressionConfig
-    from sparse_rl_megatron.rollout.engine import SamplingParams
+    from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
     from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
     from sparse_rl_megatron.models.tiny import build_tiny_model
 

@@ -110,7 +110,7 @@ def measure(model, method: str, sizes: Sizes, prompts: list[list[int]], deadline
     from sparse_rl_megatron.compression import CompressionConfig, CompressionSchedule
     from sparse_rl_megatron.models.arch import arch_from_hf_config
     from sparse_rl_megatron.planning.kv import kv_bytes_per_token
-    from sparse_rl_megatron.rollout.engine import SamplingParams
+    from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
     from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
 
     rows, response = sizes.eng_rows, sizes.eng_response

@@ -27,6 +27,7 @@ from sparse_rl_megatron.algo.validation import (
     check_per_sample,
     check_same_shape,
 )
+from sparse_rl_megatron.observability import metric_names as MN
 
 
 @dataclass
@@ -157,8 +158,8 @@ def prepare_correction(
             keep=keep, rewards=rewards, veto_threshold=config.veto_threshold,
         ))
     metrics.update(correction.metrics)
-    metrics["sparse/kept_seqs"] = normalisers.kept_seqs
-    metrics["sparse/kept_tokens"] = normalisers.kept_tokens
+    metrics[MN.SPARSE_KEPT_SEQS] = normalisers.kept_seqs
+    metrics[MN.SPARSE_KEPT_TOKENS] = normalisers.kept_tokens
     return PreparedBatch(
         old_log_probs=old,
         response_mask=response,

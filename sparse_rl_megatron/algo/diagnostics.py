@@ -33,6 +33,7 @@ import torch
 
 from sparse_rl_megatron.algo.rejection import sequence_veto
 from sparse_rl_megatron.algo.validation import as_bool_mask, check_2d, check_per_sample, check_same_shape
+from sparse_rl_megatron.observability import metric_names as MN
 
 WOULD_VETO_THRESHOLD = 1e-4
 """The veto threshold checked when the correction has none (``veto_threshold`` None or 0): the reference's."""
@@ -92,12 +93,12 @@ def rollout_diagnostics(*, log_rho: torch.Tensor, old_log_probs: torch.Tensor, s
     rewards = rewards.to(torch.float64)
     n_seq = int(has.sum())
     out = {
-        "sparse/would_veto_frac": int(veto.sum()) / n_seq if n_seq else 0.0,
-        "sparse/contaminated_frac": int(contaminated.sum()) / n_seq if n_seq else 0.0,
-        "sparse/reward_mean_would_veto": _mean_where(rewards, veto),
-        "sparse/reward_mean_would_keep": _mean_where(rewards, has & ~veto),
-        "sparse/reward_mean_kept": _mean_where(rewards, has & keep),
-        "sparse/reward_mean_rejected": _mean_where(rewards, has & ~keep),
+        MN.SPARSE_WOULD_VETO_FRAC: int(veto.sum()) / n_seq if n_seq else 0.0,
+        MN.SPARSE_CONTAMINATED_FRAC: int(contaminated.sum()) / n_seq if n_seq else 0.0,
+        MN.SPARSE_REWARD_MEAN_WOULD_VETO: _mean_where(rewards, veto),
+        MN.SPARSE_REWARD_MEAN_WOULD_KEEP: _mean_where(rewards, has & ~veto),
+        MN.SPARSE_REWARD_MEAN_KEPT: _mean_where(rewards, has & keep),
+        MN.SPARSE_REWARD_MEAN_REJECTED: _mean_where(rewards, has & ~keep),
     }
     lengths = mask.sum(dim=-1).tolist()
     bins: dict[str, list[int]] = {}
@@ -113,7 +114,7 @@ def rollout_diagnostics(*, log_rho: torch.Tensor, old_log_probs: torch.Tensor, s
     nll_old = torch.where(mask, -old_log_probs.to(torch.float64), zero)
     rho = torch.where(mask, torch.exp(log_rho.to(torch.float64)), zero)
     n_tok = int(mask.sum())
-    out["sparse/entropy_sampler"] = float(nll_sparse.sum() / n_tok) if n_tok else math.nan
+    out[MN.SPARSE_ENTROPY_SAMPLER] = float(nll_sparse.sum() / n_tok) if n_tok else math.nan
     weight = float(rho.sum())
-    out["sparse/entropy_dense"] = float((rho * nll_old).sum()) / weight if n_tok and weight > 0 else math.nan
+    out[MN.SPARSE_ENTROPY_DENSE] = float((rho * nll_old).sum()) / weight if n_tok and weight > 0 else math.nan
     return out

@@ -24,6 +24,7 @@ from sparse_rl_megatron.algo.policy_loss import ppo_clip_loss
 from sparse_rl_megatron.algo.reductions import REDUCTIONS, reduce_loss
 from sparse_rl_megatron.algo.reweighting import normalise_weights
 from sparse_rl_megatron.algo.validation import check_2d, check_finite_where, check_same_shape
+from sparse_rl_megatron.observability import metric_names as MN
 
 
 @dataclass
@@ -108,24 +109,24 @@ def micro_batch_loss(
     denom = batch.normalisers.denominator(REDUCTIONS.get(config.reduction).unit)
     pg_loss = reduce_loss(config.reduction, pg, mask, denom)
     total = pg_loss
-    metrics = {"loss/pg": pg_loss.detach()}
+    metrics = {MN.LOSS_PG: pg_loss.detach()}
     if config.kl_coef > 0:
         if ref_log_probs is None:
             raise ValueError(f"LossConfig.kl_coef={config.kl_coef} needs ref_log_probs (or set kl_coef=0)")
         kl = reduce_loss(config.reduction, kl_penalty(log_probs, ref_log_probs, mask, config.kl_estimator), mask, denom)
         total = total + config.kl_coef * kl
-        metrics["loss/kl"] = kl.detach()
+        metrics[MN.LOSS_KL] = kl.detach()
     if config.entropy_coef > 0:
         if entropy is None:
             raise ValueError(f"LossConfig.entropy_coef={config.entropy_coef} needs entropy (or set entropy_coef=0)")
         ent = reduce_loss(config.reduction, torch.where(mask, entropy, torch.zeros_like(entropy)), mask, denom)
         total = total - config.entropy_coef * ent
-        metrics["loss/entropy"] = ent.detach()
+        metrics[MN.LOSS_ENTROPY] = ent.detach()
     n_kept = max(batch.normalisers.kept_tokens, 1.0)
     n_resp = max(batch.normalisers.response_tokens, 1.0)
     ppo_kl = torch.where(mask, batch.old_log_probs.to(log_probs.device) - log_probs.detach(), torch.zeros_like(log_probs))
-    metrics["loss/total"] = total.detach()
-    metrics["loss/clip_frac"] = clipped.sum().to(torch.float64) / n_kept
-    metrics["loss/clip_frac_all_tokens"] = clipped_all.sum().to(torch.float64) / n_resp
-    metrics["loss/ppo_kl"] = ppo_kl.sum().to(torch.float64) / n_kept
+    metrics[MN.LOSS_TOTAL] = total.detach()
+    metrics[MN.LOSS_CLIP_FRAC] = clipped.sum().to(torch.float64) / n_kept
+    metrics[MN.LOSS_CLIP_FRAC_ALL_TOKENS] = clipped_all.sum().to(torch.float64) / n_resp
+    metrics[MN.LOSS_PPO_KL] = ppo_kl.sum().to(torch.float64) / n_kept
     return total, metrics

@@ -41,6 +41,7 @@ from typing import Sequence
 import torch
 
 from sparse_rl_megatron.algo.validation import as_bool_mask
+from sparse_rl_megatron.observability import metric_names as MN
 
 
 def masked_quantiles(values: torch.Tensor, mask: torch.Tensor, qs: Sequence[float]) -> list[float]:
@@ -121,27 +122,27 @@ def mismatch_metrics(
     log_ppl_sparse = -_mean(sampler_log_probs, response_mask)
     lr = log_rho.to(torch.float64)
     return {
-        "sparse/num_seqs": float(n_seq),
-        "sparse/rejected_seq_frac": _frac((has_tokens & ~kept_seq).sum(), n_seq),
-        "sparse/vetoed_seq_frac": _frac((has_tokens & vetoed).sum(), n_seq),
-        "sparse/rejected_token_frac": _frac((response_mask & ~loss_mask).sum(), n_tok),
-        "sparse/token_below_frac": _frac((response_mask & (rho < ratio_lower)).sum(), n_tok),
-        "sparse/token_above_frac": _frac((response_mask & (rho > ratio_upper)).sum(), n_tok),
-        "sparse/truncated_frac": _frac((response_mask & (rho > weight_upper)).sum(), n_tok),
-        "sparse/rho_mean": _mean(rho, response_mask),
-        "sparse/rho_min": rho_min,
-        "sparse/rho_max": rho_max,
-        "sparse/rho_p1": p1,
-        "sparse/rho_p5": p5,
-        "sparse/rho_p50": p50,
-        "sparse/kl_k1": _mean(-lr, response_mask),
-        "sparse/kl_k3": _mean(torch.expm1(lr) - lr, response_mask),
-        "sparse/kl_old_sparse_k1": _mean(rho * lr, response_mask),
-        "sparse/kl_old_sparse_k3": _mean(-torch.expm1(lr) + rho * lr, response_mask),
-        "sparse/log_ppl_old": log_ppl_old,
-        "sparse/log_ppl_sparse": log_ppl_sparse,
-        "sparse/log_ppl_diff": log_ppl_old - log_ppl_sparse,
-        "sparse/weight_mean": _mean(weights, loss_mask),
-        "sparse/weight_norm_factor": float(weight_norm_factor),
-        "sparse/ess": effective_sample_size(weights, loss_mask),
+        MN.SPARSE_NUM_SEQS: float(n_seq),
+        MN.SPARSE_REJECTED_SEQ_FRAC: _frac((has_tokens & ~kept_seq).sum(), n_seq),
+        MN.SPARSE_VETOED_SEQ_FRAC: _frac((has_tokens & vetoed).sum(), n_seq),
+        MN.SPARSE_REJECTED_TOKEN_FRAC: _frac((response_mask & ~loss_mask).sum(), n_tok),
+        MN.SPARSE_TOKEN_BELOW_FRAC: _frac((response_mask & (rho < ratio_lower)).sum(), n_tok),
+        MN.SPARSE_TOKEN_ABOVE_FRAC: _frac((response_mask & (rho > ratio_upper)).sum(), n_tok),
+        MN.SPARSE_TRUNCATED_FRAC: _frac((response_mask & (rho > weight_upper)).sum(), n_tok),
+        MN.SPARSE_RHO_MEAN: _mean(rho, response_mask),
+        MN.SPARSE_RHO_MIN: rho_min,
+        MN.SPARSE_RHO_MAX: rho_max,
+        MN.SPARSE_RHO_P1: p1,
+        MN.SPARSE_RHO_P5: p5,
+        MN.SPARSE_RHO_P50: p50,
+        MN.SPARSE_KL_K1: _mean(-lr, response_mask),
+        MN.SPARSE_KL_K3: _mean(torch.expm1(lr) - lr, response_mask),
+        MN.SPARSE_KL_OLD_SPARSE_K1: _mean(rho * lr, response_mask),
+        MN.SPARSE_KL_OLD_SPARSE_K3: _mean(-torch.expm1(lr) + rho * lr, response_mask),
+        MN.SPARSE_LOG_PPL_OLD: log_ppl_old,
+        MN.SPARSE_LOG_PPL_SPARSE: log_ppl_sparse,
+        MN.SPARSE_LOG_PPL_DIFF: log_ppl_old - log_ppl_sparse,
+        MN.SPARSE_WEIGHT_MEAN: _mean(weights, loss_mask),
+        MN.SPARSE_WEIGHT_NORM_FACTOR: float(weight_norm_factor),
+        MN.SPARSE_ESS: effective_sample_size(weights, loss_mask),
     }

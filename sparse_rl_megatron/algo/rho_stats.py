@@ -26,11 +26,12 @@ import torch
 
 from sparse_rl_megatron.algo.metrics import masked_quantiles
 from sparse_rl_megatron.algo.validation import as_bool_mask, check_2d, check_same_shape
+from sparse_rl_megatron.observability import metric_names as MN
 
 RHO_QUANTILES: dict[str, float] = {"p0.1": 0.001, "p1": 0.01, "p5": 0.05, "p50": 0.5, "p99": 0.99}
 """Quantiles of rho a budget study reports, by name."""
-SUMMARY_KEYS = ("rho/min", *(f"rho/{name}" for name in RHO_QUANTILES), "rho/max", "rho/mean", "log_rho/abs_mean",
-                "log_rho/abs_max", "log_rho/seq_sum_mean", "log_rho/seq_sum_min")
+SUMMARY_KEYS = (MN.RHO_MIN, *(f"rho/{name}" for name in RHO_QUANTILES), MN.RHO_MAX, MN.RHO_MEAN, MN.LOG_RHO_ABS_MEAN,
+                MN.LOG_RHO_ABS_MAX, MN.LOG_RHO_SEQ_SUM_MEAN, MN.LOG_RHO_SEQ_SUM_MIN)
 """The keys of ``rho_summary``, in table order."""
 MIN_HISTOGRAM_SPAN = 1e-6
 """Narrowest log-rho range a histogram spans: when every value is (nearly) equal, e.g. an exactly consistent
@@ -53,17 +54,17 @@ def rho_summary(log_rho: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
     if values.numel() == 0:
         return {key: math.nan for key in SUMMARY_KEYS}
     rho = torch.exp(values)
-    out = {"rho/min": float(rho.min())}
+    out = {MN.RHO_MIN: float(rho.min())}
     quantiles = masked_quantiles(torch.exp(lr), mask, list(RHO_QUANTILES.values()))
     out.update({f"rho/{name}": value for name, value in zip(RHO_QUANTILES, quantiles)})
-    out["rho/max"] = float(rho.max())
-    out["rho/mean"] = float(rho.mean())
-    out["log_rho/abs_mean"] = float(values.abs().mean())
-    out["log_rho/abs_max"] = float(values.abs().max())
+    out[MN.RHO_MAX] = float(rho.max())
+    out[MN.RHO_MEAN] = float(rho.mean())
+    out[MN.LOG_RHO_ABS_MEAN] = float(values.abs().mean())
+    out[MN.LOG_RHO_ABS_MAX] = float(values.abs().max())
     has_tokens = mask.any(dim=-1)
     seq_sums = torch.where(mask, lr, torch.zeros_like(lr)).sum(dim=-1)[has_tokens]
-    out["log_rho/seq_sum_mean"] = float(seq_sums.mean())
-    out["log_rho/seq_sum_min"] = float(seq_sums.min())
+    out[MN.LOG_RHO_SEQ_SUM_MEAN] = float(seq_sums.mean())
+    out[MN.LOG_RHO_SEQ_SUM_MIN] = float(seq_sums.min())
     return out
 
 

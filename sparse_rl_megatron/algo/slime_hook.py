@@ -34,6 +34,7 @@ from sparse_rl_megatron.algo.modes import CORRECTION_MODES, CorrectionInputs
 from sparse_rl_megatron.algo.ratio import sparsity_log_ratio
 from sparse_rl_megatron.algo.reweighting import normalisation_factor, weight_stats
 from sparse_rl_megatron.algo.validation import check_finite_where
+from sparse_rl_megatron.observability import metric_names as MN
 
 ARGS_PREFIX = "sparse_rl_"
 
@@ -122,19 +123,19 @@ def sparse_rl_correction(
     n_resp = int(response.sum())
     p1, p5 = masked_quantiles(rho, response, (0.01, 0.05)) if n_resp else (1.0, 1.0)  # no NaN: slime does x * mask
     metrics = {
-        "sparse/rho": flat(rho),
-        "sparse/rejected_token": flat(response & ~new_mask),
-        "sparse/token_below": flat(rho < config.rejection_lower),
-        "sparse/token_above": flat(rho > config.rejection_upper),
-        "sparse/truncated": flat(rho > config.weight_upper),
-        "sparse/vetoed_seq": flat(vetoed.unsqueeze(-1).expand_as(response)),
-        "sparse/rejected_seq": flat((~new_mask.any(dim=-1)).unsqueeze(-1).expand_as(response)),
-        "sparse/kl_k1": flat(-log_rho),
-        "sparse/kl_k3": flat(torch.expm1(log_rho) - log_rho),
-        "sparse/weight": flat(weights),
-        "sparse/weight_norm_factor": per_token(float(factor)),
-        "sparse/rho_p1": per_token(p1),
-        "sparse/rho_p5": per_token(p5),
+        MN.SPARSE_RHO: flat(rho),
+        MN.SPARSE_REJECTED_TOKEN: flat(response & ~new_mask),
+        MN.SPARSE_TOKEN_BELOW: flat(rho < config.rejection_lower),
+        MN.SPARSE_TOKEN_ABOVE: flat(rho > config.rejection_upper),
+        MN.SPARSE_TRUNCATED: flat(rho > config.weight_upper),
+        MN.SPARSE_VETOED_SEQ: flat(vetoed.unsqueeze(-1).expand_as(response)),
+        MN.SPARSE_REJECTED_SEQ: flat((~new_mask.any(dim=-1)).unsqueeze(-1).expand_as(response)),
+        MN.SPARSE_KL_K1: flat(-log_rho),
+        MN.SPARSE_KL_K3: flat(torch.expm1(log_rho) - log_rho),
+        MN.SPARSE_WEIGHT: flat(weights),
+        MN.SPARSE_WEIGHT_NORM_FACTOR: per_token(float(factor)),
+        MN.SPARSE_RHO_P1: per_token(p1),
+        MN.SPARSE_RHO_P5: per_token(p5),
     }
     new_masks = [
         (m.to(torch.float32) * new_mask[i, :n].to(torch.float32)).to(m.dtype) for i, (m, n) in enumerate(zip(loss_masks, lengths))

@@ -45,6 +45,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from sparse_rl_megatron.observability import metric_names as MN
 from sparse_rl_megatron.utils.registry import Registry
 
 
@@ -65,16 +66,16 @@ class BudgetSignal:
 
 SIGNALS: Registry[BudgetSignal] = Registry("adaptive budget signal")
 SIGNALS.add("contaminated_frac", BudgetSignal(
-    "sparse/contaminated_frac", True, "share of sequences with any token rho < 0.5 (the issue-27 audit's signal)"))
+    MN.SPARSE_CONTAMINATED_FRAC, True, "share of sequences with any token rho < 0.5 (the issue-27 audit's signal)"))
 SIGNALS.add("veto_frac", BudgetSignal(
-    "sparse/would_veto_frac", True, "share of sequences the veto would drop (any rho < veto threshold), every mode"))
-SIGNALS.add("rho_p1", BudgetSignal("sparse/rho_p1", False, "1st percentile of rho over response tokens"))
+    MN.SPARSE_WOULD_VETO_FRAC, True, "share of sequences the veto would drop (any rho < veto threshold), every mode"))
+SIGNALS.add("rho_p1", BudgetSignal(MN.SPARSE_RHO_P1, False, "1st percentile of rho over response tokens"))
 SIGNALS.add("token_below_frac", BudgetSignal(
-    "sparse/token_below_frac", True, "share of response tokens with rho < correction.rejection_lower (0.5): a "
+    MN.SPARSE_TOKEN_BELOW_FRAC, True, "share of response tokens with rho < correction.rejection_lower (0.5): a "
     "per-token rate, which does not saturate as responses grow long (issue 39)"))
 SIGNALS.add("kl_k3", BudgetSignal(
-    "sparse/kl_k3", True, "mean over response tokens of k3 = rho - 1 - log rho, an estimate of KL(sparse sampler || dense "
-    "policy) from the sampled tokens (issue 39)"))
+    MN.SPARSE_KL_K3, True, "mean over response tokens of k3 = rho - 1 - log rho, an estimate of KL(sparse sampler "
+    "|| dense policy) from the sampled tokens (issue 39)"))
 
 
 def read_signal(name: str, metrics: Mapping[str, float]) -> float:
@@ -173,7 +174,7 @@ class BudgetController:
 
     def metrics(self) -> dict[str, float]:
         """``rollout/budget`` (of the step just sampled, before ``update``), the signal's target."""
-        return {"rollout/budget": float(self.budget), "rollout/budget_target": float(self.config.target)}
+        return {MN.ROLLOUT_BUDGET: float(self.budget), MN.ROLLOUT_BUDGET_TARGET: float(self.config.target)}
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able state: restoring it gives the same budgets for the same signals."""

@@ -1,7 +1,7 @@
 """Typed configuration of KV-cache compression (shared by the HF reference engine and the SGLang plugin).
 
-Defaults are the Sparse-RL reference settings (``../shared/reference/algorithm.md``, "KV compression
-operators"): budget B = 512, observation window alpha = 8, buffer W = 128, R-KV lambda = 0.1,
+Defaults are the Sparse-RL reference settings (``docs/algorithm.md``, "KV compression: the operators and their
+budget"): budget B = 512, observation window alpha = 8, buffer W = 128, R-KV lambda = 0.1,
 max-pool kernel 7, redundancy threshold 0.5; prompt tokens are eviction candidates (scope ``all``) and
 over-budget prompts are not compressed at prefill.
 """

@@ -1,6 +1,6 @@
 """When to compress, and which tokens are candidates (the budget scope).
 
-One definition for every engine (``../shared/reference/algorithm.md``, "Budget semantics"):
+One definition for every engine (``docs/algorithm.md``, "KV compression: the operators and their budget"):
 
 - Candidates: ``scope=all`` -> every cached token (prompt included); ``scope=response`` -> the response
   tokens only (the prompt is always kept whole, in front of them).

@@ -4,13 +4,13 @@ A scorer maps :class:`ScoreInputs` (one compression of one layer, for ``n`` sequ
 head for every candidate *before* the observation window: ``[n, Hkv, N - alpha]`` float32, higher = keep.
 The selector (``selector.py``) then keeps the top ``B - alpha`` of them plus the alpha window tokens.
 
-Formulas: ``../shared/reference/algorithm.md`` (section "KV compression operators"); TriAttention:
+Formulas: ``docs/algorithm.md`` (section "KV compression: the operators and their budget"); TriAttention:
 ``triattention.py``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 import torch
 
@@ -19,8 +19,18 @@ from sparse_rl_megatron.compression.redundancy import key_redundancy
 from sparse_rl_megatron.compression.triattention import triattention_scores
 from sparse_rl_megatron.utils.registry import Registry
 
-if TYPE_CHECKING:
-    from sparse_rl_megatron.compression.config import CompressionConfig
+
+class ScorerSettings(Protocol):
+    """The settings a scorer reads: the fields of ``config.CompressionConfig`` of the same names (which names its
+    method from ``SCORERS``: the scorers do not import it, so the two modules do not import each other)."""
+
+    window: int
+    pool_kernel: int
+    gqa_pooling: str
+    similarity_threshold: float
+    rkv_lambda: float
+    sink_tokens: int
+    triattention_max_offset: int
 
 
 @dataclass
@@ -77,7 +87,7 @@ class Scorer:
     """A named scoring rule and what it declares: the inputs it needs, the knobs it reads, its cost."""
 
     name: str
-    fn: Callable[[ScoreInputs, "CompressionConfig"], torch.Tensor] | None
+    fn: Callable[[ScoreInputs, ScorerSettings], torch.Tensor] | None
     """(inputs, config) -> [n, Hkv, N - alpha] float32; None for the dense pass-through."""
     summary: str = ""
     """One line: what the score is (the docs' table of methods and the CLIs' help show it)."""
@@ -101,7 +111,7 @@ class Scorer:
     def compresses(self) -> bool:
         return self.fn is not None
 
-    def __call__(self, inputs: ScoreInputs, config: "CompressionConfig") -> torch.Tensor:
+    def __call__(self, inputs: ScoreInputs, config: ScorerSettings) -> torch.Tensor:
         if self.fn is None:
             raise RuntimeError(f"scorer '{self.name}' is the dense pass-through: it never scores tokens")
         n, hkv, length, _ = inputs.keys.shape
@@ -127,26 +137,26 @@ def register_scorer(scorer: Scorer) -> Scorer:
     return scorer
 
 
-def _importance(inputs: ScoreInputs, config: "CompressionConfig") -> torch.Tensor:
+def _importance(inputs: ScoreInputs, config: ScorerSettings) -> torch.Tensor:
     return window_importance(
         inputs.queries, inputs.keys, window=config.window, pool_kernel=config.pool_kernel,
         gqa_pooling=config.gqa_pooling, scaling=inputs.scaling,
     )
 
 
-def _rkv(inputs: ScoreInputs, config: "CompressionConfig") -> torch.Tensor:
+def _rkv(inputs: ScoreInputs, config: ScorerSettings) -> torch.Tensor:
     """R-KV: ``lambda * importance - (1 - lambda) * redundancy`` (redundancy computed over all N keys)."""
     redundancy = key_redundancy(inputs.keys, threshold=config.similarity_threshold)
     past = inputs.num_candidates - config.window
     return config.rkv_lambda * _importance(inputs, config) - (1.0 - config.rkv_lambda) * redundancy[..., :past]
 
 
-def _snapkv(inputs: ScoreInputs, config: "CompressionConfig") -> torch.Tensor:
+def _snapkv(inputs: ScoreInputs, config: ScorerSettings) -> torch.Tensor:
     """SnapKV: the window importance alone."""
     return _importance(inputs, config)
 
 
-def _streamingllm(inputs: ScoreInputs, config: "CompressionConfig") -> torch.Tensor:
+def _streamingllm(inputs: ScoreInputs, config: ScorerSettings) -> torch.Tensor:
     """StreamingLLM: the first ``sink_tokens`` candidates always win, then recency (newer = higher)."""
     n, hkv, length, _ = inputs.keys.shape
     past = length - config.window
@@ -155,13 +165,13 @@ def _streamingllm(inputs: ScoreInputs, config: "CompressionConfig") -> torch.Ten
     return scores
 
 
-def _h2o(inputs: ScoreInputs, config: "CompressionConfig") -> torch.Tensor:
+def _h2o(inputs: ScoreInputs, config: ScorerSettings) -> torch.Tensor:
     """H2O: accumulated attention mass (heavy hitters); recency is covered by the alpha window."""
     past = inputs.num_candidates - config.window
     return inputs.accumulated_attention[..., :past].float()
 
 
-def _triattention(inputs: ScoreInputs, config: "CompressionConfig") -> torch.Tensor:
+def _triattention(inputs: ScoreInputs, config: ScorerSettings) -> torch.Tensor:
     """TriAttention: trigonometric series of the query centers plus the norm term (``triattention.py``);
     standardised over all N candidates, the window's included, as the authors standardise every evictable token."""
     past = inputs.num_candidates - config.window

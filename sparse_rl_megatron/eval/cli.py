@@ -183,7 +183,7 @@ def check_inputs(config, output: str | None, export_dir: str | None = None) -> N
     directory, every benchmark, the engine, the template, ``--output`` and ``--export-dir`` (new or empty: the
     export replaces it as a whole). Raises ``UsageError``."""
     from sparse_rl_megatron.data.templates import TEMPLATES
-    from sparse_rl_megatron.rollout.engines import ENGINES
+    from sparse_rl_megatron.rollout.engine_registry import ENGINES
     from sparse_rl_megatron.tasks import get_task, is_task_ref
 
     try:

@@ -7,7 +7,7 @@ from pathlib import Path
 from sparse_rl_megatron.compression.config import CompressionConfig
 from sparse_rl_megatron.data.sets import BENCHMARKS
 from sparse_rl_megatron.rewards.pool import VerifierPoolConfig
-from sparse_rl_megatron.rollout.engines import ENGINE_DTYPES, EngineBuild, EngineDtype
+from sparse_rl_megatron.rollout.engine_registry import ENGINE_DTYPES, EngineBuild, EngineDtype
 from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
 
 
@@ -48,7 +48,7 @@ class EvalConfig:
     template: str = "qwen25_chat"
     """Prompt template name (``data.TEMPLATES``)."""
     engine: str = "hf"
-    """Rollout engine name (``rollout.engines.ENGINES``)."""
+    """Rollout engine name (``rollout.engine_registry.ENGINES``)."""
     compression: CompressionConfig = field(default_factory=CompressionConfig)
     """Inference mode: dense (method ``none``) or a compressor at a budget."""
     temperature: float = 0.8
@@ -91,7 +91,7 @@ class EvalConfig:
                              f"the benchmarks being evaluated ({', '.join(self.benchmarks)})")
 
     def engine_build(self, model_dir: str | Path) -> EngineBuild:
-        """What the evaluation's engine is built from (``rollout/engines.py``): the model at ``model_dir``, this
+        """What the evaluation's engine is built from (``rollout/engine_registry.py``): the model at ``model_dir``, this
         config's compression, dtype, batch size, tokenizer and seed (``sglang``: an in-process engine)."""
         sglang = None
         if self.engine == "sglang":

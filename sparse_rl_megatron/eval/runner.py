@@ -25,14 +25,14 @@ from sparse_rl_megatron.eval.results import FORMAT_VERSION
 from sparse_rl_megatron.eval.subsets import full_chain_fraction, shortcut_free_accuracy
 from sparse_rl_megatron.rewards.reward import MathReward, reason_counts
 from sparse_rl_megatron.rewards.verify import REASONS, Verdict
-from sparse_rl_megatron.rollout.engine import SamplingParams
-from sparse_rl_megatron.rollout.engines import ENGINES
+from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
+from sparse_rl_megatron.rollout.engine_registry import ENGINES
 from sparse_rl_megatron.tasks import HELDOUT_SEED, get_task, is_task_ref
 from sparse_rl_megatron.utils.errors import UsageError, UserError
 from sparse_rl_megatron.utils.file_checks import read_json_file
 
 if TYPE_CHECKING:
-    from sparse_rl_megatron.rollout.engine import RolloutEngine
+    from sparse_rl_megatron.rollout.engine_protocol import RolloutEngine
 
 log = logging.getLogger(__name__)
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from sparse_rl_megatron.data.loader import Dataset
 from sparse_rl_megatron.data.record_extras import CHAIN_KEY, SHORTCUT_FREE_KEY, SUBSET_KEY, full_chain
+from sparse_rl_megatron.observability import metric_names as MN
 
 
 def full_chain_fraction(dataset: Dataset, problems: list[dict[str, Any]]) -> tuple[float, int] | None:
@@ -47,10 +48,10 @@ def subset_metrics(prefix: str, dataset: Dataset, section: dict[str, Any]) -> di
     out: dict[str, float] = {}
     for name, group in sorted(groups.items()):
         samples = [s for p in group for s in p["samples"]]
-        key = f"{prefix}/subset_{name}"
-        out[f"{key}/accuracy"] = sum(p["correct"] / len(p["samples"]) for p in group) / len(group)
-        out[f"{key}/response_len"] = sum(s["response_tokens"] for s in samples) / len(samples)
-        out[f"{key}/problems"] = float(len(group))
+        key = f"{prefix}/{MN.SUBSET_PREFIX}{name}"
+        out[f"{key}/{MN.ACCURACY}"] = sum(p["correct"] / len(p["samples"]) for p in group) / len(group)
+        out[f"{key}/{MN.RESPONSE_LEN}"] = sum(s["response_tokens"] for s in samples) / len(samples)
+        out[f"{key}/{MN.PROBLEMS}"] = float(len(group))
     return out
 
 
@@ -76,7 +77,7 @@ def shortcut_free_metrics(prefix: str, dataset: Dataset, section: dict[str, Any]
         raise ValueError(f"{prefix}: {err}") from None
     if free is None:
         return {}
-    return {f"{prefix}/shortcut_free_accuracy": free[0], f"{prefix}/shortcut_free_problems": float(free[1])}
+    return {f"{prefix}/{MN.SHORTCUT_FREE_ACCURACY}": free[0], f"{prefix}/{MN.SHORTCUT_FREE_PROBLEMS}": float(free[1])}
 
 
 def full_chain_metrics(prefix: str, dataset: Dataset, section: dict[str, Any]) -> dict[str, float]:
@@ -85,4 +86,4 @@ def full_chain_metrics(prefix: str, dataset: Dataset, section: dict[str, Any]) -
         full = full_chain_fraction(dataset, section["problems"])
     except ValueError as err:
         raise ValueError(f"{prefix}: {err}") from None
-    return {} if full is None else {f"{prefix}/full_chain_frac": full[0]}
+    return {} if full is None else {f"{prefix}/{MN.FULL_CHAIN_FRAC}": full[0]}

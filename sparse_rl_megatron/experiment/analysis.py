@@ -12,14 +12,14 @@ the warm start). Only seeds with every arm a test needs complete enter that test
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
 from sparse_rl_megatron.experiment.figure import (
-    CLAIM_PANELS, CLAIM_PANELS_27, CLAIM_PANELS_39, SMOOTHED_27, SMOOTHED_39,
+    CLAIM_PANELS, CLAIM_PANELS_ADAPTIVE, CLAIM_PANELS_LAGCHAIN, SMOOTHED_ADAPTIVE, SMOOTHED_LAGCHAIN,
 )
 from sparse_rl_megatron.experiment.stats import holm, paired_summary
+from sparse_rl_megatron.observability import metric_names as MN
 from sparse_rl_megatron.utils.registry import Registry
 
 ENDPOINT_EVALS = 3
@@ -34,14 +34,14 @@ COLLAPSE_BAD_OUTPUT = 0.25
 share (step 0: a warm start that stops early on an untaught class is not a collapse of the RL run)."""
 COLLAPSE_REPETITION, COLLAPSE_REPETITION_STEPS = 0.02, 10
 """Collapse (c): rollout repeated-4-gram rate >= 0.02 for 10 consecutive steps."""
-FREE_KEYS = ("eval/dense/shortcut_free_accuracy", "eval/sparse/shortcut_free_accuracy")
+FREE_KEYS = (MN.EVAL_DENSE_SHORTCUT_FREE_ACCURACY, MN.EVAL_SPARSE_SHORTCUT_FREE_ACCURACY)
 """Accuracy on the records no trivial policy answers (tasks that flag them; ``eval/subsets.py``): rows
 ``<mode>_shortcut_free_{start,end,final}``, shown next to the classes."""
-SUBSET_KEY = re.compile(r"^eval/(dense|sparse)/[^/]+/subset_([^/]+)/accuracy$")
-KV_TOKENS_KEY = "rollout/kv_tokens_peak_mean"
+SUBSET_KEY = MN.SUBSET_ACCURACY_KEY
+KV_TOKENS_KEY = MN.ROLLOUT_KV_TOKENS_PEAK_MEAN
 """KV tokens a sequence held at its peak (prompt + kept response tokens), mean over a step's samples; a run's
 footprint (``kv_tokens``) is its mean over the rollout steps."""
-BUDGET_KEY = "rollout/budget_sampled_mean"
+BUDGET_KEY = MN.ROLLOUT_BUDGET_SAMPLED_MEAN
 """The mean budget in a step's samples' provenance (compressed runs)."""
 
 
@@ -76,7 +76,7 @@ TESTS = (
 )
 
 
-TESTS_27 = (
+TESTS_ADAPTIVE = (
     Test("C1", "naive at the low budget degrades GRPO", "dense", "naive_low", metric="_shortcut_free"),
     Test("C2b", "the correction helps at the low budget (Sparse-RL beats naive)", "sparse_rl_low", "naive_low",
          metric="_shortcut_free"),
@@ -96,7 +96,7 @@ TESTS_27 = (
 )
 
 
-TESTS_39 = (
+TESTS_LAGCHAIN = (
     Test("C1", "naive at the low budget degrades GRPO", "dense", "naive_low", metric="_shortcut_free"),
     Test("C1m", "naive at the mid budget degrades GRPO", "dense", "naive_mid", metric="_shortcut_free"),
     Test("C2", "the correction helps at the low budget (Sparse-RL beats naive)", "sparse_rl_low", "naive_low",
@@ -153,16 +153,16 @@ class Design:
 DESIGNS: Registry[Design] = Registry("experiment analysis design")
 DESIGNS.add("issue20", Design(TESTS, ("C1", "C2a", "C2b"), holm_note="Holm over C1, C2a, C2b, C3",
                               study_tests=True))
-DESIGNS.add("issue27", Design(TESTS_27, ("C1", "C2b", "G", "A", "T_high", "T_mid", "T_low"),
+DESIGNS.add("issue27", Design(TESTS_ADAPTIVE, ("C1", "C2b", "G", "A", "T_high", "T_mid", "T_low"),
                               Footprint("A", "sparse_rl_adaptive", ("sparse_rl_low", "sparse_rl_mid", "sparse_rl_high"),
                                         ("T_low", "T_mid", "T_high")),
                               holm_note="Holm over C1, C2b, C3, G, A; T_high -> T_mid -> T_low a fixed sequence",
-                              panels=CLAIM_PANELS_27, smoothed=SMOOTHED_27, mark_adaptive_target=True))
-DESIGNS.add("issue39", Design(TESTS_39, ("C1", "C1m", "C2", "T_low", "T_mid", "A"),
+                              panels=CLAIM_PANELS_ADAPTIVE, smoothed=SMOOTHED_ADAPTIVE, mark_adaptive_target=True))
+DESIGNS.add("issue39", Design(TESTS_LAGCHAIN, ("C1", "C1m", "C2", "T_low", "T_mid", "A"),
                               Footprint("A", "sparse_rl_adaptive", ("sparse_rl_low", "sparse_rl_mid"),
                                         ("T_low", "T_mid")),
                               holm_note="Holm over C1, C1m, C2, T_low, T_mid, C3, A",
-                              panels=CLAIM_PANELS_39, smoothed=SMOOTHED_39, mark_adaptive_target=True,
+                              panels=CLAIM_PANELS_LAGCHAIN, smoothed=SMOOTHED_LAGCHAIN, mark_adaptive_target=True,
                               offscale={"KV tokens held per sequence (peak)": ("dense",)}))
 
 
@@ -183,21 +183,21 @@ def start(records: list[dict], key: str) -> float | None:
 
 def collapse(records: list[dict]) -> str | None:
     """Which collapse criterion the run meets first (``a``, ``b``, ``c``), else None."""
-    dense = evals(records, "eval/dense/accuracy")
+    dense = evals(records, MN.EVAL_DENSE_ACCURACY)
     best = -math.inf
     for i, (step, acc) in enumerate(dense):
         best = max(best, acc)
         if step > COLLAPSE_AFTER_STEP and 100 * (best - acc) >= COLLAPSE_DROP and all(
                 100 * (best - later) >= COLLAPSE_STAY for _, later in dense[i:]):
             return "a"
-    bad = [(r["step"], (r.get("eval/dense/no_answer_frac") or 0.0) + (r.get("eval/dense/truncated_frac") or 0.0))
-           for r in sorted(records, key=lambda r: r["step"]) if r.get("eval/dense/accuracy") is not None]
+    bad = [(r["step"], (r.get(MN.EVAL_DENSE_NO_ANSWER_FRAC) or 0.0) + (r.get(MN.EVAL_DENSE_TRUNCATED_FRAC) or 0.0))
+           for r in sorted(records, key=lambda r: r["step"]) if r.get(MN.EVAL_DENSE_ACCURACY) is not None]
     warm = bad[0][1] if bad and bad[0][0] == 0 else 0.0
     if any(step > 0 and share >= COLLAPSE_BAD_OUTPUT and share > warm for step, share in bad):
         return "b"
     run = 0
-    for r in sorted((r for r in records if r.get("rollout/repetition_rate") is not None), key=lambda r: r["step"]):
-        run = run + 1 if r["rollout/repetition_rate"] >= COLLAPSE_REPETITION else 0
+    for r in sorted((r for r in records if r.get(MN.ROLLOUT_REPETITION_RATE) is not None), key=lambda r: r["step"]):
+        run = run + 1 if r[MN.ROLLOUT_REPETITION_RATE] >= COLLAPSE_REPETITION else 0
         if run >= COLLAPSE_REPETITION_STEPS:
             return "c"
     return None
@@ -217,10 +217,10 @@ def arm_table(records: dict[str, dict[int, list[dict]]]) -> dict[str, dict]:
     for arm, by_seed in records.items():
         rows = {}
         for seed, recs in by_seed.items():
-            keys = ["eval/dense/accuracy", "eval/sparse/accuracy"]
+            keys = [MN.EVAL_DENSE_ACCURACY, MN.EVAL_SPARSE_ACCURACY]
             keys += sorted({k for r in recs for k in r if SUBSET_KEY.match(k)})
             keys += [k for k in FREE_KEYS if any(r.get(k) is not None for r in recs)]
-            single = len(evals(recs, "eval/dense/accuracy")) == 1
+            single = len(evals(recs, MN.EVAL_DENSE_ACCURACY)) == 1
             row = {"collapse": collapse(recs), "kv_tokens": step_mean(recs, KV_TOKENS_KEY),
                    "budget_mean": step_mean(recs, BUDGET_KEY)}
             for key in keys:

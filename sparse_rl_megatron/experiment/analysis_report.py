@@ -10,6 +10,7 @@ from sparse_rl_megatron.experiment.analysis import ANALYSIS_JSON, ANALYSIS_MD, D
 from sparse_rl_megatron.experiment.arm_dirs import seed_dir
 from sparse_rl_megatron.experiment.stats import paired_summary
 from sparse_rl_megatron.experiment.study import CACHES_FILE, STUDY_DIR, mismatch_file
+from sparse_rl_megatron.observability import metric_names as MN
 
 ARM_ORDER = ("dense", "naive", "sparse_rl", "naive_harsh", "sft", "naive_low", "sparse_rl_low", "sparse_rl_mid",
              "sparse_rl_high", "sparse_rl_adaptive")
@@ -102,11 +103,11 @@ def study_summary(cfg, records: dict) -> dict:
                 if path.is_file():
                     row = json.loads(path.read_text())["rows"][-1]["stats"]
                     comp.setdefault(arm, {}).setdefault(seed, {})[step] = {
-                        "veto": row.get("sparse/vetoed_seq_frac"), "rho_p1": row.get("rho/p1"),
-                        "reward": row.get("rollout/reward_mean")}
+                        "veto": row.get(MN.SPARSE_VETOED_SEQ_FRAC), "rho_p1": row.get(MN.RHO_P1),
+                        "reward": row.get(MN.ROLLOUT_REWARD_MEAN)}
             path = sdir / arm / STUDY_DIR / CACHES_FILE
             if path.is_file():
-                caches.setdefault(arm, {})[seed] = {c: 100 * m["eval/sparse/accuracy"]
+                caches.setdefault(arm, {})[seed] = {c: 100 * m[MN.EVAL_SPARSE_ACCURACY]
                                                     for c, m in json.loads(path.read_text()).items()}
     comp = {arm: by_seed for arm, by_seed in comp.items() if any(k for v in by_seed.values() for k in v)}
     decided = DESIGNS.get(cfg.experiment.analysis).study_tests

@@ -30,15 +30,16 @@ from sparse_rl_megatron.compression.config import CompressionConfig
 from sparse_rl_megatron.experiment.arm_dirs import arm_train_config, seed_dir
 from sparse_rl_megatron.experiment.arms import ArmRun
 from sparse_rl_megatron.experiment.config import BudgetRuleConfig, ExperimentConfig
+from sparse_rl_megatron.observability import metric_names as MN
 from sparse_rl_megatron.utils.config_io import to_dict
 from sparse_rl_megatron.utils.errors import UserError
 
 RULE_FILE = "budget_rule.json"
 STUDY_DIR = "budgets"
 STUDY_FILE = "mismatch.json"
-VETO_KEY = "sparse/vetoed_seq_frac"
-REWARD_KEY = "rollout/reward_mean"
-CONTAMINATION_KEY = "sparse/contaminated_frac"
+VETO_KEY = MN.SPARSE_VETOED_SEQ_FRAC
+REWARD_KEY = MN.ROLLOUT_REWARD_MEAN
+CONTAMINATION_KEY = MN.SPARSE_CONTAMINATED_FRAC
 
 
 def mismatch_command(recipe: Path, output: Path, budgets: list[int], prompts: int, samples: int) -> list[str]:

@@ -12,6 +12,7 @@ from typing import Callable
 from sparse_rl_megatron.experiment.arm_dirs import ARM_DONE, read_json, seed_dir
 from sparse_rl_megatron.experiment.config import ExperimentConfig
 from sparse_rl_megatron.experiment.saved_eval import evaluate_saved
+from sparse_rl_megatron.observability import metric_names as MN
 from sparse_rl_megatron.observability.metrics_writer import METRICS_FILE, MetricsWriter
 from sparse_rl_megatron.tasks import get_task
 from sparse_rl_megatron.trainer.config import TrainConfig
@@ -31,7 +32,7 @@ def control_steps(cfg: ExperimentConfig, seed: int, warm: Path) -> tuple[int, fl
     if ref is None:
         raise RuntimeError(f"the control's reference arm '{control.reference_arm}' of seed {seed} is not complete")
     warm_metrics = read_json(warm / WARM_METRICS)
-    per_step = warm_metrics["sft/cpu_seconds"] / warm_metrics["sft/steps"]
+    per_step = warm_metrics[MN.SFT_CPU_SECONDS] / warm_metrics[MN.SFT_STEPS]
     return max(1, round(ref["train_cpu_seconds"] / per_step)), ref["train_cpu_seconds"]
 
 
@@ -60,12 +61,12 @@ def run_control(cfg: ExperimentConfig, train_cfg: TrainConfig, seed: int, warm: 
     sft = json.loads((model / WARM_METRICS).read_text())
     eval_cfg = dataclasses.replace(train_cfg, model_path=str(model))
     metrics, = evaluate_saved(eval_cfg, model, cfg.train.steps, [(None, run_dir)])
-    metrics.update({f"control/{k.split('/', 1)[1]}": v for k, v in sft.items()})
+    metrics.update({MN.control_key(k): v for k, v in sft.items()})
     (run_dir / METRICS_FILE).unlink(missing_ok=True)  # its one record (a re-run after a crash writes it again)
     writer = MetricsWriter(run_dir, tensorboard=False)
     writer.write(cfg.train.steps, metrics)
     writer.close()
     return {"cpu_seconds": time.process_time() - cpu0, "wall_seconds": time.perf_counter() - wall0,
-            "eval_wall_seconds": metrics["time/eval_s"], "sft_steps": float(steps),
-            "sft_cpu_seconds": sft["sft/cpu_seconds"],
+            "eval_wall_seconds": metrics[MN.TIME_EVAL_S], "sft_steps": float(steps),
+            "sft_cpu_seconds": sft[MN.SFT_CPU_SECONDS],
             "target_cpu_seconds": target_cpu}

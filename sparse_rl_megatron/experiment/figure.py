@@ -11,57 +11,59 @@ import textwrap
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from sparse_rl_megatron.observability import metric_names as MN
+
 FIGURE_FILE = "figure.png"
 SWEEP_FIGURE_FILE = "figure_sweep.png"
 PANELS = {
-    "train reward": "rollout/reward_mean",
-    "held-out accuracy, dense inference": "eval/dense/accuracy",
-    "held-out accuracy, sparse inference": "eval/sparse/accuracy",
-    "grad norm": "train/grad_norm",
-    "rejected sequences": "sparse/rejected_seq_frac",
-    "clip ratio": "loss/clip_frac",
-    "rho p1": "sparse/rho_p1",
-    "rho p5": "sparse/rho_p5",
-    "repetition rate (repeated 4-grams)": "rollout/repetition_rate",
-    "KV tokens held per sequence (peak)": "rollout/kv_tokens_peak_mean",
+    "train reward": MN.ROLLOUT_REWARD_MEAN,
+    "held-out accuracy, dense inference": MN.EVAL_DENSE_ACCURACY,
+    "held-out accuracy, sparse inference": MN.EVAL_SPARSE_ACCURACY,
+    "grad norm": MN.TRAIN_GRAD_NORM,
+    "rejected sequences": MN.SPARSE_REJECTED_SEQ_FRAC,
+    "clip ratio": MN.LOSS_CLIP_FRAC,
+    "rho p1": MN.SPARSE_RHO_P1,
+    "rho p5": MN.SPARSE_RHO_P5,
+    "repetition rate (repeated 4-grams)": MN.ROLLOUT_REPETITION_RATE,
+    "KV tokens held per sequence (peak)": MN.ROLLOUT_KV_TOKENS_PEAK_MEAN,
 }
 LOG_PANELS = frozenset({"rho p1", "rho p5", "grad norm (log scale)"})
 CLAIMS_FIGURE_FILE = "figure_claims.png"
 CLAIM_PANELS = {
-    "held-out accuracy, dense inference": "eval/dense/accuracy",
-    "held-out accuracy, sparse inference": "eval/sparse/accuracy",
-    "class odd_x_stop, dense (learning)": "eval/dense/modchain_weak/subset_odd_x_stop/accuracy",
-    "rest, dense (damage)": "eval/dense/modchain_weak/subset_rest/accuracy",
-    "train reward": "rollout/reward_mean",
-    "would-be veto (rho < 1e-4)": "sparse/would_veto_frac",
-    "T=1 entropy of the sampler (nats/token)": "sparse/entropy_sampler",
-    "grad norm (log scale)": "train/grad_norm",
+    "held-out accuracy, dense inference": MN.EVAL_DENSE_ACCURACY,
+    "held-out accuracy, sparse inference": MN.EVAL_SPARSE_ACCURACY,
+    "class odd_x_stop, dense (learning)": MN.EVAL_DENSE_MODCHAIN_WEAK_ODD_X_STOP_ACCURACY,
+    "rest, dense (damage)": MN.EVAL_DENSE_MODCHAIN_WEAK_REST_ACCURACY,
+    "train reward": MN.ROLLOUT_REWARD_MEAN,
+    "would-be veto (rho < 1e-4)": MN.SPARSE_WOULD_VETO_FRAC,
+    "T=1 entropy of the sampler (nats/token)": MN.SPARSE_ENTROPY_SAMPLER,
+    "grad norm (log scale)": MN.TRAIN_GRAD_NORM,
 }
 """Panels of the issue-20 figure (``figure_claims.png``)."""
-CLAIM_PANELS_27 = {
-    "shortcut-free accuracy, dense inference": "eval/dense/shortcut_free_accuracy",
-    "shortcut-free accuracy, sparse inference": "eval/sparse/shortcut_free_accuracy",
-    "KV budget sampled with": "rollout/budget_sampled_mean",
-    "contaminated sequences (any rho < 0.5)": "sparse/contaminated_frac",
-    "KV tokens held per sequence (peak)": "rollout/kv_tokens_peak_mean",
-    "train reward": "rollout/reward_mean",
+CLAIM_PANELS_ADAPTIVE = {
+    "shortcut-free accuracy, dense inference": MN.EVAL_DENSE_SHORTCUT_FREE_ACCURACY,
+    "shortcut-free accuracy, sparse inference": MN.EVAL_SPARSE_SHORTCUT_FREE_ACCURACY,
+    "KV budget sampled with": MN.ROLLOUT_BUDGET_SAMPLED_MEAN,
+    "contaminated sequences (any rho < 0.5)": MN.SPARSE_CONTAMINATED_FRAC,
+    "KV tokens held per sequence (peak)": MN.ROLLOUT_KV_TOKENS_PEAK_MEAN,
+    "train reward": MN.ROLLOUT_REWARD_MEAN,
 }
 """Panels of the issue-27 figure (``figure_claims.png``): accuracy, budget and contamination over the steps."""
-SMOOTHED_27 = frozenset({"KV budget sampled with", "contaminated sequences (any rho < 0.5)", "train reward"})
+SMOOTHED_ADAPTIVE = frozenset({"KV budget sampled with", "contaminated sequences (any rho < 0.5)", "train reward"})
 """Per-step panels of the issue-27 figure drawn as trailing means (``SMOOTH_STEPS``)."""
-CLAIM_PANELS_39 = {
-    "shortcut-free accuracy, dense inference": "eval/dense/shortcut_free_accuracy",
-    "shortcut-free accuracy, sparse inference": "eval/sparse/shortcut_free_accuracy",
-    "KV budget sampled with": "rollout/budget_sampled_mean",
-    "tokens with rho < 0.5": "sparse/token_below_frac",
-    "contaminated sequences (any rho < 0.5)": "sparse/contaminated_frac",
-    "KV tokens held per sequence (peak)": "rollout/kv_tokens_peak_mean",
-    "train reward": "rollout/reward_mean",
-    "largest grad norm of the step's optimizer steps": "train/grad_norm_max",
+CLAIM_PANELS_LAGCHAIN = {
+    "shortcut-free accuracy, dense inference": MN.EVAL_DENSE_SHORTCUT_FREE_ACCURACY,
+    "shortcut-free accuracy, sparse inference": MN.EVAL_SPARSE_SHORTCUT_FREE_ACCURACY,
+    "KV budget sampled with": MN.ROLLOUT_BUDGET_SAMPLED_MEAN,
+    "tokens with rho < 0.5": MN.SPARSE_TOKEN_BELOW_FRAC,
+    "contaminated sequences (any rho < 0.5)": MN.SPARSE_CONTAMINATED_FRAC,
+    "KV tokens held per sequence (peak)": MN.ROLLOUT_KV_TOKENS_PEAK_MEAN,
+    "train reward": MN.ROLLOUT_REWARD_MEAN,
+    "largest grad norm of the step's optimizer steps": MN.TRAIN_GRAD_NORM_MAX,
 }
 """Panels of the issue-39 figure: issue 27's, the adaptive arm's signal (the token share) and the grad norm (linear:
 the text compares runs' largest norms, ``results.run_maxima``, drawn per seed in ``figure_tests.png``)."""
-SMOOTHED_39 = SMOOTHED_27 | {"tokens with rho < 0.5"}
+SMOOTHED_LAGCHAIN = SMOOTHED_ADAPTIVE | {"tokens with rho < 0.5"}
 
 
 SMOOTH_STEPS = 10
@@ -168,7 +170,7 @@ def draw_figure(records: dict[str, dict[int, list[dict]]], out: str | Path, what
 
 TESTS_FIGURE_FILE = "figure_tests.png"
 """The registered tests as the analysis decided them (``draw_tests_figure``), beside ``figure_claims.png``."""
-BUDGET_METRIC = "rollout/budget_sampled_mean"
+BUDGET_METRIC = MN.ROLLOUT_BUDGET_SAMPLED_MEAN
 """The mean budget in a step's samples' provenance (``analysis.BUDGET_KEY``): the budgets the legend names."""
 
 

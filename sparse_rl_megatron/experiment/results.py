@@ -12,27 +12,28 @@ from sparse_rl_megatron.experiment.arm_dirs import ARM_DONE, read_json, seed_dir
 from sparse_rl_megatron.experiment.arms import ARMS, arm_runs
 from sparse_rl_megatron.experiment.config import ExperimentConfig
 from sparse_rl_megatron.experiment.figure import FIGURE_FILE, SWEEP_FIGURE_FILE, draw_figure
+from sparse_rl_megatron.observability import metric_names as MN
 from sparse_rl_megatron.observability.metrics_writer import METRICS_FILE, read_metrics
 
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
 STEP_MEANS = {
-    "kv_ratio": "rollout/kv_retained_frac",
-    "kv_tokens_held": "rollout/kv_tokens_peak_mean",
-    "rejected_seq_frac": "sparse/rejected_seq_frac",
-    "vetoed_seq_frac": "sparse/vetoed_seq_frac",
-    "rejected_token_frac": "sparse/rejected_token_frac",
-    "clip_frac": "loss/clip_frac",
-    "rho_p1": "sparse/rho_p1",
-    "rho_p5": "sparse/rho_p5",
-    "repetition_rate": "rollout/repetition_rate",
-    "reward": "rollout/reward_mean",
-    "budget": "rollout/budget_sampled_mean",
-    "contaminated_frac": "sparse/contaminated_frac",
+    "kv_ratio": MN.ROLLOUT_KV_RETAINED_FRAC,
+    "kv_tokens_held": MN.ROLLOUT_KV_TOKENS_PEAK_MEAN,
+    "rejected_seq_frac": MN.SPARSE_REJECTED_SEQ_FRAC,
+    "vetoed_seq_frac": MN.SPARSE_VETOED_SEQ_FRAC,
+    "rejected_token_frac": MN.SPARSE_REJECTED_TOKEN_FRAC,
+    "clip_frac": MN.LOSS_CLIP_FRAC,
+    "rho_p1": MN.SPARSE_RHO_P1,
+    "rho_p5": MN.SPARSE_RHO_P5,
+    "repetition_rate": MN.ROLLOUT_REPETITION_RATE,
+    "reward": MN.ROLLOUT_REWARD_MEAN,
+    "budget": MN.ROLLOUT_BUDGET_SAMPLED_MEAN,
+    "contaminated_frac": MN.SPARSE_CONTAMINATED_FRAC,
 }
 """Per-arm summaries that are the mean over the run's rollout steps."""
-STEP_MAX = {"grad_norm_max": "train/grad_norm_max"}
-STEP_MIN = {"rho_min": "sparse/rho_min"}
+STEP_MAX = {"grad_norm_max": MN.TRAIN_GRAD_NORM_MAX}
+STEP_MIN = {"rho_min": MN.SPARSE_RHO_MIN}
 
 
 def run_maxima(records: dict[str, dict[int, list[dict]]], name: str = "grad_norm_max") -> dict[str, dict[int, float]]:
@@ -62,8 +63,9 @@ def _values(records: list[dict], key: str) -> list[float]:
     return [r[key] for r in records if r.get(key) is not None and r["step"] > 0]
 
 
-def _eval_at(records: list[dict], mode: str, last: bool, metric: str = "accuracy") -> float | None:
-    evals = [r[f"eval/{mode}/{metric}"] for r in records if r.get(f"eval/{mode}/{metric}") is not None]
+def _eval_at(records: list[dict], mode: str, last: bool, metric: str = MN.ACCURACY) -> float | None:
+    key = MN.eval_key(mode, metric)
+    evals = [r[key] for r in records if r.get(key) is not None]
     return (evals[-1] if last else evals[0]) if evals else None
 
 
@@ -74,9 +76,9 @@ def seed_summary(records: list[dict], done: dict) -> dict[str, float | None]:
         "dense_acc_start": _eval_at(records, "dense", False), "sparse_acc_start": _eval_at(records, "sparse", False),
     }
     for mode in ("dense", "sparse"):  # the records no trivial policy answers (None: the task flags none)
-        row[f"{mode}_free_start"] = _eval_at(records, mode, False, "shortcut_free_accuracy")
-        row[f"{mode}_free"] = _eval_at(records, mode, True, "shortcut_free_accuracy")
-    if len([r for r in records if r.get("eval/dense/accuracy") is not None]) < 2:  # the control: final only
+        row[f"{mode}_free_start"] = _eval_at(records, mode, False, MN.SHORTCUT_FREE_ACCURACY)
+        row[f"{mode}_free"] = _eval_at(records, mode, True, MN.SHORTCUT_FREE_ACCURACY)
+    if len([r for r in records if r.get(MN.EVAL_DENSE_ACCURACY) is not None]) < 2:  # the control: final only
         row["dense_acc_start"] = row["sparse_acc_start"] = row["dense_free_start"] = row["sparse_free_start"] = None
     for name, key in STEP_MEANS.items():
         vals = _values(records, key)

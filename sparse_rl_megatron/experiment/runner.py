@@ -29,6 +29,7 @@ from sparse_rl_megatron.experiment.arm_dirs import (ARM_DONE, ARM_RECIPE, ARM_US
                                                     arm_train_config, read_json, seed_dir)
 from sparse_rl_megatron.experiment.arms import arm_runs
 from sparse_rl_megatron.experiment.config import ExperimentConfig
+from sparse_rl_megatron.observability import metric_names as MN
 from sparse_rl_megatron.trainer.config import TrainConfig
 from sparse_rl_megatron.utils.config_io import to_dict
 from sparse_rl_megatron.utils.errors import UserError
@@ -96,7 +97,7 @@ def run_rl_arm(train_cfg: TrainConfig) -> dict[str, float]:
         raise ArmStopped(f"arm {run_dir} ended at step {step} of {train_cfg.steps} (exit {rc}"
                          f"{', interrupted' if interrupted else ''}); rerun the same command to resume it")
     records = read_metrics(run_dir / METRICS_FILE)
-    eval_wall = sum(r.get("time/eval_s") or 0.0 for r in records)
+    eval_wall = sum(r.get(MN.TIME_EVAL_S) or 0.0 for r in records)
     # CPU time outside evaluation: the process CPU time scaled by the wall-clock share of the other phases
     share = max(0.0, 1.0 - eval_wall / usage["wall_seconds"]) if usage["wall_seconds"] > 0 else 1.0
     return {**usage, "eval_wall_seconds": eval_wall, "train_cpu_seconds": usage["cpu_seconds"] * share,

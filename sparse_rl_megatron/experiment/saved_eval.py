@@ -16,7 +16,7 @@ import contextlib
 import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
-from sparse_rl_megatron.rollout.engines import ENGINES
+from sparse_rl_megatron.rollout.engine_registry import ENGINES
 from sparse_rl_megatron.trainer.evaluation import evaluate
 from sparse_rl_megatron.trainer.run import make_reward
 from sparse_rl_megatron.trainer.run_plan import preflight

@@ -1,8 +1,8 @@
 """megatron-core on a CPU-only torch: the workarounds W1-W13, in one place.
 
 megatron-core 0.16.1 (and 0.17-0.19) hard-codes CUDA in many spots that a CPU run with the gloo backend
-walks through. Each patch below is named after the workaround of
-``../shared/reference/megatron-on-cpu.md`` that found it, does the least that makes the spot run on CPU,
+walks through. Each patch below is numbered in the order an investigation of megatron-core on CPU found the spot
+(W1-W13, each described below), does the least that makes the spot run on CPU,
 and is applied only when ``torch.cuda.is_available()`` is False. ``apply()`` is idempotent. This shim checks CUDA
 by itself, on purpose, instead of taking the run's ``utils.device.DeviceFacts``: it patches megatron-core
 process-wide, from whichever entry point reaches megatron first, and must answer for this torch build itself.
@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import threading
 import types
 from typing import Any, Iterator
@@ -60,7 +61,10 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 _LOCK = threading.Lock()
-_APPLIED: list[str] = []  # names of the applied patches, in order; non-empty once applied
+_APPLIED: list[str] = []  # names of the patches in effect since apply(), in order; non-empty once applied
+_ARMED: list[str] = []  # names of the scoped patches apply() made ready, in effect only inside their blocks
+SCOPED = {"W5": "device_mode()", "W7": "pretend_cuda_tensor_types()"}
+"""The patches ``apply()`` only arms: each is in effect inside its block, on the thread that enters it."""
 _PRETEND_CUDA_TYPES = False  # W7 switch, flipped only by pretend_cuda_tensor_types()
 _MODE_DEPTH = threading.local()  # per-thread nesting depth of device_mode()
 
@@ -71,8 +75,26 @@ def is_applied() -> bool:
 
 
 def applied_patches() -> list[str]:
-    """The names (``"W1"`` ...) of the patches applied in this process."""
+    """The names (``"W1"`` ...) of the patches in effect in this process since ``apply()``: not the scoped W5 and W7
+    (``armed_patches``), and W10 only when ``apply()``'s import of megatron-core was its first (it defers the
+    compiles of that import)."""
     return list(_APPLIED)
+
+
+def armed_patches() -> list[str]:
+    """The scoped patches ``apply()`` made ready (``SCOPED``: W5, W7), each in effect only inside its block."""
+    return list(_ARMED)
+
+
+def active_patches() -> list[str]:
+    """The patches in effect on this thread now: the applied ones, plus W5 inside ``device_mode()`` and W7 inside
+    ``pretend_cuda_tensor_types()`` within it (W7 answers only under W5's mode)."""
+    scoped = []
+    if getattr(_MODE_DEPTH, "value", 0):
+        scoped.append("W5")
+        if _PRETEND_CUDA_TYPES:
+            scoped.append("W7")
+    return sorted(_APPLIED + scoped, key=lambda name: int(name[1:]))
 
 
 # ---------------------------------------------------------------- W2: RNG tracker on CPU generators
@@ -324,6 +346,7 @@ def apply(force: bool = False) -> bool:
         from sparse_rl_megatron.utils.quiet import silence_expected_cpu_warnings
 
         silence_expected_cpu_warnings()  # before megatron-core's first import, which raises most of them
+        first_import = "megatron.core" not in sys.modules
         with compile_on_first_call():  # W10
             from megatron.core.fusions import fused_softmax
             from megatron.core.optimizer import clip_grads, optimizer as moptimizer
@@ -347,12 +370,12 @@ def apply(force: bool = False) -> bool:
         torch.cuda.synchronize = lambda *a, **k: None  # W4
         _APPLIED.append("W4")
 
-        _APPLIED.append("W5")  # scoped: entered by device_mode() (W7 piggybacks on it)
+        _ARMED.append("W5")  # scoped: entered by device_mode() (W7 piggybacks on it)
 
         clip_grads.clip_grad_by_total_norm_fp32 = _clip_grad_by_total_norm_fp32_cpu  # W6
         moptimizer.clip_grad_by_total_norm_fp32 = _clip_grad_by_total_norm_fp32_cpu
         _APPLIED.append("W6")
-        _APPLIED.append("W7")  # available through pretend_cuda_tensor_types()
+        _ARMED.append("W7")  # scoped: entered by pretend_cuda_tensor_types()
 
         torch.cuda.current_stream = lambda *a, **k: _NullStream()  # W8
         _APPLIED.append("W8")
@@ -360,7 +383,8 @@ def apply(force: bool = False) -> bool:
         mrandom._get_cuda_rng_state = _cpu_get_rng_state  # W9
         mrandom._set_cuda_rng_state = _cpu_set_rng_state
         _APPLIED.append("W9")
-        _APPLIED.append("W10")  # took effect above if this import of megatron-core was its first
+        if first_import:  # W10 took effect above only if this import of megatron-core was its first
+            _APPLIED.append("W10")
 
         if "te_general_gemm" not in vars(moe_utils):  # W11 (TE binds it when it imports)
             moe_utils.te_general_gemm = None

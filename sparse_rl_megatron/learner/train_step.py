@@ -30,6 +30,7 @@ from sparse_rl_megatron.learner.logprobs import to_response_aligned, token_logpr
 from sparse_rl_megatron.learner.optimizer import all_finite
 from sparse_rl_megatron.learner.parallel import device
 from sparse_rl_megatron.learner import cpu_compat
+from sparse_rl_megatron.observability import metric_names as MN
 
 
 @dataclass
@@ -122,7 +123,7 @@ def train_step(learner, batch: TrainBatch) -> dict[str, float]:
                            routed=learner.arch.is_moe, before_forward=learner.replayer)
     local_loss = torch.zeros((), dtype=torch.float64)
     for m in outputs:
-        local_loss += float(m["loss/total"])
+        local_loss += float(m[MN.LOSS_TOTAL])
     metrics = _sum_metrics(outputs)
     finite = all_finite(model, local_loss)
     grad_norm = float("nan")
@@ -142,21 +143,21 @@ def train_step(learner, batch: TrainBatch) -> dict[str, float]:
     if learner.moe_aux_loss_coeff > 0:
         from sparse_rl_megatron.learner.moe_aux_loss import load_balancing_metric
 
-        metrics["train/moe_load_balancing_loss"] = load_balancing_metric(
+        metrics[MN.TRAIN_MOE_LOAD_BALANCING_LOSS] = load_balancing_metric(
             balancing, learner.arch.num_layers, ps.get_tensor_model_parallel_world_size(),
             bool(learner.model.config.sequence_parallel), device())
     elapsed = time.perf_counter() - t0
     metrics.update({
-        "train/grad_norm": grad_norm,
-        "train/skipped": 0.0 if finite else 1.0,
-        "train/skipped_total": float(learner.skipped_steps),
-        "train/step": float(learner.steps),
-        "train/lr": float(optimizer.param_groups[0]["lr"]),
-        "train/micro_batches": float(len(mbs)),
-        "train/tokens": float(tokens),
-        "train/step_time_s": elapsed,
-        "train/tokens_per_s": float(tokens) / elapsed if elapsed > 0 else math.nan,
-        "train/kept_tokens": normalisers.kept_tokens,
-        "train/kept_seqs": normalisers.kept_seqs,
+        MN.TRAIN_GRAD_NORM: grad_norm,
+        MN.TRAIN_SKIPPED: 0.0 if finite else 1.0,
+        MN.TRAIN_SKIPPED_TOTAL: float(learner.skipped_steps),
+        MN.TRAIN_STEP: float(learner.steps),
+        MN.TRAIN_LR: float(optimizer.param_groups[0]["lr"]),
+        MN.TRAIN_MICRO_BATCHES: float(len(mbs)),
+        MN.TRAIN_TOKENS: float(tokens),
+        MN.TRAIN_STEP_TIME_S: elapsed,
+        MN.TRAIN_TOKENS_PER_S: float(tokens) / elapsed if elapsed > 0 else math.nan,
+        MN.TRAIN_KEPT_TOKENS: normalisers.kept_tokens,
+        MN.TRAIN_KEPT_SEQS: normalisers.kept_seqs,
     })
     return metrics

@@ -21,7 +21,7 @@ from sparse_rl_megatron.learner.offload import OFFLOAD_PARTS
 
 Turn = Literal["engines", "recompute", "train", "sync"]
 ENGINE_PARTS: tuple[str, ...] = ("weights", "kv_cache")
-"""The engines' memory parts (``rollout.engine.ENGINE_MEMORY_PARTS``, which a test keeps equal)."""
+"""The engines' memory parts (``rollout.engine_protocol.ENGINE_MEMORY_PARTS``, which a test keeps equal)."""
 
 
 @dataclass(frozen=True)

@@ -159,7 +159,7 @@ def _report(cfg, plan, measurement, correction, notes, json_path: Path, png_path
     from sparse_rl_megatron.mismatch.report import build_table, dense_check, plot_histograms, results_document
     from sparse_rl_megatron.trainer.runtime import distributed as D
     from sparse_rl_megatron.trainer.step import step_seed
-    from sparse_rl_megatron.trainer.engines.weight_probe import probe_tolerance
+    from sparse_rl_megatron.trainer.engine_pool.weight_probe import probe_tolerance
     from sparse_rl_megatron.utils.config_io import to_dict
 
     meta = {

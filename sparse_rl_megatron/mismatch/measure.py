@@ -24,9 +24,10 @@ from typing import TYPE_CHECKING, Callable
 
 from sparse_rl_megatron.learner import Learner
 from sparse_rl_megatron.mismatch.study import row_result
-from sparse_rl_megatron.rollout.engines import ENGINES
-from sparse_rl_megatron.trainer.engines.pool import EnginePool, probe_weights, sync_weights
-from sparse_rl_megatron.trainer.engines.weight_probe import probe_sequence, probe_tolerance
+from sparse_rl_megatron.observability import metric_names as MN
+from sparse_rl_megatron.rollout.engine_registry import ENGINES
+from sparse_rl_megatron.trainer.engine_pool.pool import EnginePool, probe_weights, sync_weights
+from sparse_rl_megatron.trainer.engine_pool.weight_probe import probe_sequence, probe_tolerance
 from sparse_rl_megatron.trainer.run import make_reward
 from sparse_rl_megatron.trainer.runtime import distributed as D
 from sparse_rl_megatron.trainer.runtime.model_dirs import export_for_engine, prepare_model
@@ -110,7 +111,7 @@ def measure(cfg: "TrainConfig", plan: "RunPlan", rows: list[tuple[str, "Compress
 
                     prepared = batch.prepared
                     row.stats.update(routing_split(oracle, batch.samples, compression, prepared.old_log_probs,
-                                                   prepared.response_mask, row.stats["sparse/contaminated_frac"],
+                                                   prepared.response_mask, row.stats[MN.SPARSE_CONTAMINATED_FRAC],
                                                    correction.veto_threshold))
                 out.rows.append(row)
         return out
@@ -137,4 +138,4 @@ def _serve_learner_weights(cfg: "TrainConfig", learner, engine, push: bool) -> f
         return None
     probe = probe_sequence(learner.arch.vocab_size, cfg.sync.probe_tokens, cfg.seed)
     tolerance = probe_tolerance(cfg, learner)
-    return probe_weights(learner, engine, probe, tolerance, cfg.rollout.engine, 0)["sync/probe_max_abs_diff"]
+    return probe_weights(learner, engine, probe, tolerance, cfg.rollout.engine, 0)[MN.SYNC_PROBE_MAX_ABS_DIFF]

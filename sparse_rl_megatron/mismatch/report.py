@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparse_rl_megatron.algo.rho_stats import histogram_counts, histogram_edges
+from sparse_rl_megatron.observability import metric_names as MN
 from sparse_rl_megatron.utils.config_io import to_dict
 
 if TYPE_CHECKING:
@@ -27,41 +28,41 @@ FORMAT_VERSION = 1
 HISTOGRAM_BINS = 60
 """Equal-width log-rho bins shared by every row (between the smallest and largest log rho of the study)."""
 COLUMNS: tuple[tuple[str, str, str], ...] = (
-    ("reward", "rollout/reward_mean", ".3f"),
-    ("resp len", "rollout/response_len_mean", ".1f"),
-    ("trunc", "rollout/truncated_frac", ".2f"),
-    ("KV peak mean", "rollout/kv_tokens_peak_mean", ".0f"),
-    ("KV peak max", "rollout/kv_tokens_peak_max", ".0f"),
-    ("KV vs dense", "rollout/kv_retained_frac", ".2f"),
-    ("compr. events", "rollout/compression_events_mean", ".1f"),
-    ("rho min", "rho/min", ".2g"),
-    ("p0.1", "rho/p0.1", ".3g"),
-    ("p1", "rho/p1", ".3g"),
-    ("p5", "rho/p5", ".3g"),
-    ("p50", "rho/p50", ".4g"),
-    ("p99", "rho/p99", ".3g"),
-    ("max |log rho|", "log_rho/abs_max", ".2g"),
-    ("rejected tok", "sparse/rejected_token_frac", ".3f"),
-    ("vetoed seq", "sparse/vetoed_seq_frac", ".3f"),
-    ("contaminated seq", "sparse/contaminated_frac", ".3f"),
+    ("reward", MN.ROLLOUT_REWARD_MEAN, ".3f"),
+    ("resp len", MN.ROLLOUT_RESPONSE_LEN_MEAN, ".1f"),
+    ("trunc", MN.ROLLOUT_TRUNCATED_FRAC, ".2f"),
+    ("KV peak mean", MN.ROLLOUT_KV_TOKENS_PEAK_MEAN, ".0f"),
+    ("KV peak max", MN.ROLLOUT_KV_TOKENS_PEAK_MAX, ".0f"),
+    ("KV vs dense", MN.ROLLOUT_KV_RETAINED_FRAC, ".2f"),
+    ("compr. events", MN.ROLLOUT_COMPRESSION_EVENTS_MEAN, ".1f"),
+    ("rho min", MN.RHO_MIN, ".2g"),
+    ("p0.1", MN.RHO_P0_1, ".3g"),
+    ("p1", MN.RHO_P1, ".3g"),
+    ("p5", MN.RHO_P5, ".3g"),
+    ("p50", MN.RHO_P50, ".4g"),
+    ("p99", MN.RHO_P99, ".3g"),
+    ("max |log rho|", MN.LOG_RHO_ABS_MAX, ".2g"),
+    ("rejected tok", MN.SPARSE_REJECTED_TOKEN_FRAC, ".3f"),
+    ("vetoed seq", MN.SPARSE_VETOED_SEQ_FRAC, ".3f"),
+    ("contaminated seq", MN.SPARSE_CONTAMINATED_FRAC, ".3f"),
 )
 """Table columns: header, stats key, format. ``KV vs dense``: mean over samples of the peak KV tokens held over the
 prompt + response tokens a dense cache holds for the same sample. ``contaminated seq``: share of samples with any
 token rho < 0.5, the adaptive budget's default signal (pick its target from this column)."""
 MOE_COLUMNS: tuple[tuple[str, str, str], ...] = (
-    ("routing flips", "moe/routing_flip_frac", ".3f"),
-    ("contaminated, dense routing", "moe/contaminated_frac_dense_routing", ".3f"),
-    ("p1, dense routing", "moe/rho_p1_dense_routing", ".3g"),
+    ("routing flips", MN.MOE_ROUTING_FLIP_FRAC, ".3f"),
+    ("contaminated, dense routing", MN.MOE_CONTAMINATED_FRAC_DENSE_ROUTING, ".3f"),
+    ("p1, dense routing", MN.MOE_RHO_P1_DENSE_ROUTING, ".3g"),
 )
 """Added for a mixture of experts (``mismatch/routing.py``): the share of (token, layer) routings the compressed
 cache changes, and the contamination and rho p1 with the sampler routed as the dense model routes (the attention's
 share of the tail; the rest of ``contaminated seq`` is the routing's). Blank in the dense row."""
 REPLAY_COLUMNS: tuple[tuple[str, str, str], ...] = (
-    ("flips vs learner", "moe/learner_flip_frac", ".4f"),
-    ("tok flips vs learner", "moe/learner_token_flip_frac", ".3f"),
-    ("contaminated, replay", "moe/contaminated_frac_replay", ".3f"),
-    ("p1, replay", "moe/rho_p1_replay", ".3g"),
-    ("max |log rho|, replay", "moe/log_rho_abs_max_replay", ".2g"),
+    ("flips vs learner", MN.MOE_LEARNER_FLIP_FRAC, ".4f"),
+    ("tok flips vs learner", MN.MOE_LEARNER_TOKEN_FLIP_FRAC, ".3f"),
+    ("contaminated, replay", MN.MOE_CONTAMINATED_FRAC_REPLAY, ".3f"),
+    ("p1, replay", MN.MOE_RHO_P1_REPLAY, ".3g"),
+    ("max |log rho|, replay", MN.MOE_LOG_RHO_ABS_MAX_REPLAY, ".2g"),
 )
 """Added for a mixture of experts whose engine recorded the sampler's routes (``routing.replay_split``), every row:
 the share of (fed token, layer) routings, and of fed tokens, where the sampler and the learner's dense recompute
@@ -117,7 +118,7 @@ def dense_check(document: dict[str, Any]) -> tuple[bool, str]:
     """Whether the dense row's mean |log rho| stays within the weight-sync tolerance (the probe's statistic: a
     maximum over many tokens grows with their number under 16-bit rounding), and a line saying so."""
     dense = document["rows"][0]
-    mean, tolerance = dense["stats"].get("log_rho/abs_mean"), document["meta"]["dense_tolerance"]
+    mean, tolerance = dense["stats"].get(MN.LOG_RHO_ABS_MEAN), document["meta"]["dense_tolerance"]
     if mean is None:
         return False, "dense: no response token to compare"
     if mean <= tolerance:
@@ -150,9 +151,9 @@ def plot_histograms(document: dict[str, Any], path: str | Path) -> Path:
             if rho and edges[0] <= math.log(rho) <= edges[-1]:
                 ax.axvline(math.log(rho), color="tab:red" if name == "veto" else "tab:gray", ls="--", lw=0.8)
         stats = row["stats"]
-        ax.set_title(f"{row['label']}: rho p1 {_cell(stats.get('rho/p1'), '.3g')}, min "
-                     f"{_cell(stats.get('rho/min'), '.2g')}, rejected tokens "
-                     f"{_cell(stats.get('sparse/rejected_token_frac'), '.3f')}", fontsize=9, loc="left")
+        ax.set_title(f"{row['label']}: rho p1 {_cell(stats.get(MN.RHO_P1), '.3g')}, min "
+                     f"{_cell(stats.get(MN.RHO_MIN), '.2g')}, rejected tokens "
+                     f"{_cell(stats.get(MN.SPARSE_REJECTED_TOKEN_FRAC), '.3f')}", fontsize=9, loc="left")
         ax.set_ylabel("tokens")
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("log rho = log pi_old - log pi_sparse  (dashed: rejection bounds, red: sequence veto)")

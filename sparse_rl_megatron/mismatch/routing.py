@@ -49,17 +49,19 @@ from sparse_rl_megatron.algo.ratio import sparsity_log_ratio
 from sparse_rl_megatron.algo.rejection import sequence_veto
 from sparse_rl_megatron.algo.rho_stats import rho_summary
 from sparse_rl_megatron.compression import CompressionConfig
+from sparse_rl_megatron.observability import metric_names as MN
 
 if TYPE_CHECKING:
     from sparse_rl_megatron.compression import CompressionConfig
     from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
     from sparse_rl_megatron.rollout.sample import Sample
 
-REPLAY_KEYS = ("moe/learner_flip_frac", "moe/learner_token_flip_frac", "moe/learner_prompt_flip_frac", "moe/contaminated_frac_replay",
-               "moe/rho_p1_replay", "moe/rho_min_replay", "moe/log_rho_abs_max_replay")
-ROUTING_KEYS = ("moe/routing_flip_frac", "moe/token_flip_frac", "moe/contaminated_frac_dense_routing",
-                "moe/routing_contamination", "moe/rho_p1_dense_routing", "moe/rho_min_dense_routing",
-                "moe/would_veto_frac_dense_routing", "moe/replay_max_abs_diff")
+REPLAY_KEYS = (MN.MOE_LEARNER_FLIP_FRAC, MN.MOE_LEARNER_TOKEN_FLIP_FRAC, MN.MOE_LEARNER_PROMPT_FLIP_FRAC,
+               MN.MOE_CONTAMINATED_FRAC_REPLAY, MN.MOE_RHO_P1_REPLAY, MN.MOE_RHO_MIN_REPLAY,
+               MN.MOE_LOG_RHO_ABS_MAX_REPLAY)
+ROUTING_KEYS = (MN.MOE_ROUTING_FLIP_FRAC, MN.MOE_TOKEN_FLIP_FRAC, MN.MOE_CONTAMINATED_FRAC_DENSE_ROUTING,
+                MN.MOE_ROUTING_CONTAMINATION, MN.MOE_RHO_P1_DENSE_ROUTING, MN.MOE_RHO_MIN_DENSE_ROUTING,
+                MN.MOE_WOULD_VETO_FRAC_DENSE_ROUTING, MN.MOE_REPLAY_MAX_ABS_DIFF)
 
 
 def routing_flips(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -100,14 +102,14 @@ def routing_split(oracle: "HFRolloutEngine", samples: Sequence["Sample"], compre
     contaminated = float((sequence_veto(log_rho, mask, CONTAMINATION_THRESHOLD) & has).sum()) / n_seq
     tail = rho_summary(log_rho, mask)
     return {
-        "moe/routing_flip_frac": sum(int(f.sum()) for f in flips) / pairs if pairs else 0.0,
-        "moe/token_flip_frac": sum(int(f.any(dim=-1).sum()) for f in flips) / fed if fed else 0.0,
-        "moe/contaminated_frac_dense_routing": contaminated,
-        "moe/routing_contamination": contaminated_frac - contaminated,
-        "moe/rho_p1_dense_routing": tail["rho/p1"],
-        "moe/rho_min_dense_routing": tail["rho/min"],
-        "moe/would_veto_frac_dense_routing": float((would_veto(log_rho, mask, veto_threshold) & has).sum()) / n_seq,
-        "moe/replay_max_abs_diff": max((float((samples[i].sampler_logprobs - o.sampler_logprobs).abs().max())
+        MN.MOE_ROUTING_FLIP_FRAC: sum(int(f.sum()) for f in flips) / pairs if pairs else 0.0,
+        MN.MOE_TOKEN_FLIP_FRAC: sum(int(f.any(dim=-1).sum()) for f in flips) / fed if fed else 0.0,
+        MN.MOE_CONTAMINATED_FRAC_DENSE_ROUTING: contaminated,
+        MN.MOE_ROUTING_CONTAMINATION: contaminated_frac - contaminated,
+        MN.MOE_RHO_P1_DENSE_ROUTING: tail[MN.RHO_P1],
+        MN.MOE_RHO_MIN_DENSE_ROUTING: tail[MN.RHO_MIN],
+        MN.MOE_WOULD_VETO_FRAC_DENSE_ROUTING: float((would_veto(log_rho, mask, veto_threshold) & has).sum()) / n_seq,
+        MN.MOE_REPLAY_MAX_ABS_DIFF: max((float((samples[i].sampler_logprobs - o.sampler_logprobs).abs().max())
                                         for i, o in zip(rows, own)), default=0.0),
     }
 
@@ -133,12 +135,12 @@ def replay_split(samples: Sequence["Sample"], learner_routes: Sequence[torch.Ten
     n_seq = max(int(has.sum()), 1)
     tail = rho_summary(log_rho, mask)
     return {
-        "moe/learner_flip_frac": sum(int(f.sum()) for f in flips) / pairs if pairs else 0.0,
-        "moe/learner_token_flip_frac": sum(int(f.any(dim=-1).sum()) for f in flips) / fed if fed else 0.0,
-        "moe/learner_prompt_flip_frac": sum(int(f.sum()) for f in prompt) / max(sum(f.numel() for f in prompt), 1),
-        "moe/contaminated_frac_replay": float((sequence_veto(log_rho, mask, CONTAMINATION_THRESHOLD) & has).sum())
+        MN.MOE_LEARNER_FLIP_FRAC: sum(int(f.sum()) for f in flips) / pairs if pairs else 0.0,
+        MN.MOE_LEARNER_TOKEN_FLIP_FRAC: sum(int(f.any(dim=-1).sum()) for f in flips) / fed if fed else 0.0,
+        MN.MOE_LEARNER_PROMPT_FLIP_FRAC: sum(int(f.sum()) for f in prompt) / max(sum(f.numel() for f in prompt), 1),
+        MN.MOE_CONTAMINATED_FRAC_REPLAY: float((sequence_veto(log_rho, mask, CONTAMINATION_THRESHOLD) & has).sum())
         / n_seq,
-        "moe/rho_p1_replay": tail["rho/p1"],
-        "moe/rho_min_replay": tail["rho/min"],
-        "moe/log_rho_abs_max_replay": tail["log_rho/abs_max"],
+        MN.MOE_RHO_P1_REPLAY: tail[MN.RHO_P1],
+        MN.MOE_RHO_MIN_REPLAY: tail[MN.RHO_MIN],
+        MN.MOE_LOG_RHO_ABS_MAX_REPLAY: tail[MN.LOG_RHO_ABS_MAX],
     }

@@ -16,6 +16,7 @@ import torch
 from sparse_rl_megatron.algo.modes import CORRECTION_MODES
 from sparse_rl_megatron.algo.rho_stats import rho_summary
 from sparse_rl_megatron.compression.config import CompressionConfig
+from sparse_rl_megatron.observability import metric_names as MN
 
 if TYPE_CHECKING:
     from sparse_rl_megatron.algo import CorrectionConfig
@@ -69,7 +70,7 @@ def row_result(label: str, compression: CompressionConfig, batch: "RolloutBatch"
     prepared = batch.prepared
     mask, log_rho = prepared.response_mask, prepared.log_rho  # [B, T]
     stats = {**batch.metrics, **rho_summary(log_rho, mask)}
-    stats["rollout/kv_tokens_peak_max"] = float(max(s.compression.peak_kv_tokens for s in batch.samples))
+    stats[MN.ROLLOUT_KV_TOKENS_PEAK_MAX] = float(max(s.compression.peak_kv_tokens for s in batch.samples))
     seq_sum = torch.where(mask, log_rho, torch.zeros_like(log_rho)).sum(dim=-1)  # [B]
     seq_min = torch.where(mask, log_rho, torch.full_like(log_rho, float("inf"))).min(dim=-1).values  # [B]
     samples = []

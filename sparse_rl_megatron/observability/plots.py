@@ -8,29 +8,30 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+from sparse_rl_megatron.observability import metric_names as MN
 from sparse_rl_megatron.observability.metrics_writer import read_metrics
 
 # Panels a person wants to see first for a Sparse-RL run: reward, the sparsity mismatch tail, the
 # correction's effect, and optimisation health. A key missing from the run is left out of the figure.
 DEFAULT_PANELS: dict[str, Sequence[str]] = {
-    "train reward": ("rollout/reward_mean",),
-    "held-out accuracy": ("eval/dense/accuracy", "eval/sparse/accuracy", "eval/adaptive/accuracy",
-                          "eval/dense/shortcut_free_accuracy", "eval/sparse/shortcut_free_accuracy",
-                          "eval/adaptive/shortcut_free_accuracy", "eval/dense/full_chain_frac",
-                          "eval/sparse/full_chain_frac"),
-    "rejection rate": ("sparse/rejected_seq_frac", "sparse/rejected_token_frac"),
-    "contamination (any rho < 0.5)": ("sparse/contaminated_frac", "sparse/would_veto_frac"),
-    "adaptive KV budget": ("rollout/budget",),
-    "adaptive budget signal vs target": ("rollout/budget_signal", "rollout/budget_target"),
-    "clip ratio": ("loss/clip_frac",),
-    "rho tail": ("sparse/rho_p1", "sparse/rho_p5", "sparse/rho_min"),
-    "grad norm": ("train/grad_norm",),
-    "KV memory (tokens per sequence)": ("rollout/kv_tokens_peak_mean", "rollout/kv_tokens_dense_mean"),
-    "mismatch KL": ("sparse/kl_k1", "sparse/kl_k3", "sparse/kl_old_sparse_k3"),
-    "truncation": ("rollout/truncated_frac", "sparse/truncated_frac"),
-    "response length": ("rollout/response_len_mean",),
-    "policy loss": ("loss/pg",),
-    "seconds per phase": ("time/rollout_s", "time/recompute_s", "time/train_s", "time/sync_s", "time/eval_s"),
+    "train reward": (MN.ROLLOUT_REWARD_MEAN,),
+    "held-out accuracy": (MN.EVAL_DENSE_ACCURACY, MN.EVAL_SPARSE_ACCURACY, MN.EVAL_ADAPTIVE_ACCURACY,
+                          MN.EVAL_DENSE_SHORTCUT_FREE_ACCURACY, MN.EVAL_SPARSE_SHORTCUT_FREE_ACCURACY,
+                          MN.EVAL_ADAPTIVE_SHORTCUT_FREE_ACCURACY, MN.EVAL_DENSE_FULL_CHAIN_FRAC,
+                          MN.EVAL_SPARSE_FULL_CHAIN_FRAC),
+    "rejection rate": (MN.SPARSE_REJECTED_SEQ_FRAC, MN.SPARSE_REJECTED_TOKEN_FRAC),
+    "contamination (any rho < 0.5)": (MN.SPARSE_CONTAMINATED_FRAC, MN.SPARSE_WOULD_VETO_FRAC),
+    "adaptive KV budget": (MN.ROLLOUT_BUDGET,),
+    "adaptive budget signal vs target": (MN.ROLLOUT_BUDGET_SIGNAL, MN.ROLLOUT_BUDGET_TARGET),
+    "clip ratio": (MN.LOSS_CLIP_FRAC,),
+    "rho tail": (MN.SPARSE_RHO_P1, MN.SPARSE_RHO_P5, MN.SPARSE_RHO_MIN),
+    "grad norm": (MN.TRAIN_GRAD_NORM,),
+    "KV memory (tokens per sequence)": (MN.ROLLOUT_KV_TOKENS_PEAK_MEAN, MN.ROLLOUT_KV_TOKENS_DENSE_MEAN),
+    "mismatch KL": (MN.SPARSE_KL_K1, MN.SPARSE_KL_K3, MN.SPARSE_KL_OLD_SPARSE_K3),
+    "truncation": (MN.ROLLOUT_TRUNCATED_FRAC, MN.SPARSE_TRUNCATED_FRAC),
+    "response length": (MN.ROLLOUT_RESPONSE_LEN_MEAN,),
+    "policy loss": (MN.LOSS_PG,),
+    "seconds per phase": (MN.TIME_ROLLOUT_S, MN.TIME_RECOMPUTE_S, MN.TIME_TRAIN_S, MN.TIME_SYNC_S, MN.TIME_EVAL_S),
 }
 PLOT_FILE = "metrics.png"
 """Where a run's figure goes in its run directory."""

@@ -105,8 +105,8 @@ def _fused(arch: ModelArch, tp: int, e: int, etp: int | None = None) -> LayerAct
 
 
 @dataclass(frozen=True)
-class MicroBatch:
-    """One micro-batch as the learner feeds it: ``rows`` rows padded to ``row_len`` tokens, ``scored`` response
+class MicroBatchShape:
+    """The planner's shape of one micro-batch (the learner's own is ``learner.batch.MicroBatch``): ``rows`` rows padded to ``row_len`` tokens, ``scored`` response
     tokens scored by the LM head; ``count`` such micro-batches per DP rank and step."""
 
     rows: int
@@ -119,13 +119,13 @@ class MicroBatch:
         return self.rows * self.row_len
 
 
-def micro_batches(rows_per_rank: int, row_len: int, scored_per_row: int, budget: int) -> MicroBatch:
+def micro_batches(rows_per_rank: int, row_len: int, scored_per_row: int, budget: int) -> MicroBatchShape:
     """As many whole rows as fit the token budget (at least one row: a longer row is its own micro-batch)."""
     per_mb = min(max(1, budget // row_len), rows_per_rank)
-    return MicroBatch(rows=per_mb, row_len=row_len, scored=per_mb * scored_per_row, count=-(-rows_per_rank // per_mb))
+    return MicroBatchShape(rows=per_mb, row_len=row_len, scored=per_mb * scored_per_row, count=-(-rows_per_rank // per_mb))
 
 
-def layer_bytes(layer: LayerActivations, mb: MicroBatch) -> float:
+def layer_bytes(layer: LayerActivations, mb: MicroBatchShape) -> float:
     """Bytes one layer keeps for one micro-batch."""
     return (layer.per_token * mb.tokens + layer.per_position * mb.row_len
             + layer.per_row_square * mb.rows * mb.row_len ** 2)

@@ -22,7 +22,7 @@ from sparse_rl_megatron.planning.activations import (
     KERNELS,
     LOSS_BYTES_PER_SCORED_TOKEN,
     ROPE_EMBEDDING_BYTES,
-    MicroBatch,
+    MicroBatchShape,
     layer_bytes,
     micro_batches,
 )
@@ -77,7 +77,7 @@ class StageMemory:
         return 0.0 if "weights" in offload_parts(setting.offload) else self.reference
 
 
-def learner_micro_batch(batch: BatchShape, layout: Layout, setting: LearnerSetting) -> MicroBatch:
+def learner_micro_batch(batch: BatchShape, layout: Layout, setting: LearnerSetting) -> MicroBatchShape:
     rows_per_rank = -(-batch.rollouts // layout.dp)
     return micro_batches(rows_per_rank, batch.fed_tokens, batch.response_len, setting.max_tokens_per_device)
 
@@ -98,7 +98,7 @@ class StageActivations:
     attention_temporary: float
 
 
-def stage_activations(arch: ModelArch, tp: int, pp: int, stage: int, mb: MicroBatch,
+def stage_activations(arch: ModelArch, tp: int, pp: int, stage: int, mb: MicroBatchShape,
                       setting: LearnerSetting, etp: int | None = None) -> StageActivations:
     """The activation bytes of micro-batch ``mb`` on one GPU of ``stage`` (``etp``: expert TP, default TP)."""
     etp = tp if etp is None else etp

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sparse_rl_megatron.models.arch import ModelArch
-from sparse_rl_megatron.planning.activations import MicroBatch
+from sparse_rl_megatron.planning.activations import MicroBatchShape
 from sparse_rl_megatron.planning.inputs import GIB, BatchShape, Layout, LearnerSetting, RolloutSetting
 from sparse_rl_megatron.planning.kv import RolloutKV, engine_layout, rollout_kv, smallest_rollout_tp
 from sparse_rl_megatron.planning.learner_memory import StageMemory, learner_memory, learner_micro_batch, peak_stage
@@ -27,7 +27,7 @@ class Plan:
     batch: BatchShape
     learner: LearnerSetting
     rollout: RolloutSetting
-    micro_batch: MicroBatch
+    micro_batch: MicroBatchShape
     stages: list[StageMemory]
     kv: list[RolloutKV]
     """Dense first, then the compressed setting (when one was given)."""

@@ -26,9 +26,9 @@ def __getattr__(name: str) -> Any:
 
         return getattr(sample, name)
     if name in ("SamplingParams", "RolloutEngine"):
-        from sparse_rl_megatron.rollout import engine
+        from sparse_rl_megatron.rollout import engine_protocol
 
-        return getattr(engine, name)
+        return getattr(engine_protocol, name)
     if name == "HFRolloutEngine":
         from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
 

@@ -2,7 +2,7 @@
 
 ``RolloutConfig`` lives beside the engines it describes: ``engine_build`` turns it (with what the run owns: the
 exported model, the run's seed, the engine's place in the layout) into the ``EngineBuild`` the engine registry
-builds from (``engines.py``); an ``sglang`` engine's ``SGLangEngineConfig`` is its ``SGLangOptions`` plus those
+builds from (``engine_registry.py``); an ``sglang`` engine's ``SGLangEngineConfig`` is its ``SGLangOptions`` plus those
 (``SGLangEngineConfig.of``).
 """
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from sparse_rl_megatron.compression.budget_controller import AdaptiveBudgetConfig
 from sparse_rl_megatron.compression.config import CompressionConfig
-from sparse_rl_megatron.rollout.engine import SamplingParams
-from sparse_rl_megatron.rollout.engines import ENGINE_DTYPES, EngineBuild, EngineDtype
+from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
+from sparse_rl_megatron.rollout.engine_registry import ENGINE_DTYPES, EngineBuild, EngineDtype
 from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig, SGLangOptions, check_plugin_compression
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ class RolloutConfig:
     """How responses are sampled (the sparse sampler pi_sparse)."""
 
     engine: str = "hf"
-    """Rollout engine (``rollout.engines.ENGINES``): ``hf`` (reference engine, in its rank's process) or ``sglang``
+    """Rollout engine (``rollout.engine_registry.ENGINES``): ``hf`` (reference engine, in its rank's process) or ``sglang``
     (SGLang with the sparse_kv plugin, in-process in its rank or HTTP servers; options in ``sglang``)."""
     gpus_per_engine: int = 1
     """GPUs (ranks) per rollout engine: one engine per group of this many ranks on every node, in the group's
@@ -108,7 +108,7 @@ class RolloutConfig:
 
     def engine_build(self, model_dir: str, *, show_progress: bool = False, slot: "EngineSlot | None" = None,
                      run_seed: int | None = None, record_routing: bool = False) -> EngineBuild:
-        """What an engine of this rollout section is built from (``rollout/engines.py``), the run-owned fields
+        """What an engine of this rollout section is built from (``rollout/engine_registry.py``), the run-owned fields
         filled in here and nowhere else: the model the run exported for the engine (``model_dir``); with
         ``run_seed``, an ``sglang`` engine's unset ``random_seed`` (``for_run``); with ``slot``, the engine's place
         in the run's layout (``rollout/layout.py``: its first GPU, its server URL) and, for ``sglang``, its

@@ -15,7 +15,7 @@ from typing import Iterable, Sequence
 import torch
 
 from sparse_rl_megatron.compression import CompressionConfig, CompressionSchedule
-from sparse_rl_megatron.rollout.engine import (
+from sparse_rl_megatron.rollout.engine_protocol import (
     ENGINE_MEMORY_PARTS, SamplingParams, check_group_ids, check_memory_parts, encode_prompt,
 )
 from sparse_rl_megatron.rollout.hf_forward import HFDecoder
@@ -33,7 +33,7 @@ while a finished row left in place only costs its share of the next decode steps
 
 
 class HFRolloutEngine:
-    """A :class:`~sparse_rl_megatron.rollout.engine.RolloutEngine` on an HF causal LM (CPU or GPU).
+    """A :class:`~sparse_rl_megatron.rollout.engine_protocol.RolloutEngine` on an HF causal LM (CPU or GPU).
 
     Args:
         model: an HF model directory or a ``PreTrainedModel`` (used in place; cast to ``dtype`` if needed).

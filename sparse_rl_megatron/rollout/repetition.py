@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from sparse_rl_megatron.observability import metric_names as MN
+
 REPETITION_NGRAM = 4
 """n of the repeated-n-gram fraction (token n-grams)."""
 
@@ -31,4 +33,4 @@ def repetition_metrics(samples: Sequence) -> dict[str, float]:
     """``rollout/repetition_rate``: the mean repeated-4-gram fraction of the samples' responses (``response_ids``)."""
     if not samples:
         return {}
-    return {"rollout/repetition_rate": sum(repeated_ngram_frac(list(s.response_ids)) for s in samples) / len(samples)}
+    return {MN.ROLLOUT_REPETITION_RATE: sum(repeated_ngram_frac(list(s.response_ids)) for s in samples) / len(samples)}

@@ -15,7 +15,7 @@ import hashlib
 
 import torch
 
-from sparse_rl_megatron.rollout.engine import SamplingParams
+from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
 
 
 def sample_seed(seed: int, group: int, index: int) -> int:

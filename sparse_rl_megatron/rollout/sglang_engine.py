@@ -1,6 +1,6 @@
 """The SGLang rollout engine: GRPO groups sampled by SGLang with the ``sparse_kv`` plugin (compressed KV).
 
-It implements :class:`~sparse_rl_megatron.rollout.engine.RolloutEngine` like the HF reference engine and
+It implements :class:`~sparse_rl_megatron.rollout.engine_protocol.RolloutEngine` like the HF reference engine and
 returns the same :class:`Sample` fields, so the trainer and the evaluator take either:
 
 - **Log-prob convention.** ``Sample.sampler_logprobs`` are the *T=1, unfiltered* log-probs of the sampled
@@ -49,7 +49,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from sparse_rl_megatron.compression import CompressionConfig
-from sparse_rl_megatron.rollout.engine import (
+from sparse_rl_megatron.rollout.engine_protocol import (
     ENGINE_MEMORY_PARTS, SamplingParams, check_group_ids, check_memory_parts, encode_prompt,
 )
 from sparse_rl_megatron.rollout.sample import CompressionInfo, Sample
@@ -80,7 +80,7 @@ def _without_torchrun_env():
 
 
 class SGLangRolloutEngine:
-    """A :class:`~sparse_rl_megatron.rollout.engine.RolloutEngine` on SGLang (see the module docstring).
+    """A :class:`~sparse_rl_megatron.rollout.engine_protocol.RolloutEngine` on SGLang (see the module docstring).
 
     Use as a context manager, or call :meth:`shutdown`.
     """

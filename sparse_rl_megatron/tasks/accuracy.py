@@ -12,7 +12,7 @@ from sparse_rl_megatron.compression import CompressionConfig
 from sparse_rl_megatron.data.record import MathRecord
 from sparse_rl_megatron.data.templates import render_prompt
 from sparse_rl_megatron.rewards.registry import REWARDS
-from sparse_rl_megatron.rollout.engine import SamplingParams
+from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
 from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
 from sparse_rl_megatron.tasks.base import Task
 

@@ -24,6 +24,7 @@ import torch
 
 from sparse_rl_megatron.data.loader import Dataset
 from sparse_rl_megatron.data.record import MathRecord
+from sparse_rl_megatron.observability import metric_names as MN
 from sparse_rl_megatron.tasks.base import SPLITS, Task
 from sparse_rl_megatron.tasks.modchain_problems import (
     DISTRACTOR_LETTERS, ChainFamily, answer_text, answer_tokens, answer_value, chain_words, check_answer_format, make_problem,
@@ -269,5 +270,5 @@ class ModChainTask(Task):
         if eval_problems > 0:
             from sparse_rl_megatron.tasks.accuracy import heldout_accuracy
 
-            metrics["sft/heldout_acc"] = heldout_accuracy(self, out_dir, limit=eval_problems, seed=seed)
+            metrics[MN.SFT_HELDOUT_ACC] = heldout_accuracy(self, out_dir, limit=eval_problems, seed=seed)
         return metrics

@@ -20,6 +20,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from sparse_rl_megatron.observability import metric_names as MN
 from sparse_rl_megatron.utils.errors import StoppedEarly
 
 StopCheck = Callable[[], "str | None"]
@@ -262,10 +263,10 @@ def supervised_finetune(
     save_model_dir(model, model_dir, out_dir)
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     return {
-        "sft/loss_first": sum(losses[:10]) / len(losses[:10]),
-        "sft/loss_last": sum(losses[-10:]) / len(losses[-10:]),
-        "sft/steps": float(config.steps),
-        "sft/seconds": wall,
-        "sft/cpu_seconds": cpu,
-        "sft/seconds_per_step": wall / config.steps,
+        MN.SFT_LOSS_FIRST: sum(losses[:10]) / len(losses[:10]),
+        MN.SFT_LOSS_LAST: sum(losses[-10:]) / len(losses[-10:]),
+        MN.SFT_STEPS: float(config.steps),
+        MN.SFT_SECONDS: wall,
+        MN.SFT_CPU_SECONDS: cpu,
+        MN.SFT_SECONDS_PER_STEP: wall / config.steps,
     }

@@ -27,22 +27,35 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Protocol, Sequence
 
 from sparse_rl_megatron.data.record_extras import CHAIN_KEY, SUBSET_KEY, full_chain
 from sparse_rl_megatron.data.templates import render_prompt
 from sparse_rl_megatron.rewards.registry import REWARDS
-from sparse_rl_megatron.rollout.engine import SamplingParams
+from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
 from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
 
 if TYPE_CHECKING:
     from sparse_rl_megatron.compression import CompressionConfig
     from sparse_rl_megatron.data.record import MathRecord
-    from sparse_rl_megatron.tasks.base import Task
 
 TAUGHT_CLASS = "rest"
 """The class a weaker teacher demonstrates in full (``modchain_teacher.OTHER``); records without a class are taught
 in full too."""
+
+
+class CheckedTask(Protocol):
+    """What of a task the check reads (``tasks/base.py``'s ``Task``, which names its ``WarmStartExpectations``, so
+    this module does not import it)."""
+
+    name: str
+    template: str
+    reward: str
+
+    @property
+    def response_tokens(self) -> int: ...
+
+    def records(self, split: str, limit: int | None = None, seed: int = 0) -> Sequence["MathRecord"]: ...
 
 
 @dataclass(frozen=True)
@@ -125,8 +138,8 @@ class WarmStartCheck:
                 "expected": asdict(self.expected)}
 
 
-def check_warm_start(task: "Task", model_dir: str | os.PathLike, expected: WarmStartExpectations, loss_last: float,
-                     seed: int = 0, compression: "CompressionConfig | None" = None,
+def check_warm_start(task: "CheckedTask", model_dir: str | os.PathLike, expected: WarmStartExpectations,
+                     loss_last: float, seed: int = 0, compression: "CompressionConfig | None" = None,
                      temperature: float = 1.0) -> WarmStartCheck:
     """Score the model of ``model_dir`` greedily on the first ``expected.problems`` held-out records of ``task``
     (which must carry their worked chain, ``extra["chain"]``), with a dense cache and, when ``compression`` is a
@@ -149,7 +162,7 @@ def check_warm_start(task: "Task", model_dir: str | os.PathLike, expected: WarmS
     return WarmStartCheck(measured, expected, tuple(expected.judge(measured)))
 
 
-def _respond(task: "Task", model_dir: str | os.PathLike, records: Sequence["MathRecord"],
+def _respond(task: "CheckedTask", model_dir: str | os.PathLike, records: Sequence["MathRecord"],
              compression: "CompressionConfig | None", n: int = 1, temperature: float = 0.0,
              seed: int = 0) -> tuple[list[str], list[bool]]:
     """``n`` responses per record (greedy at temperature 0; dense, or with ``compression``), record by record, and

@@ -88,7 +88,7 @@ class SyncConfig:
     """Length of the probe sequence (half prompt, half response), drawn once from the run's seed."""
     probe_tolerance: float | None = None
     """Largest allowed MEAN |log-prob difference| over the probe's response tokens (None: 1e-3 when the engine and
-    the learner compute in float32, 0.3 when either is 16-bit; derived in ``trainer/engines/weight_probe.py``)."""
+    the learner compute in float32, 0.3 when either is 16-bit; derived in ``trainer/engine_pool/weight_probe.py``)."""
 
     def __post_init__(self) -> None:
         if self.bucket_mb < 1:

@@ -30,8 +30,9 @@ from sparse_rl_megatron.compression import CompressionConfig
 from sparse_rl_megatron.eval.config import BenchmarkSettings, EvalConfig
 from sparse_rl_megatron.eval.runner import benchmark_section, sample_problems
 from sparse_rl_megatron.eval.subsets import full_chain_metrics, shortcut_free_metrics, subset_metrics
+from sparse_rl_megatron.observability import metric_names as MN
 from sparse_rl_megatron.rollout.work_split import split_groups
-from sparse_rl_megatron.trainer.engines.pool import EnginePool
+from sparse_rl_megatron.trainer.engine_pool.pool import EnginePool
 from sparse_rl_megatron.trainer.runtime import distributed as D
 
 if TYPE_CHECKING:
@@ -115,29 +116,32 @@ def evaluate_pool(pool: "EnginePool", datasets: dict[str, "Dataset"], cfg: "Trai
             seconds = {key: max(sec[key] for _, sec in parts) for key in ("generate", "verify")}
             sections[name] = benchmark_section(name, dataset, problems, econf, seconds)
             acc = sections[name]["metrics"][f"avg@{settings.n}"]
-            metrics[f"eval/{mode}/{metric_name(name)}/accuracy"] = acc
-            metrics[f"eval/{mode}/{metric_name(name)}/response_len"] = sections[name]["metrics"]["mean_response_tokens"]
-            metrics.update(subset_metrics(f"eval/{mode}/{metric_name(name)}", dataset, sections[name]))
-            free = shortcut_free_metrics(f"eval/{mode}/{metric_name(name)}", dataset, sections[name])
+            prefix = MN.eval_key(mode, metric_name(name))
+            metrics[MN.eval_key(mode, metric_name(name), MN.ACCURACY)] = acc
+            metrics[MN.eval_key(mode, metric_name(name), MN.RESPONSE_LEN)] = \
+                sections[name]["metrics"]["mean_response_tokens"]
+            metrics.update(subset_metrics(prefix, dataset, sections[name]))
+            free = shortcut_free_metrics(prefix, dataset, sections[name])
             metrics.update(free)
-            free_accs += [v for k, v in free.items() if k.endswith("/shortcut_free_accuracy")]
-            chains = full_chain_metrics(f"eval/{mode}/{metric_name(name)}", dataset, sections[name])
+            free_accs += [v for k, v in free.items() if k.endswith("/" + MN.SHORTCUT_FREE_ACCURACY)]
+            chains = full_chain_metrics(prefix, dataset, sections[name])
             metrics.update(chains)
             chain_fracs += list(chains.values())
         accs = [s["metrics"][f"avg@{settings.n}"] for s in sections.values()]
-        metrics[f"eval/{mode}/accuracy"] = sum(accs) / len(accs)
+        metrics[MN.eval_key(mode, MN.ACCURACY)] = sum(accs) / len(accs)
         if free_accs:
-            metrics[f"eval/{mode}/shortcut_free_accuracy"] = sum(free_accs) / len(free_accs)
+            metrics[MN.eval_key(mode, MN.SHORTCUT_FREE_ACCURACY)] = sum(free_accs) / len(free_accs)
         if chain_fracs:
-            metrics[f"eval/{mode}/full_chain_frac"] = sum(chain_fracs) / len(chain_fracs)
+            metrics[MN.eval_key(mode, MN.FULL_CHAIN_FRAC)] = sum(chain_fracs) / len(chain_fracs)
         done = [s["metrics"] for s in sections.values()]  # collapse signs: no answer, or cut at max_new_tokens
         count = sum(m["samples"] for m in done)
-        metrics[f"eval/{mode}/no_answer_frac"] = sum(m["reasons"]["no_answer"] for m in done) / count
-        metrics[f"eval/{mode}/truncated_frac"] = sum(m["truncated_fraction"] * m["samples"] for m in done) / count
+        metrics[MN.eval_key(mode, MN.NO_ANSWER_FRAC)] = sum(m["reasons"]["no_answer"] for m in done) / count
+        metrics[MN.eval_key(mode, MN.TRUNCATED_FRAC)] = \
+            sum(m["truncated_fraction"] * m["samples"] for m in done) / count
         if not compression.is_dense:
-            metrics[f"eval/{mode}/budget"] = compression.budget
+            metrics[MN.eval_key(mode, MN.BUDGET)] = compression.budget
         if D.is_main():
             record = {"step": step, "mode": mode, "compression": compression.describe(), "benchmarks": sections}
             (out_dir / f"step_{step}.{mode}.json").write_text(json.dumps(record, indent=1) + "\n")
-    metrics["time/eval_s"] = time.perf_counter() - t0
+    metrics[MN.TIME_EVAL_S] = time.perf_counter() - t0
     return metrics

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 
+from sparse_rl_megatron.observability import metric_names as MN
 from sparse_rl_megatron.observability.metrics_writer import read_metrics
 from sparse_rl_megatron.trainer.config import TrainConfig
 from sparse_rl_megatron.trainer.run import Run, exit_note, start_run
@@ -53,19 +54,20 @@ def _loop(cfg: TrainConfig, run: Run) -> dict[str, float]:
         # 1. rollout + reward (every engine, its share) -> dense recompute (+ reference) -> correction, whole batch
         hb.phase(step, "rollout")
         records = run.prompts.take(cfg.rollout.prompts_per_step) if main else None
-        budget = run.budget.budget if run.budget is not None else None  # the adaptive budget of this step
+        controller = run.budget_controller
+        budget = controller.budget if controller is not None else None  # the adaptive budget of this step
         batch = run.rollout(step, records, budget)
-        if run.budget is not None:  # the next step's budget, from this step's mismatch (same on every rank)
-            batch.metrics.update(run.budget.metrics())
-            run.budget.update_from_metrics(batch.metrics)
-            batch.metrics["rollout/budget_signal"] = run.budget.last_signal
+        if controller is not None:  # the next step's budget, from this step's mismatch (same on every rank)
+            batch.metrics.update(controller.metrics())
+            controller.update_from_metrics(batch.metrics)
+            batch.metrics[MN.ROLLOUT_BUDGET_SIGNAL] = controller.last_signal
         # 2. optimizer steps on global-batch slices (the engines' memory still released)
         hb.phase(step, "train")
         t0 = time.perf_counter()
-        train = run.optimize(batch)
+        optimized = run.optimize(batch)
         if not batch.trainable:
             run.say(f"[yellow]step {step}: correction rejected every sample; no optimizer step[/]")
-        train["time/train_s"] = time.perf_counter() - t0
+        optimized[MN.TIME_TRAIN_S] = time.perf_counter() - t0
         # 3. checkpoint (periodic, last step, or stop requested on any rank) while the whole learner is awake
         stop = _stop_reason(run)
         every = cfg.checkpoint.save_every
@@ -75,7 +77,7 @@ def _loop(cfg: TrainConfig, run: Run) -> dict[str, float]:
         # 4. weight sync learner -> engine (version = step), checked by the probe; the learner then sleeps
         hb.phase(step, "sync")
         sync = run.sync(version=step)
-        metrics = {**batch.metrics, **train, **sync, "time/sync_s": sync["sync/seconds"]}
+        metrics = {**batch.metrics, **optimized, **sync, MN.TIME_SYNC_S: sync[MN.SYNC_SECONDS]}
         # 5. evaluation, metrics
         if step == cfg.steps or (cfg.eval.every and step % cfg.eval.every == 0):
             hb.phase(step, "evaluation")
@@ -109,15 +111,15 @@ def _finish(cfg: TrainConfig, run: Run) -> None:
         run.say(f"metrics: {run.writer.path}  plot: {plot}  checkpoints: {run.run_dir / 'checkpoints'}")
 
     records = read_metrics(run.writer.path)
-    for mode in ("dense", "sparse", "adaptive"):
-        key, free = f"eval/{mode}/accuracy", f"eval/{mode}/shortcut_free_accuracy"
+    for mode in (MN.DENSE, MN.SPARSE, MN.ADAPTIVE):
+        key, free = MN.eval_key(mode, MN.ACCURACY), MN.eval_key(mode, MN.SHORTCUT_FREE_ACCURACY)
         evals = [r for r in records if r.get(key) is not None]
         if len(evals) >= 2:
             first, last = evals[0], evals[-1]
             line = f"held-out accuracy ({mode}): step {first['step']} {first[key]:.3f} -> step {last['step']} {last[key]:.3f}"
             if first.get(free) is not None and last.get(free) is not None:  # answers not copyable from the prompt
                 line += f"; shortcut-free {first[free]:.3f} -> {last[free]:.3f}"
-            chain = f"eval/{mode}/full_chain_frac"
+            chain = MN.eval_key(mode, MN.FULL_CHAIN_FRAC)
             if first.get(chain) is not None and last.get(chain) is not None:  # every intermediate state right
                 line += f"; full chains {first[chain]:.3f} -> {last[chain]:.3f}"
             run.say(line)

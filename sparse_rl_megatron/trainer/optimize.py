@@ -12,13 +12,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from sparse_rl_megatron.learner import TrainBatch
 from sparse_rl_megatron.learner.batch import SequenceBatch
+from sparse_rl_megatron.observability import metric_names as MN
 
 if TYPE_CHECKING:
     from sparse_rl_megatron.trainer.step import RolloutBatch
 
-LAST_VALUE_KEYS = ("train/step", "train/skipped_total", "train/lr")
+LAST_VALUE_KEYS = (MN.TRAIN_STEP, MN.TRAIN_SKIPPED_TOTAL, MN.TRAIN_LR)
 """Learner counters reported as their value after the last optimizer step; other metrics are averaged."""
-SUMMED_KEYS = ("train/skipped", "train/tokens")
+SUMMED_KEYS = (MN.TRAIN_SKIPPED, MN.TRAIN_TOKENS)
 
 
 def optimizer_steps(learner, batch: "RolloutBatch", num_steps: int, progress: bool = False) -> dict[str, float]:
@@ -41,16 +42,16 @@ def optimizer_steps(learner, batch: "RolloutBatch", num_steps: int, progress: bo
                                  None if routes is None else [routes[r] for r in rows])
             ref = None if batch.ref_log_probs is None else batch.ref_log_probs[rows]
             per_step.append(learner.train_step(TrainBatch(seqs, prepared, ref)))
-            lr = per_step[-1].get("train/lr", lr)
+            lr = per_step[-1].get(MN.TRAIN_LR, lr)
         if bar is not None:
             bar.update(1)
     if bar is not None:
         bar.close()
     metrics = aggregate(per_step)
     if lr is not None:  # the lr after the last slice, trained or not
-        metrics["train/lr"] = lr
-    metrics.update({"train/optimizer_steps": float(len(per_step)), "train/empty_slices": float(empty),
-                    "train/all_rejected": 0.0 if batch.trainable else 1.0})
+        metrics[MN.TRAIN_LR] = lr
+    metrics.update({MN.TRAIN_OPTIMIZER_STEPS: float(len(per_step)), MN.TRAIN_EMPTY_SLICES: float(empty),
+                    MN.TRAIN_ALL_REJECTED: 0.0 if batch.trainable else 1.0})
     return metrics
 
 
@@ -65,8 +66,8 @@ def aggregate(per_step: list[dict[str, float]]) -> dict[str, float]:
             out[key] = sum(values)
         else:
             out[key] = sum(values) / len(values)
-    if per_step and "train/grad_norm" in out:
-        out["train/grad_norm_max"] = max(m["train/grad_norm"] for m in per_step)
+    if per_step and MN.TRAIN_GRAD_NORM in out:
+        out[MN.TRAIN_GRAD_NORM_MAX] = max(m[MN.TRAIN_GRAD_NORM] for m in per_step)
     return out
 
 

@@ -5,7 +5,7 @@ preflight (every rank: config vs files, registries, world size, the rollout layo
 process groups -> rank 0 takes the run-directory lock and decides fresh start (earlier outputs archived) or
 resume (metrics past the checkpoint dropped) -> models built once (tiny / task warm start) -> learner
 (+ reference policy when KL is on) -> the learner goes to sleep (``learner.offload``) -> every engine and its rank's
-reward (``engines/pool.py``), each sizing its memory from what the sleeping learner left free -> checkpoint loaded
+reward (``engine_pool/pool.py``), each sizing its memory from what the sleeping learner left free -> checkpoint loaded
 -> weights synced to every engine and probed on each. The learner and the engines take turns on the device from
 there (``runtime/device_turns.py``): every service below enters the turn it needs.
 """
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Callable
 import yaml
 
 from sparse_rl_megatron.learner import Learner
+from sparse_rl_megatron.observability import metric_names as MN
 from sparse_rl_megatron.observability.metrics_writer import METRICS_FILE, MetricsWriter
 from sparse_rl_megatron.observability.plots import PLOT_FILE
 from sparse_rl_megatron.rewards.registry import REWARDS
@@ -26,8 +27,8 @@ from sparse_rl_megatron.trainer.checkpointing import checkpoints
 from sparse_rl_megatron.trainer.checkpointing.resume import choose
 from sparse_rl_megatron.trainer.checkpointing.state import TrainerState
 from sparse_rl_megatron.trainer.config import TrainConfig
-from sparse_rl_megatron.trainer.engines.pool import EnginePool
-from sparse_rl_megatron.trainer.engines.weight_probe import probe_sequence, probe_tolerance
+from sparse_rl_megatron.trainer.engine_pool.pool import EnginePool
+from sparse_rl_megatron.trainer.engine_pool.weight_probe import probe_sequence, probe_tolerance
 from sparse_rl_megatron.trainer.evaluation import EVAL_DIR, evaluate_pool
 from sparse_rl_megatron.trainer.optimize import optimizer_steps
 from sparse_rl_megatron.trainer.run_plan import RunPlan, preflight
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
     from sparse_rl_megatron.learner.learner import Learner
     from sparse_rl_megatron.observability.metrics_writer import MetricsWriter
     from sparse_rl_megatron.trainer.checkpointing.resume import Choice
-    from sparse_rl_megatron.trainer.engines.pool import EnginePool
+    from sparse_rl_megatron.trainer.engine_pool.pool import EnginePool
     from sparse_rl_megatron.trainer.runtime.progress import Heartbeat
     from sparse_rl_megatron.trainer.runtime.prompts import PromptOrder
     from sparse_rl_megatron.trainer.runtime.signals import StopRequest
@@ -77,14 +78,14 @@ class Run:
     pool: "EnginePool"
     """The run's rollout engines as this rank sees them (its own engines and reward)."""
     probe: "SequenceBatch"
-    """The weight-sync probe sequence (``engines/weight_probe.py``)."""
+    """The weight-sync probe sequence (``engine_pool/weight_probe.py``)."""
     turns: DeviceTurns
     """Who holds the device, the engines or the learner (``runtime/device_turns.py``)."""
     heartbeat: "Heartbeat"
     stop: "StopRequest"
     prompts: "PromptOrder | None"
     """The training prompts' order (rank 0)."""
-    budget: "BudgetController | None"
+    budget_controller: "BudgetController | None"
     """The adaptive KV budget's ``BudgetController`` (``rollout.adaptive_budget.enabled``), else None."""
     writer: "MetricsWriter | None" = None
     """``metrics.jsonl`` and TensorBoard (rank 0; opened once the resume step is known)."""
@@ -171,7 +172,8 @@ class Run:
             return {}
         self.turns.enter("engines")
         return evaluate_pool(self.pool, self.plan.eval_data, self.cfg, self.plan.template, step, self.run_dir,
-                             controller_budget=None if self.budget is None else self.budget.budget)
+                             controller_budget=None if self.budget_controller is None
+                             else self.budget_controller.budget)
 
 
 def _claim_run_dir(cfg: TrainConfig, run_dir: Path, stack: contextlib.ExitStack) -> tuple["Choice", list[str]]:
@@ -262,16 +264,16 @@ def start_run(cfg: TrainConfig):
         D.wait_for_main()
         heartbeat = Heartbeat(run_dir, D.rank(), cfg.log.heartbeat)
         models = _build_models(cfg, plan, run_dir, stack, say, stop)
-        budget = None
+        budget_controller = None
         if cfg.rollout.adaptive_budget.enabled:
             from sparse_rl_megatron.compression.budget_controller import BudgetController
 
-            budget = BudgetController(cfg.rollout.adaptive_budget, cfg.rollout.compression.budget)
+            budget_controller = BudgetController(cfg.rollout.adaptive_budget, cfg.rollout.compression.budget)
         run = Run(cfg=cfg, plan=plan, run_dir=run_dir, console=console, learner=models.learner,
                   ref_learner=models.ref_learner, pool=models.pool, probe=models.probe, turns=models.turns,
                   start_probe=models.start_probe, heartbeat=heartbeat, stop=stop,
                   prompts=PromptOrder(plan.train_data.records, cfg.seed, cfg.data.shuffle) if D.is_main() else None,
-                  budget=budget)
+                  budget_controller=budget_controller)
         if resume is not None:  # an older intact checkpoint if this one does not load (resume.py)
             from sparse_rl_megatron.trainer.checkpointing.resume import load as load_checkpoint
 
@@ -292,11 +294,11 @@ def start_run(cfg: TrainConfig):
                     f"samples, {cfg.optimizer_steps_per_rollout} optimizer step(s) each")
         # the engine serves the learner's weights from here on: pushed after a resume, probed always
         startup = run.sync(version=run.step) if resume is not None else run.probe_start()
-        if "sync/probe_mean_abs_diff" in startup:
+        if MN.SYNC_PROBE_MEAN_ABS_DIFF in startup:
             count = run.plan.layout.num_engines
             run.say(f"engine '{cfg.rollout.engine}' serves the learner's weights (version {run.step}) on "
                     f"{'all ' + str(count) + ' engines' if count > 1 else 'its engine'}: probe mean |log-prob diff| "
-                    f"{startup['sync/probe_mean_abs_diff']:.2g} (max {startup['sync/probe_max_abs_diff']:.2g})")
+                    f"{startup[MN.SYNC_PROBE_MEAN_ABS_DIFF]:.2g} (max {startup[MN.SYNC_PROBE_MAX_ABS_DIFF]:.2g})")
         yield run
 
 

@@ -23,7 +23,7 @@ from sparse_rl_megatron.data.templates import TEMPLATES, render_prompt
 from sparse_rl_megatron.learner.learner import check_moe_training
 from sparse_rl_megatron.models.arch import arch_from_hf_config
 from sparse_rl_megatron.rewards.registry import REWARDS
-from sparse_rl_megatron.rollout.engines import ENGINES
+from sparse_rl_megatron.rollout.engine_registry import ENGINES
 from sparse_rl_megatron.rollout.layout import LayoutError, RolloutLayout
 from sparse_rl_megatron.tasks import HELDOUT_SEED, get_task, is_task_ref
 from sparse_rl_megatron.trainer.checkpointing.checkpoints import resolve_resume

@@ -17,14 +17,15 @@ import torch
 from sparse_rl_megatron.algo import prepare_correction
 from sparse_rl_megatron.algo.hooks import pad
 from sparse_rl_megatron.learner.batch import SequenceBatch
-from sparse_rl_megatron.trainer.engines.pool import EngineError, EnginePool, rollout_metrics
+from sparse_rl_megatron.observability import metric_names as MN
+from sparse_rl_megatron.trainer.engine_pool.pool import EngineError, EnginePool, rollout_metrics
 
 if TYPE_CHECKING:
     from sparse_rl_megatron.algo import CorrectionConfig, PreparedBatch
     from sparse_rl_megatron.data.record import MathRecord
     from sparse_rl_megatron.learner import Learner
     from sparse_rl_megatron.learner.batch import SequenceBatch
-    from sparse_rl_megatron.rollout.engine import SamplingParams
+    from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
     from sparse_rl_megatron.rollout.sample import Sample
 
 __all__ = ["EngineError", "RolloutBatch", "prepare_batch", "rollout_metrics", "rollout_samples", "rollout_step",
@@ -80,9 +81,9 @@ def prepare_batch(learner, samples: list["Sample"], correction: "CorrectionConfi
     prepared = prepare_correction(
         old, sampler, seqs.response_mask(), torch.tensor([float(s.reward) for s in samples]),
         torch.tensor([s.group_id for s in samples]), correction)
-    metrics = {**prepared.metrics, "time/recompute_s": t1 - t0}
+    metrics = {**prepared.metrics, MN.TIME_RECOMPUTE_S: t1 - t0}
     if ref is not None:
-        metrics["time/ref_s"] = t2 - t1
+        metrics[MN.TIME_REF_S] = t2 - t1
     return RolloutBatch(samples, seqs, prepared, ref, metrics)
 
 

@@ -9,7 +9,7 @@ as ``RunPlan.device_facts``, ``sparse-rl preflight`` checks a launch with it, ``
   DDP's ``overlap_grad_reduce`` (``learner/optimizer.py``), the layer spec and where the model lives
   (``learner/model_provider.py``), the fusions (``models/megatron_config.py``), the process-group backend
   (``learner/parallel.py``), the checkpoint's RNG states (``trainer/checkpointing/checkpoints.py``), the
-  probe tolerance for ``auto`` (``trainer/engines/weight_probe.py``), the rollout layout (``trainer/runtime``).
+  probe tolerance for ``auto`` (``trainer/engine_pool/weight_probe.py``), the rollout layout (``trainer/runtime``).
 
 Functions that are also called on their own (tests, benches) take the facts as an optional argument and detect
 them when it is not given, so the decisions are the same either way. Two framework-compatibility shims check

@@ -5,7 +5,7 @@ import argparse
 import pytest
 
 from sparse_rl_megatron.eval.cli import add_arguments, build_config
-from sparse_rl_megatron.rollout.engines import ENGINES
+from sparse_rl_megatron.rollout.engine_registry import ENGINES
 from sparse_rl_megatron.utils.errors import UsageError
 from sparse_rl_megatron.utils.registry import UnknownNameError
 

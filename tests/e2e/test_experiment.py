@@ -106,7 +106,7 @@ def _weak(capsys, out: Path, stage: str, *extra: str) -> subprocess.CompletedPro
     return _experiment(capsys, out, "--stage", stage, *WEAK_TINY, *extra, recipe=WEAK)
 
 
-def test_issue20_stages_budget_rule_dose_arm_study_and_analysis(tmp_path, capsys):
+def test_stages_budget_rule_dose_arm_study_and_analysis(tmp_path, capsys):
     out = tmp_path / "weak"
     early = _weak(capsys, out, "arms", "--arms", "dense")
     assert early.returncode != 0 and "run the same command with --stage budgets first" in early.stderr

@@ -73,7 +73,7 @@ import os as _os  # noqa: E402
 import threading as _threading  # noqa: E402
 
 from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine  # noqa: E402
-from sparse_rl_megatron.rollout.engines import ENGINES, EngineSpec  # noqa: E402
+from sparse_rl_megatron.rollout.engine_registry import ENGINES, EngineSpec  # noqa: E402
 
 
 class FlakyEngine(HFRolloutEngine):

@@ -1,6 +1,7 @@
 """The CPU compatibility module: applied without CUDA, idempotent, and each patch W1-W13 does what it says
 (W1-W9 checked in a fresh process, ``check_cpu_compat`` below, the single launch's first check; W10 in another;
-W11-W13, the mixture-of-experts ones, in ``test_moe_parity.py::test_cpu_compat_moe_patches``)."""
+W11-W13, the mixture-of-experts ones, in ``test_moe_parity.py::test_cpu_compat_moe_patches``), and what it reports
+applied, armed and active is what is in effect (two more processes)."""
 import subprocess
 
 import torch
@@ -30,8 +31,9 @@ def check_cpu_compat(ctx) -> None:
     modes = len(_get_current_function_mode_stack())
     assert cpu_compat.apply() is True  # idempotent: nothing is patched or entered twice
     assert len(_get_current_function_mode_stack()) == modes
-    assert cpu_compat.applied_patches() == ["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "W10", "W11", "W12",
-                                            "W13"]
+    # megatron-core was imported above, before apply(): W10 did not take effect; W5 and W7 are armed, not applied
+    assert cpu_compat.applied_patches() == ["W1", "W2", "W3", "W4", "W6", "W8", "W9", "W11", "W12", "W13"]
+    assert cpu_compat.armed_patches() == ["W5", "W7"]
     # W1
     assert torch.cuda.current_device() == "cpu"
     # W5 is scoped: inside device_mode() (re-entrant, one mode pushed) device="cuda" keyword arguments land on
@@ -161,3 +163,30 @@ def test_megatron_imported_by_apply_leaves_torch_inductor_out_and_compiles_on_fi
     )
     proc = subprocess.run([PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "deferred" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_applied_patches_name_what_is_in_effect_and_armed_ones_what_waits_for_its_block():
+    """``applied_patches`` names the patches in effect: never the scoped W5 and W7 (``armed_patches``, in effect
+    only inside their blocks, which ``active_patches`` then names), and W10 only when ``apply()``'s import of
+    megatron-core was its first: after an earlier import it changed nothing."""
+    code = (
+        "import sys\n"
+        "from sparse_rl_megatron.learner import cpu_compat\n"
+        "first = sys.argv[1] == 'first'\n"
+        "if not first:\n"
+        "    import megatron.core.tensor_parallel\n"
+        "assert cpu_compat.apply() is True\n"
+        "base = ['W1', 'W2', 'W3', 'W4', 'W6', 'W8', 'W9', 'W11', 'W12', 'W13']\n"
+        "applied = sorted(base + ['W10'] * first, key=lambda n: int(n[1:]))\n"
+        "assert cpu_compat.applied_patches() == applied, cpu_compat.applied_patches()\n"
+        "assert cpu_compat.armed_patches() == ['W5', 'W7'] and cpu_compat.active_patches() == applied\n"
+        "with cpu_compat.device_mode():\n"
+        "    assert cpu_compat.active_patches() == sorted(applied + ['W5'], key=lambda n: int(n[1:]))\n"
+        "    with cpu_compat.pretend_cuda_tensor_types():\n"
+        "        assert cpu_compat.active_patches() == sorted(applied + ['W5', 'W7'], key=lambda n: int(n[1:]))\n"
+        "assert cpu_compat.active_patches() == applied\n"
+        "print('truthful')\n"
+    )
+    for when in ("first", "after"):
+        proc = subprocess.run([PYTHON, "-c", code, when], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0 and "truthful" in proc.stdout, (when, proc.stderr[-3000:])

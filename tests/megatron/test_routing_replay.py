@@ -25,7 +25,7 @@ def check_setup(ctx, family):
     from sparse_rl_megatron.learner import Learner
     from sparse_rl_megatron.learner.config import LearnerConfig, MoESettings, OptimConfig
     from sparse_rl_megatron.models.tiny import save_tiny_hf_checkpoint
-    from sparse_rl_megatron.rollout.engine import SamplingParams
+    from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
     from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
 
     state = ctx.states[family]

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from realmodel_helpers import ROOT, env
 
-from sparse_rl_megatron.trainer.engines.weight_probe import PROBE_TOLERANCE_16BIT
+from sparse_rl_megatron.trainer.engine_pool.weight_probe import PROBE_TOLERANCE_16BIT
 
 RECIPE = str(ROOT / "configs" / "recipes" / "qwen2.5-1.5b" / "rkv.yaml")
 SCALED = ["launch.gpus=1", "steps=2", "data.dataset=gsm8k_train", "rollout.prompts_per_step=1",

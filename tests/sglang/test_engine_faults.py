@@ -22,7 +22,7 @@ import pytest
 from sglang_helpers import FAULT_BOUND_S, in_thread, kill_session, read_stats, scheduler_env, wait_for_decoding
 
 from sparse_rl_megatron.compression import CompressionConfig
-from sparse_rl_megatron.rollout.engine import SamplingParams
+from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
 from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
 
 COMPRESSION = CompressionConfig(method="rkv", budget=8, window=2, buffer=4)
@@ -87,7 +87,7 @@ import sys
 from sglang_ext import cpu_compat
 cpu_compat.apply()
 from sparse_rl_megatron.compression import CompressionConfig
-from sparse_rl_megatron.rollout.engine import SamplingParams
+from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
 from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
 from sparse_rl_megatron.rollout.sglang_engine import SGLangRolloutEngine
 

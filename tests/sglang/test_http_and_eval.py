@@ -21,7 +21,7 @@ from sglang_helpers import (FAULT_BOUND_S, STRICT_MEMORY_CHECKS, assert_matches_
                             read_stats, teacher_forced, wait_for_decoding)
 
 from sparse_rl_megatron.compression import CompressionConfig
-from sparse_rl_megatron.rollout.engine import SamplingParams
+from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
 from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
 
 COMPRESSION = CompressionConfig(method="snapkv", budget=10, window=2, buffer=4)

@@ -19,7 +19,7 @@ from sglang_helpers import assert_matches_reference, read_stats, scheduler_env, 
 from sglang_ext.admission import request_bound
 from sglang_ext.config import SparseKVConfig
 from sparse_rl_megatron.compression import CompressionConfig
-from sparse_rl_megatron.rollout.engine import SamplingParams
+from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
 
 SERVER = CompressionConfig(method="rkv", budget=28, window=3, buffer=4)
 SMALL = 8

@@ -21,7 +21,7 @@ from sglang_helpers import (assert_logprobs_match, assert_matches_reference, ful
                             resolved_server_args, scheduler_env, teacher_forced)
 
 from sparse_rl_megatron.compression import CompressionConfig
-from sparse_rl_megatron.rollout.engine import SamplingParams
+from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
 from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
 from sparse_rl_megatron.utils.config_io import ConfigError
 
@@ -47,7 +47,7 @@ _PROBE = textwrap.dedent("""
     import sys
 
     from sparse_rl_megatron.compression import CompressionConfig
-    from sparse_rl_megatron.rollout.engine import SamplingParams
+    from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
     from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
     from sparse_rl_megatron.rollout.sglang_engine import SGLangRolloutEngine
     from sparse_rl_megatron.utils.process_watch import ProcessDied

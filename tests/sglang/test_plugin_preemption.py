@@ -19,7 +19,7 @@ import pytest
 from sglang_helpers import assert_logprobs_match, assert_matches_reference, scheduler_env, teacher_forced
 
 from sparse_rl_megatron.compression import CompressionConfig
-from sparse_rl_megatron.rollout.engine import SamplingParams
+from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
 
 SERVER = CompressionConfig(method="rkv", budget=8, window=2, buffer=4)
 PROMPTS = [[5, 71, 302, 44, 18, 260, 97], [131, 404, 12, 333, 61, 250, 9, 88]]

@@ -29,7 +29,7 @@ from sglang_helpers import assert_matches_reference, scheduler_env, teacher_forc
 
 from sglang_ext.config import SparseKVConfig
 from sparse_rl_megatron.compression import CompressionConfig
-from sparse_rl_megatron.rollout.engine import SamplingParams
+from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
 from sparse_rl_megatron.utils.config_io import to_dict
 
 SERVER = CompressionConfig(method="rkv", budget=8, window=2, buffer=4)

@@ -16,7 +16,7 @@ import pytest
 from sglang_helpers import assert_matches_reference, generate_mixed, read_stats, scheduler_env, teacher_forced
 
 from sparse_rl_megatron.compression import CompressionConfig
-from sparse_rl_megatron.rollout.engine import SamplingParams
+from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
 from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
 
 POOL = 300

@@ -14,7 +14,7 @@ from sglang_helpers import assert_logprobs_match, assert_matches_reference, full
     teacher_forced
 
 from sparse_rl_megatron.compression import CompressionConfig
-from sparse_rl_megatron.rollout.engine import SamplingParams
+from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
 from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
 
 SERVER = CompressionConfig(method="rkv", budget=12, window=3, buffer=4)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from sglang_helpers import STRICT_MEMORY_CHECKS, logprob_tolerance
 
-from sparse_rl_megatron.trainer.engines.weight_probe import probe_sequence
+from sparse_rl_megatron.trainer.engine_pool.weight_probe import probe_sequence
 from sparse_rl_megatron.models.tiny import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]

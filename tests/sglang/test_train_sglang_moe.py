@@ -12,7 +12,7 @@ from sglang_helpers import logprob_tolerance
 from test_train_sglang import TRAIN, _train
 
 from sparse_rl_megatron.models.tiny import build_tiny_model
-from sparse_rl_megatron.trainer.engines.weight_probe import probe_sequence
+from sparse_rl_megatron.trainer.engine_pool.weight_probe import probe_sequence
 
 STEPS = 2
 MOE = [a for a in TRAIN if not a.startswith(("model_path=", "steps="))] + ["model_path=tiny-qwen2-moe", f"steps={STEPS}"]

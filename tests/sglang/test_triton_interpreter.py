@@ -21,7 +21,7 @@ from sglang_helpers import (assert_logprobs_match, assert_matches_reference, ful
                             read_stats, scheduler_env, teacher_forced)
 
 from sparse_rl_megatron.compression import CompressionConfig
-from sparse_rl_megatron.rollout.engine import SamplingParams
+from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
 from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
 
 SERVER = CompressionConfig(method="rkv", budget=6, window=2, buffer=2)

@@ -1,5 +1,6 @@
-"""The algorithm core and the KV compression operators stay framework-free: torch, the stdlib and
-utils.registry only (so the SGLang plugin and any learner can import them)."""
+"""The algorithm core and the KV compression operators stay framework-free: torch, the stdlib, utils.registry and
+the metric names (``observability/metric_names.py``, constants on the stdlib alone) only (so the SGLang plugin and any
+learner can import them)."""
 import ast
 import pathlib
 import sys
@@ -28,7 +29,9 @@ def test_package_imports_only_torch_stdlib_and_registry(package):
                 top = name.split(".")[0]
                 if top == "torch" or top in sys.stdlib_module_names or top == "__future__":
                     continue
-                if name.startswith((own, "sparse_rl_megatron.utils.registry")):
+                metric_names = isinstance(node, ast.ImportFrom) and name == "sparse_rl_megatron.observability" \
+                    and [a.name for a in node.names] == ["metric_names"]
+                if name.startswith((own, "sparse_rl_megatron.utils.registry")) or metric_names:
                     continue
                 bad.append(f"{path.name}: {name}")
     assert not bad, bad

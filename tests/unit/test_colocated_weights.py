@@ -1,4 +1,4 @@
-"""Weights for a colocated engine that spans two ranks (``trainer/engines/colocated_weights.py``), on two gloo
+"""Weights for a colocated engine that spans two ranks (``trainer/engine_pool/colocated_weights.py``), on two gloo
 processes:
 each rank serializes its own copy of every bucket with ForkingPickler (what SGLang's serializer runs: shared
 memory here, CUDA-IPC handles on GPU), the engine's first rank receives both payloads in TP-rank order and opens
@@ -32,7 +32,7 @@ def _worker(rank: int, init: str, out: str) -> None:
 
     sys.path.insert(0, str(ROOT))
     from sparse_rl_megatron.rollout.layout import RolloutLayout
-    from sparse_rl_megatron.trainer.engines.colocated_weights import ColocatedPayloads
+    from sparse_rl_megatron.trainer.engine_pool.colocated_weights import ColocatedPayloads
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     layout = RolloutLayout.build(engine="sglang", world=2, ranks_per_node=2, gpus_per_engine=2, groups=1)

@@ -14,7 +14,7 @@ import sparse_rl_megatron
 from sparse_rl_megatron.learner.config import LearnerConfig, OptimConfig
 from sparse_rl_megatron.learner.model_provider import resolve_layer_spec
 from sparse_rl_megatron.trainer.config import TrainConfig
-from sparse_rl_megatron.trainer.engines.weight_probe import PROBE_TOLERANCE_16BIT, PROBE_TOLERANCE_FP32, probe_tolerance
+from sparse_rl_megatron.trainer.engine_pool.weight_probe import PROBE_TOLERANCE_16BIT, PROBE_TOLERANCE_FP32, probe_tolerance
 from sparse_rl_megatron.utils.device import DeviceFacts, cuda_present
 
 GPU = DeviceFacts(cuda=True, gpus=8)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sparse_rl_megatron.learner.offload import OFFLOAD_MODES, OFFLOAD_PARTS
-from sparse_rl_megatron.rollout.engine import ENGINE_MEMORY_PARTS
+from sparse_rl_megatron.rollout.engine_protocol import ENGINE_MEMORY_PARTS
 from sparse_rl_megatron.learner.turns import ENGINE_PARTS, TURNS
 from sparse_rl_megatron.trainer.runtime.device_turns import DeviceTurns
 

@@ -11,7 +11,7 @@ import numerics
 import pytest
 import torch
 
-from sparse_rl_megatron.rollout.engine import SamplingParams
+from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
 from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
 from sparse_rl_megatron.models.tiny import build_tiny_model, build_tiny_tokenizer
 

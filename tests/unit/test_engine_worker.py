@@ -1,4 +1,4 @@
-"""An engine's calls on their own thread (``trainer/engines/worker.py``): results and errors come back, a hung
+"""An engine's calls on their own thread (``trainer/engine_pool/worker.py``): results and errors come back, a hung
 call is given up at its deadline (and the engine takes no more calls), and a weight stream is handed over one
 item at a time, each finished before the next is given."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from sparse_rl_megatron.trainer.engines.worker import EngineHang, EngineWorker, Handoff
+from sparse_rl_megatron.trainer.engine_pool.worker import EngineHang, EngineWorker, Handoff
 
 GENEROUS_S = 30.0  # a bound that a working call never comes near, even on a loaded machine
 

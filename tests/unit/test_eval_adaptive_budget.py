@@ -69,7 +69,7 @@ def test_run_evaluates_with_the_controllers_current_budget(tmp_path, monkeypatch
     unused = dict.fromkeys(("console", "learner", "ref_learner", "pool", "probe", "heartbeat", "stop",
                             "prompts"))  # parts of a run this method does not touch
     run = Run(cfg=_cfg(tmp_path), plan=SimpleNamespace(eval_data={"x": None}, template="t"), run_dir=tmp_path,
-              budget=controller, turns=DeviceTurns(None), **unused)
+              budget_controller=controller, turns=DeviceTurns(None), **unused)
     run.evaluate(STEP)
     assert seen == {"controller_budget": controller.budget}
 
@@ -80,8 +80,8 @@ def model_dir(tmp_path_factory) -> Path:
 
 
 def _evaluate(cfg: TrainConfig, model_dir: Path, work: Path, controller_budget: int | None) -> dict:
-    from sparse_rl_megatron.rollout.engines import ENGINES
-    from sparse_rl_megatron.trainer.engines.pool import EnginePool
+    from sparse_rl_megatron.rollout.engine_registry import ENGINES
+    from sparse_rl_megatron.trainer.engine_pool.pool import EnginePool
     from sparse_rl_megatron.trainer.evaluation import evaluate_pool
     from sparse_rl_megatron.trainer.run import make_reward
     from sparse_rl_megatron.trainer.run_plan import preflight

@@ -5,7 +5,7 @@ import pytest
 from sparse_rl_megatron.compression import CompressionConfig, CompressionSchedule
 from sparse_rl_megatron.eval.lengths import context_error, dense_prompts
 from sparse_rl_megatron.eval.report import sampling_label
-from sparse_rl_megatron.rollout.engine import SamplingParams
+from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
 from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
 from sparse_rl_megatron.models.tiny import build_tiny_model
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from sparse_rl_megatron.rollout.engine import SamplingParams
+from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
 from sparse_rl_megatron.rollout.sample import CompressionInfo, Sample
 from sparse_rl_megatron.utils.registry import Registry, UnknownNameError
 from sparse_rl_megatron.models.tiny import build_tiny_model, build_tiny_tokenizer

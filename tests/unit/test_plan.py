@@ -216,7 +216,7 @@ def test_kv_bytes_equal_what_the_reference_engine_holds(monkeypatch, method):
 
     from sparse_rl_megatron.compression import CompressionConfig
     from sparse_rl_megatron.planning.kv import kv_tokens_per_sequence
-    from sparse_rl_megatron.rollout.engine import SamplingParams
+    from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
     from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
     from sparse_rl_megatron.rollout.kv_cache import align_keys
     from sparse_rl_megatron.models.tiny import build_tiny_model, build_tiny_tokenizer

@@ -17,7 +17,7 @@ import torch
 
 import numerics
 from sparse_rl_megatron.compression import CompressionConfig
-from sparse_rl_megatron.rollout.engine import SamplingParams
+from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
 from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
 from sparse_rl_megatron.rollout.kv_cache import align_keys
 from sparse_rl_megatron.models.tiny import build_tiny_model

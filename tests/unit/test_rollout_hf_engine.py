@@ -5,7 +5,7 @@ import torch
 from transformers import AttentionInterface
 
 from sparse_rl_megatron.compression import CompressionConfig
-from sparse_rl_megatron.rollout.engine import RolloutEngine, SamplingParams
+from sparse_rl_megatron.rollout.engine_protocol import RolloutEngine, SamplingParams
 from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
 from sparse_rl_megatron.rollout.kv_cache import CompressedKVCache
 from sparse_rl_megatron.models.tiny import build_tiny_model, build_tiny_tokenizer

@@ -8,7 +8,7 @@ import torch
 from sparse_rl_megatron.compression import CompressionConfig
 from sparse_rl_megatron.models.families import family_names
 from sparse_rl_megatron.models.tiny import build_tiny_model, build_tiny_tokenizer
-from sparse_rl_megatron.rollout.engine import SamplingParams
+from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
 from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
 
 PROMPTS = ["Let x be a real number such that", "The answer is", "First, 2 + 3 = 5. Then 5 * 4 = 20. Finally"]

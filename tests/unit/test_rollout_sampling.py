@@ -3,7 +3,7 @@ import math
 
 import torch
 
-from sparse_rl_megatron.rollout.engine import SamplingParams
+from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
 from sparse_rl_megatron.rollout.sampling import draw_uniforms, filter_logits, sample_tokens
 
 PROBS = torch.tensor([[0.15, 0.5, 0.05, 0.3]])

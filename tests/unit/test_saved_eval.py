@@ -36,7 +36,7 @@ def _fresh_engine_per_cache(cfg, model_dir: Path, works: list[Path]) -> list[dic
     """What the study did before: preflight, an engine and a reward for every cache."""
     import dataclasses
 
-    from sparse_rl_megatron.rollout.engines import ENGINES
+    from sparse_rl_megatron.rollout.engine_registry import ENGINES
     from sparse_rl_megatron.trainer.evaluation import evaluate
     from sparse_rl_megatron.trainer.run_plan import preflight
     from sparse_rl_megatron.trainer.run import make_reward

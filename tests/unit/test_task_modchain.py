@@ -138,7 +138,7 @@ def test_sft_examples_are_prompt_then_solution_then_eos(tiny_dir):
 
 def test_hf_engine_generates_from_the_built_model_with_a_compressed_cache(tiny_dir):
     from sparse_rl_megatron.compression import CompressionConfig
-    from sparse_rl_megatron.rollout.engine import SamplingParams
+    from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
     from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
 
     small = ModChainTask(TINY)

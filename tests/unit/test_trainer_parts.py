@@ -182,7 +182,7 @@ def test_engines_implement_the_whole_rollout_engine_protocol():
     engines and SGLang's compression view define each, and their ``generate`` takes every keyword the run passes."""
     import inspect
 
-    from sparse_rl_megatron.rollout.engine import RolloutEngine
+    from sparse_rl_megatron.rollout.engine_protocol import RolloutEngine
     from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
     from sparse_rl_megatron.rollout.sglang_engine import CompressionView, SGLangRolloutEngine
 
@@ -200,8 +200,8 @@ def test_engines_implement_the_whole_rollout_engine_protocol():
 
 
 def test_an_engine_lacking_part_of_the_protocol_is_refused_when_built_naming_what_it_lacks():
-    from sparse_rl_megatron.rollout.engine import PROTOCOL_MEMBERS, missing_members
-    from sparse_rl_megatron.rollout.engines import EngineBuild, EngineSpec
+    from sparse_rl_megatron.rollout.engine_protocol import PROTOCOL_MEMBERS, missing_members
+    from sparse_rl_megatron.rollout.engine_registry import EngineBuild, EngineSpec
 
     assert set(PROTOCOL_MEMBERS) >= {"weight_version", "tokenizer", "generate", "shutdown"}
     stopped = []
@@ -218,6 +218,6 @@ def test_an_engine_lacking_part_of_the_protocol_is_refused_when_built_naming_wha
 
     assert "dense_logprobs" in missing_members(Partial()) and "generate" not in missing_members(Partial())
     with pytest.raises(TypeError, match=r"rollout engine .*Partial does not implement the RolloutEngine protocol "
-                                        r"\(rollout/engine.py\): it lacks dense_logprobs, release_memory"):
+                                        r"\(rollout/engine_protocol.py\): it lacks dense_logprobs, release_memory"):
         EngineSpec(build=lambda build: Partial()).make(EngineBuild(model_dir="unused"))
     assert stopped == [True]  # its processes do not outlive the refusal

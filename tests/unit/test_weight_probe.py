@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
-from sparse_rl_megatron.trainer.engines.pool import EnginePool
-from sparse_rl_megatron.trainer.engines.weight_probe import (PROBE_TOLERANCE_16BIT, PROBE_TOLERANCE_FP32,
+from sparse_rl_megatron.trainer.engine_pool.pool import EnginePool
+from sparse_rl_megatron.trainer.engine_pool.weight_probe import (PROBE_TOLERANCE_16BIT, PROBE_TOLERANCE_FP32,
                                                              WeightSyncError, default_tolerance, engine_logprobs,
                                                              probe_sequence, probe_verdict)
 from sparse_rl_megatron.utils.errors import RunFailed

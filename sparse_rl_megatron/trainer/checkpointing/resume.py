@@ -116,6 +116,9 @@ def load(run: ResumingRun, choice: Choice) -> Choice:
         error = None
         try:
             run.learner.load(choice.path)
+            if run.learner.steps != choice.state.learner_steps:
+                error = (f"its learner files record {run.learner.steps} optimizer steps, its trainer state "
+                         f"{choice.state.learner_steps}: parts of different saves")
         except BaseException as err:  # noqa: BLE001 - CheckpointException is a BaseException
             if isinstance(err, (KeyboardInterrupt, SystemExit)):
                 raise

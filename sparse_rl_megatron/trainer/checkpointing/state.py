@@ -36,7 +36,7 @@ class CheckpointedRun(Protocol):
     learner: LearnerSteps
     prompts: "PromptOrder | None"
     """The prompt order (rank 0 only)."""
-    budget: "BudgetController | None"
+    budget_controller: "BudgetController | None"
     """The adaptive budget's controller (None when off)."""
 
 
@@ -47,9 +47,11 @@ class TrainerState:
     step: int
     """Rollout steps completed."""
     weight_version: int
-    """The weight version the engines serve after this step (= step)."""
+    """The weight version the engines serve after this step (= step: a resumed run's engines serve ``step``; a
+    state where the two differ is refused when read)."""
     learner_steps: int
-    """Optimizer steps the learner has taken."""
+    """Optimizer steps the learner has taken (the learner's own files record the same count: ``resume.load``
+    refuses a checkpoint whose two counts differ, its parts are of different saves)."""
     seed: int
     """The run's seed."""
     data: dict[str, Any]
@@ -67,19 +69,19 @@ class TrainerState:
         """Rank 0: the state of ``run`` after ``step`` (``world_size`` and ``files`` are the save's)."""
         return cls(step=step, weight_version=step, learner_steps=run.learner.steps, seed=seed,
                    data=run.prompts.state_dict(),
-                   budget_controller=None if run.budget is None else run.budget.state_dict())
+                   budget_controller=None if run.budget_controller is None else run.budget_controller.state_dict())
 
     def restore(self, run: CheckpointedRun, world_size: int) -> list[str]:
         """Into ``run`` (every rank reads the same file; the prompt order lives on rank 0 only): its step, the
         budget controller and the prompt position. Returns warnings for the user."""
         warnings = []
         run.step = self.step
-        if run.budget is not None:
+        if run.budget_controller is not None:
             if self.budget_controller is not None:
-                run.budget.load_state_dict(self.budget_controller)
+                run.budget_controller.load_state_dict(self.budget_controller)
             else:
                 warnings.append(f"the checkpoint has no adaptive budget state: the budget restarts at "
-                                f"{run.budget.budget}")
+                                f"{run.budget_controller.budget}")
         if run.prompts is not None:
             warnings += run.prompts.load_state_dict(self.data)
             if self.world_size != world_size:
@@ -118,4 +120,7 @@ class TrainerState:
             raise ValueError(f"not a trainer state of this version: "
                              + "; ".join(filter(None, [missing and f"missing {', '.join(missing)}",
                                                        unknown and f"unknown {', '.join(unknown)}"])))
+        if state["weight_version"] != state["step"]:
+            raise ValueError(f"weight_version {state['weight_version']} is not its step {state['step']} (the engines "
+                             f"serve the weights of the step saved)")
         return cls(**state)

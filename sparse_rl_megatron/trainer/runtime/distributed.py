@@ -1,7 +1,7 @@
 """How the ranks of a run cooperate: every rank runs the same loop; the rollout engines are spread over them.
 
 Under ``torchrun`` every rank builds the learner and calls its collectives. The rollout engines live on the
-ranks ``rollout/layout.py`` names (``trainer/engines/pool.py``): each generates, scores and evaluates its share,
+ranks ``rollout/layout.py`` names (``trainer/engine_pool/pool.py``): each generates, scores and evaluates its share,
 and the ranks exchange what the others need (the scored samples) in a separate gloo *control group* whose
 timeout is the run's ``phase_timeout_s`` (hours), not the learner's collective timeout (minutes): a long
 rollout is not a hang, a dead rank still is. ``relay`` makes one rank's failure every rank's error, and

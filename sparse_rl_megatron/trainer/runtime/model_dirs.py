@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from sparse_rl_megatron.observability import metric_names as MN
 from sparse_rl_megatron.tasks import HELDOUT_SEED, is_task_ref
 from sparse_rl_megatron.tasks.sft import StopCheck
 from sparse_rl_megatron.tasks.warm_check import check_warm_start
@@ -147,10 +148,10 @@ def checked_warm_start(cfg, task, init: Path, warm: Path, should_stop: StopCheck
         partial = warm.with_name(warm.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
         metrics = {**task.warm_start(init, partial, seed=seed, should_stop=should_stop, **options)}
-        check = check_warm_start(task, partial, expected, metrics["sft/loss_last"], seed=HELDOUT_SEED,
+        check = check_warm_start(task, partial, expected, metrics[MN.SFT_LOSS_LAST], seed=HELDOUT_SEED,
                                  compression=cfg.rollout.compression, temperature=cfg.rollout.sampling.temperature)
-        metrics.update({"sft/heldout_acc": check.measured["heldout_accuracy"], "sft/seed": float(seed),
-                        **{f"check/{k}": v for k, v in check.measured.items()}, "check/passed": float(check.passed)})
+        metrics.update({MN.SFT_HELDOUT_ACC: check.measured["heldout_accuracy"], MN.SFT_SEED: float(seed),
+                        **{f"check/{k}": v for k, v in check.measured.items()}, MN.CHECK_PASSED: float(check.passed)})
         write_json_atomic(partial / WARM_METRICS, _finite(metrics))
         record["attempts"].append({"attempt": attempt + 1, "seed": seed, **_finite(check.to_json())})
         record["verdict"] = "passed" if check.passed else ("missed" if attempt + 1 == attempts else "retrying")

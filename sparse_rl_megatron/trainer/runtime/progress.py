@@ -10,13 +10,16 @@ import sys
 import time
 from pathlib import Path
 
+from sparse_rl_megatron.observability import metric_names as MN
+
 HEARTBEAT_DIR = "heartbeat"
 
-SHOWN = ("rollout/reward_mean", "rollout/response_len_mean", "rollout/kv_tokens_peak_mean",
-         "rollout/kv_tokens_dense_mean", "rollout/budget", "rollout/budget_signal", "sparse/rho_p1", "sparse/rho_min", "sparse/rejected_seq_frac",
-         "sparse/rejected_token_frac", "loss/pg", "loss/clip_frac", "train/grad_norm", "sync/probe_mean_abs_diff",
-         "eval/dense/accuracy", "eval/sparse/accuracy", "eval/dense/shortcut_free_accuracy",
-         "eval/sparse/shortcut_free_accuracy", "time/rollout_s", "time/train_s", "time/sync_s")
+SHOWN = (MN.ROLLOUT_REWARD_MEAN, MN.ROLLOUT_RESPONSE_LEN_MEAN, MN.ROLLOUT_KV_TOKENS_PEAK_MEAN,
+         MN.ROLLOUT_KV_TOKENS_DENSE_MEAN, MN.ROLLOUT_BUDGET, MN.ROLLOUT_BUDGET_SIGNAL, MN.SPARSE_RHO_P1,
+         MN.SPARSE_RHO_MIN, MN.SPARSE_REJECTED_SEQ_FRAC, MN.SPARSE_REJECTED_TOKEN_FRAC, MN.LOSS_PG, MN.LOSS_CLIP_FRAC,
+         MN.TRAIN_GRAD_NORM, MN.SYNC_PROBE_MEAN_ABS_DIFF,
+         MN.EVAL_DENSE_ACCURACY, MN.EVAL_SPARSE_ACCURACY, MN.EVAL_DENSE_SHORTCUT_FREE_ACCURACY,
+         MN.EVAL_SPARSE_SHORTCUT_FREE_ACCURACY, MN.TIME_ROLLOUT_S, MN.TIME_TRAIN_S, MN.TIME_SYNC_S)
 """Metrics of the per-step table (a key missing from a step is left out)."""
 
 

@@ -285,7 +285,7 @@ def check_plan_matches_learner(ref: dict, tp: int, pp: int, distributed_optimize
     the plan takes as balanced)."""
     from megatron.core import parallel_state as ps
 
-    from sparse_rl_megatron.planning.activations import MicroBatch
+    from sparse_rl_megatron.planning.activations import MicroBatchShape
     from sparse_rl_megatron.planning.inputs import LearnerSetting
     from sparse_rl_megatron.planning.learner_memory import stage_activations
     from sparse_rl_megatron.planning.measure import SavedTensorMeter
@@ -327,7 +327,7 @@ def check_plan_matches_learner(ref: dict, tp: int, pp: int, distributed_optimize
     saved = meter.phases[:1] if recompute else meter.phases
     assert recompute or len(saved) == len(mbs), (len(saved), len(mbs))
     for got, mb in zip(saved, mbs):
-        shape = MicroBatch(rows=mb.input_ids.shape[0], row_len=mb.input_ids.shape[1], scored=len(mb.labels))
+        shape = MicroBatchShape(rows=mb.input_ids.shape[0], row_len=mb.input_ids.shape[1], scored=len(mb.labels))
         act = stage_activations(lrn.arch, tp, pp, stage, shape, setting)
         want = act.kept_recompute if recompute else act.kept
         assert abs(got - want) <= 0.005 * got + SMALL_TERMS, f"micro-batch {shape}: saved {got} B, planned {want:.0f} B"

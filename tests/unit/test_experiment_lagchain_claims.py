@@ -1,6 +1,7 @@
-"""Issue 39's study design without running anything: its recipe loads, the compressed arms sample with the recipe's
-compressor (StreamingLLM here) at their levels, naive runs at both levels, and the registered analysis decides the
-paper's comparison (naive degrades where Sparse-RL tracks) with Holm over the tracking tests."""
+"""The lag-chain study's design (configs/experiments/lagchain_claims.yaml) without running anything: its recipe loads,
+the compressed arms sample with the recipe's compressor (StreamingLLM here) at their levels, naive runs at both
+levels, and the registered analysis decides the paper's comparison (naive degrades where Sparse-RL tracks) with Holm
+over the tracking tests."""
 from __future__ import annotations
 
 import json
@@ -58,7 +59,7 @@ def _study(gaps: dict[str, float], kv_adaptive: float) -> dict:
             for arm in ("dense", *gaps)}
 
 
-def test_the_issue39_analysis_decides_the_papers_comparison():
+def test_the_lagchain_claims_analysis_decides_the_papers_comparison():
     design = DESIGNS.get("issue39")
     gaps = {"naive_low": 0.30, "sparse_rl_low": 0.12, "naive_mid": 0.15, "sparse_rl_mid": 0.02,
             "sparse_rl_adaptive": 0.02}

@@ -3,7 +3,7 @@ and ``sparse-rl mismatch`` build their engines from.
 
 An engine is built from an ``EngineBuild``: what its caller decided (the run: ``RolloutConfig.engine_build``, which
 fills the run-owned fields; an evaluation: ``EvalConfig.engine_build``). Everything else the callers do with an
-engine is the ``RolloutEngine`` protocol (``rollout/engine.py``). Adding an engine is one ``ENGINES.add``.
+engine is the ``RolloutEngine`` protocol (``rollout/engine_protocol.py``). Adding an engine is one ``ENGINES.add``.
 
 - ``hf``: the reference engine (``rollout/hf_engine.py``) in its caller's process (CPU or GPU); weights arrive as
   tensors. The run has one per rank by default (every rank samples its share).
@@ -18,14 +18,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from sparse_rl_megatron.compression.config import CompressionConfig
-from sparse_rl_megatron.rollout.engine import missing_members
+from sparse_rl_megatron.rollout.engine_protocol import missing_members
 from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
 from sparse_rl_megatron.rollout.sglang_engine import SGLangRolloutEngine
 from sparse_rl_megatron.utils.dtypes import DTYPE_NAMES, DtypeName
 from sparse_rl_megatron.utils.registry import Registry
 
 if TYPE_CHECKING:
-    from sparse_rl_megatron.rollout.engine import RolloutEngine
+    from sparse_rl_megatron.rollout.engine_protocol import RolloutEngine
     from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
 
 
@@ -81,7 +81,7 @@ class EngineSpec:
             if "shutdown" not in missing:
                 engine.shutdown()
             raise TypeError(f"rollout engine {type(engine).__qualname__} does not implement the RolloutEngine "
-                            f"protocol (rollout/engine.py): it lacks {', '.join(missing)}")
+                            f"protocol (rollout/engine_protocol.py): it lacks {', '.join(missing)}")
         return engine
 
     def takes_payloads(self, build: EngineBuild) -> bool:

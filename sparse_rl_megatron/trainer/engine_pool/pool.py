@@ -26,27 +26,28 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Sequence
 import torch
 
 from sparse_rl_megatron.data.templates import render_prompt
-from sparse_rl_megatron.rollout.engine import ENGINE_MEMORY_PARTS
-from sparse_rl_megatron.rollout.engines import ENGINES
+from sparse_rl_megatron.observability import metric_names as MN
+from sparse_rl_megatron.rollout.engine_protocol import ENGINE_MEMORY_PARTS
+from sparse_rl_megatron.rollout.engine_registry import ENGINES
 from sparse_rl_megatron.rollout.layout import RolloutLayout
 from sparse_rl_megatron.rollout.repetition import repetition_metrics
 from sparse_rl_megatron.rollout.work_split import group_cost, split_groups
-from sparse_rl_megatron.trainer.engines.colocated_weights import ColocatedPayloads
-from sparse_rl_megatron.trainer.engines.weight_probe import WeightSyncError, engine_logprobs, probe_verdict
-from sparse_rl_megatron.trainer.engines.worker import EngineHang, EngineWorker, Handoff
+from sparse_rl_megatron.trainer.engine_pool.colocated_weights import ColocatedPayloads
+from sparse_rl_megatron.trainer.engine_pool.weight_probe import WeightSyncError, engine_logprobs, probe_verdict
+from sparse_rl_megatron.trainer.engine_pool.worker import EngineHang, EngineWorker, Handoff
 from sparse_rl_megatron.trainer.runtime import distributed as D
 from sparse_rl_megatron.utils.errors import UserError
 
 if TYPE_CHECKING:
     from sparse_rl_megatron.data.record import MathRecord
-    from sparse_rl_megatron.rollout.engine import RolloutEngine, SamplingParams
+    from sparse_rl_megatron.rollout.engine_protocol import RolloutEngine, SamplingParams
     from sparse_rl_megatron.rollout.layout import EngineSlot, RolloutLayout
     from sparse_rl_megatron.learner.batch import SequenceBatch
     from sparse_rl_megatron.learner.learner import Learner
     from sparse_rl_megatron.rewards.reward import SampleReward
     from sparse_rl_megatron.rollout.sample import Sample
     from sparse_rl_megatron.trainer.config import TrainConfig
-    from sparse_rl_megatron.trainer.engines.colocated_weights import ColocatedPayloads
+    from sparse_rl_megatron.trainer.engine_pool.colocated_weights import ColocatedPayloads
 
 MIB = 1024 * 1024
 PHASE_REPORT_MARGIN_S = 60.0
@@ -201,13 +202,13 @@ class EnginePool:
             return None, error
 
     def release_memory(self, parts: Sequence[str] = ENGINE_MEMORY_PARTS) -> None:
-        """Every engine frees ``parts`` of its memory (``rollout.engine.ENGINE_MEMORY_PARTS``) while the learner uses
+        """Every engine frees ``parts`` of its memory (``rollout.engine_protocol.ENGINE_MEMORY_PARTS``) while the learner uses
         the device (SGLang with ``memory_saver`` on CUDA)."""
         self.on_engines(lambda engine, slot: engine.release_memory(parts),
                         f"releasing its memory ({', '.join(parts)}) for the learner")
 
     def resume_memory(self, parts: Sequence[str] = ENGINE_MEMORY_PARTS) -> None:
-        """Every engine takes ``parts`` of its memory back (``rollout.engine.ENGINE_MEMORY_PARTS``)."""
+        """Every engine takes ``parts`` of its memory back (``rollout.engine_protocol.ENGINE_MEMORY_PARTS``)."""
         self.on_engines(lambda engine, slot: engine.resume_memory(parts),
                         f"taking its memory back ({', '.join(parts)})")
 
@@ -249,9 +250,10 @@ class EnginePool:
         gen_s = [g for part, g, _ in shards if part]
         metrics = rollout_metrics(samples)
         metrics.update(repetition_metrics(samples))
-        metrics.update({"time/rollout_s": max(gen_s), "time/rollout_engine_min_s": min(gen_s),
-                        "time/reward_s": max(r for _, _, r in shards), "time/rollout_phase_s": time.perf_counter() - t0,
-                        "throughput/rollout_tokens_per_s": sum(s.response_length for s in samples) / max(max(gen_s),
+        metrics.update({MN.TIME_ROLLOUT_S: max(gen_s), MN.TIME_ROLLOUT_ENGINE_MIN_S: min(gen_s),
+                        MN.TIME_REWARD_S: max(r for _, _, r in shards),
+                        MN.TIME_ROLLOUT_PHASE_S: time.perf_counter() - t0,
+                        MN.THROUGHPUT_ROLLOUT_TOKENS_PER_S: sum(s.response_length for s in samples) / max(max(gen_s),
                                                                                                        1e-9)})
         return samples, metrics
 
@@ -287,7 +289,7 @@ class EnginePool:
                 handoff.close(future, deadline)
             error = error or self._outcome(local, future, what, deadline)[1]
         D.relay(error, EngineError)
-        return {"sync/seconds": time.perf_counter() - t0, "sync/buckets": float(buckets), "sync/mib": nbytes / MIB}
+        return {MN.SYNC_SECONDS: time.perf_counter() - t0, MN.SYNC_BUCKETS: float(buckets), MN.SYNC_MIB: nbytes / MIB}
 
     # ------------------------------------------------------------------------------------------- probe
     def probe(self, learner_lp: torch.Tensor, probe: "SequenceBatch", tolerance: float,
@@ -324,8 +326,8 @@ class EnginePool:
         self.probed = {version: current}  # and the previous version's, for a probe of this version again
         if previous is not None:
             self.probed[previous[0]] = previous[1]
-        return {"sync/probe_mean_abs_diff": max(v.mean_abs_diff for v in verdicts),
-                "sync/probe_max_abs_diff": max(v.max_abs_diff for v in verdicts)}
+        return {MN.SYNC_PROBE_MEAN_ABS_DIFF: max(v.mean_abs_diff for v in verdicts),
+                MN.SYNC_PROBE_MAX_ABS_DIFF: max(v.max_abs_diff for v in verdicts)}
 
 
 def sync_weights(learner, engine, version: int, bucket_mb: int) -> dict[str, float]:
@@ -354,23 +356,23 @@ def rollout_metrics(samples: Sequence["Sample"]) -> dict[str, float]:
     for s, r in zip(samples, rewards.tolist()):
         groups.setdefault(s.group_id, []).append(r)
     budgets = [s.compression.budget for s in samples if s.compression.budget is not None]
-    sampled = {"rollout/budget_sampled_mean": sum(budgets) / len(budgets)} if budgets else {}
+    sampled = {MN.ROLLOUT_BUDGET_SAMPLED_MEAN: sum(budgets) / len(budgets)} if budgets else {}
     return {
         **sampled,  # the budget B in the samples' provenance (compressed samples only)
-        "rollout/reward_mean": float(rewards.mean()),
-        "rollout/groups_with_signal_frac": sum(max(g) > min(g) for g in groups.values()) / len(groups),
-        "rollout/response_len_mean": float(lengths.mean()),
-        "rollout/response_len_max": float(lengths.max()),
-        "rollout/truncated_frac": sum(s.finish_reason == "length" for s in samples) / count,
-        "rollout/compression_events_mean": sum(s.compression.events for s in samples) / count,
-        "rollout/kv_tokens_peak_mean": float(peak_kv.mean()),
-        "rollout/kv_tokens_dense_mean": float(dense_kv.mean()),
-        "rollout/kv_retained_frac": float((peak_kv / dense_kv).mean()),
-        "rollout/weight_version": float(min(s.weight_version for s in samples)),
+        MN.ROLLOUT_REWARD_MEAN: float(rewards.mean()),
+        MN.ROLLOUT_GROUPS_WITH_SIGNAL_FRAC: sum(max(g) > min(g) for g in groups.values()) / len(groups),
+        MN.ROLLOUT_RESPONSE_LEN_MEAN: float(lengths.mean()),
+        MN.ROLLOUT_RESPONSE_LEN_MAX: float(lengths.max()),
+        MN.ROLLOUT_TRUNCATED_FRAC: sum(s.finish_reason == "length" for s in samples) / count,
+        MN.ROLLOUT_COMPRESSION_EVENTS_MEAN: sum(s.compression.events for s in samples) / count,
+        MN.ROLLOUT_KV_TOKENS_PEAK_MEAN: float(peak_kv.mean()),
+        MN.ROLLOUT_KV_TOKENS_DENSE_MEAN: float(dense_kv.mean()),
+        MN.ROLLOUT_KV_RETAINED_FRAC: float((peak_kv / dense_kv).mean()),
+        MN.ROLLOUT_WEIGHT_VERSION: float(min(s.weight_version for s in samples)),
         # SGLang under KV pressure: samples retracted (re-prefilled: dense, or before their first compression) and
         # redrawn (refused after a compression; admission keeps compressed requests from being retracted, so 0)
-        "rollout/retracted_frac": sum(s.metadata.get("retractions", 0) > 0 for s in samples) / count,
-        "rollout/redrawn_frac": sum(s.metadata.get("redraws", 0) > 0 for s in samples) / count,
-        "rollout/retractions": float(sum(s.metadata.get("retractions", 0) for s in samples)),
-        "rollout/redraws": float(sum(s.metadata.get("redraws", 0) for s in samples)),
+        MN.ROLLOUT_RETRACTED_FRAC: sum(s.metadata.get("retractions", 0) > 0 for s in samples) / count,
+        MN.ROLLOUT_REDRAWN_FRAC: sum(s.metadata.get("redraws", 0) > 0 for s in samples) / count,
+        MN.ROLLOUT_RETRACTIONS: float(sum(s.metadata.get("retractions", 0) for s in samples)),
+        MN.ROLLOUT_REDRAWS: float(sum(s.metadata.get("redraws", 0) for s in samples)),
     }

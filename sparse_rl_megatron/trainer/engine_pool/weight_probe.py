@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from sparse_rl_megatron.learner.batch import SequenceBatch
     from sparse_rl_megatron.learner.learner import Learner
     from sparse_rl_megatron.trainer.config import TrainConfig
-    from sparse_rl_megatron.rollout.engine import RolloutEngine
+    from sparse_rl_megatron.rollout.engine_protocol import RolloutEngine
 
 PROBE_TOLERANCE_FP32 = 1e-3
 """Default probe tolerance when the engine and the learner both compute in float32: they agree to ~1e-5 in mean

@@ -1,6 +1,7 @@
-"""Issue 27's study design without running anything: the contamination budget rule picks the level budgets, the
-arms run at their levels (the adaptive one starting at the mid level), and the registered analysis decides on
-the shortcut-free endpoints with Holm, the fixed tracking sequence and the adaptive arm's footprint rule."""
+"""The adaptive-budget study's design (configs/experiments/adaptive_claims.yaml) without running anything: the
+contamination budget rule picks the level budgets, the arms run at their levels (the adaptive one starting at the mid
+level), and the registered analysis decides on the shortcut-free endpoints with Holm, the fixed tracking sequence and
+the adaptive arm's footprint rule."""
 from __future__ import annotations
 
 import json
@@ -82,7 +83,7 @@ def test_level_arms_need_their_budgets():
     with pytest.raises(ConfigError, match=r"experiment\.level_budgets"):
         load_config(ExperimentConfig, RECIPE, ["experiment.budgets_from_rule=false"])
     with pytest.raises(ConfigError, match=r"experiment\.analysis"):
-        load_config(ExperimentConfig, RECIPE, ["experiment.analysis=issue99"])
+        load_config(ExperimentConfig, RECIPE, ["experiment.analysis=no_such_design"])
     from sparse_rl_megatron.experiment.runner import _check_arms
 
     cfg = load_config(ExperimentConfig, RECIPE, ["experiment.level_budgets={low: 4, mid: 6}"])
@@ -114,7 +115,7 @@ def _study(gaps: dict[str, float], kv_adaptive: float, seeds: int = 8) -> dict:
     return out
 
 
-def test_the_issue27_analysis_decides_by_its_registered_rules(tmp_path):
+def test_the_adaptive_claims_analysis_decides_by_its_registered_rules(tmp_path):
     design = DESIGNS.get("issue27")
     gaps = {"naive_low": 0.30, "sparse_rl_low": 0.12, "sparse_rl_mid": 0.02, "sparse_rl_high": 0.01,
             "sparse_rl_adaptive": 0.02}

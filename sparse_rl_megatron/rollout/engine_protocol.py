@@ -84,7 +84,7 @@ def check_memory_parts(parts: Sequence[str], where: str) -> tuple[str, ...]:
 @runtime_checkable
 class RolloutEngine(Protocol):
     """A generator of GRPO groups that can receive new weights: everything the trainer, the evaluator and the
-    mismatch study call on an engine (``rollout/engines.py`` builds them by name). Both built-in engines,
+    mismatch study call on an engine (``rollout/engine_registry.py`` builds them by name). Both built-in engines,
     ``HFRolloutEngine`` and ``SGLangRolloutEngine``, implement every member; a plugin engine must too."""
 
     weight_version: int
@@ -151,6 +151,6 @@ PROTOCOL_MEMBERS: tuple[str, ...] = ("weight_version", *sorted(
 
 
 def missing_members(engine: object) -> list[str]:
-    """The members of ``RolloutEngine`` that ``engine`` lacks (``rollout/engines.py`` refuses such an engine when
+    """The members of ``RolloutEngine`` that ``engine`` lacks (``rollout/engine_registry.py`` refuses such an engine when
     it is built, naming them, rather than at its first call mid-run)."""
     return [name for name in PROTOCOL_MEMBERS if not hasattr(type(engine), name) and not hasattr(engine, name)]
