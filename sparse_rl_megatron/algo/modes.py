@@ -12,7 +12,7 @@ A new mode: a function of this signature in its own module (torch only), registe
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable, Mapping, Protocol
 
 import torch
 
@@ -21,8 +21,22 @@ from sparse_rl_megatron.algo.rejection import RejectionResult, reject
 from sparse_rl_megatron.algo.reweighting import importance_weights
 from sparse_rl_megatron.utils.registry import Registry
 
-if TYPE_CHECKING:
-    from sparse_rl_megatron.algo.config import CorrectionConfig
+
+class CorrectionSettings(Protocol):
+    """What a mode reads of its config (``config.CorrectionConfig`` is one; a protocol, so that this module and
+    the config, which lists the registered modes, do not import each other)."""
+
+    veto_threshold: float | None
+    rejection_level: str
+    rejection_key: str
+    rejection_lower: float
+    rejection_upper: float
+    rejection_max_divergence: float | None
+    weight_mode: str
+    weight_lower: float
+    weight_upper: float
+    hook: str | None
+    hook_args: Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -53,7 +67,7 @@ class Correction:
     """Extra rollout metrics of the mode (``hook/*`` for ``custom``)."""
 
 
-CorrectionFn = Callable[[CorrectionInputs, "CorrectionConfig"], Correction]
+CorrectionFn = Callable[[CorrectionInputs, CorrectionSettings], Correction]
 
 
 @dataclass(frozen=True)
@@ -69,7 +83,7 @@ class CorrectionMode:
     uses_hook: bool = False
     """Runs the function at ``CorrectionConfig.hook`` (which it then requires; refused inside the slime hook)."""
 
-    def __call__(self, inputs: CorrectionInputs, config: "CorrectionConfig") -> Correction:
+    def __call__(self, inputs: CorrectionInputs, config: CorrectionSettings) -> Correction:
         return self.fn(inputs, config)
 
 
@@ -93,7 +107,7 @@ def hook_modes() -> list[str]:
     return [n for n in CORRECTION_MODES.names() if CORRECTION_MODES.get(n).uses_hook]
 
 
-def _rejection(inputs: CorrectionInputs, config: "CorrectionConfig") -> RejectionResult:
+def _rejection(inputs: CorrectionInputs, config: CorrectionSettings) -> RejectionResult:
     return reject(
         inputs.log_rho, inputs.response_mask, level=config.rejection_level, key=config.rejection_key,
         lower=config.rejection_lower, upper=config.rejection_upper,
@@ -101,7 +115,7 @@ def _rejection(inputs: CorrectionInputs, config: "CorrectionConfig") -> Rejectio
     )
 
 
-def _reweighted(log_rho: torch.Tensor, mask: torch.Tensor, config: "CorrectionConfig") -> tuple[torch.Tensor, torch.Tensor]:
+def _reweighted(log_rho: torch.Tensor, mask: torch.Tensor, config: CorrectionSettings) -> tuple[torch.Tensor, torch.Tensor]:
     """``(weights, loss_mask)`` of ``reweighting.importance_weights`` with the config's weight mode and bounds."""
     return importance_weights(log_rho, mask, mode=config.weight_mode, lower=config.weight_lower,
                               upper=config.weight_upper)
@@ -112,7 +126,7 @@ def _no_veto(response_mask: torch.Tensor) -> torch.Tensor:
 
 
 @register_correction_mode("sparse_rl", rejects=True)
-def reject_and_reweight(inputs: CorrectionInputs, config: "CorrectionConfig") -> Correction:
+def reject_and_reweight(inputs: CorrectionInputs, config: CorrectionSettings) -> Correction:
     """Sparse-RL: sequence veto and bound rejection, then importance weights of the kept tokens."""
     rejected = _rejection(inputs, config)
     weights, loss_mask = _reweighted(inputs.log_rho, rejected.mask, config)
@@ -120,28 +134,28 @@ def reject_and_reweight(inputs: CorrectionInputs, config: "CorrectionConfig") ->
 
 
 @register_correction_mode("rejection_only", rejects=True)
-def rejection_only(inputs: CorrectionInputs, config: "CorrectionConfig") -> Correction:
+def rejection_only(inputs: CorrectionInputs, config: CorrectionSettings) -> Correction:
     """Sequence veto and bound rejection; every kept token has weight 1."""
     rejected = _rejection(inputs, config)
     return Correction(rejected.mask, rejected.vetoed, rejected.mask.to(inputs.log_rho.dtype))
 
 
 @register_correction_mode("reweight_only")
-def reweight_only(inputs: CorrectionInputs, config: "CorrectionConfig") -> Correction:
+def reweight_only(inputs: CorrectionInputs, config: CorrectionSettings) -> Correction:
     """Importance weights on every response token (mode ``mask`` of the weights may still drop some)."""
     weights, loss_mask = _reweighted(inputs.log_rho, inputs.response_mask, config)
     return Correction(loss_mask, _no_veto(inputs.response_mask), weights)
 
 
 @register_correction_mode("none", needs_sampler=False)
-def uncorrected(inputs: CorrectionInputs, config: "CorrectionConfig") -> Correction:
+def uncorrected(inputs: CorrectionInputs, config: CorrectionSettings) -> Correction:
     """Plain GRPO: every response token trains with weight 1."""
     mask = inputs.response_mask
     return Correction(mask, _no_veto(mask), mask.to(inputs.log_rho.dtype))
 
 
 @register_correction_mode("custom", uses_hook=True)
-def custom_hook(inputs: CorrectionInputs, config: "CorrectionConfig") -> Correction:
+def custom_hook(inputs: CorrectionInputs, config: CorrectionSettings) -> Correction:
     """The slime-style hook at ``config.hook`` on the whole batch (``hooks.run_hook_on_batch``)."""
     response, old = inputs.response_mask, inputs.old_log_probs
     weights, loss_mask, metrics = run_hook_on_batch(
