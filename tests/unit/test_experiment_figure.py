@@ -114,7 +114,7 @@ def test_run_maxima_is_each_runs_largest_step_value():
     assert run_maxima({"x": {0: [{"step": 0, "train/grad_norm_max": 9.0}, {"step": 1}]}}) == {}
 
 
-def test_issue39_claims_figure_names_budgets_scales_kv_to_the_compressed_arms_and_draws_grad_norm_linear(
+def test_lagchain_claims_figure_names_budgets_scales_kv_to_the_compressed_arms_and_draws_grad_norm_linear(
         tmp_path, monkeypatch):
     closed = _capture_figures(monkeypatch)
     design = DESIGNS.get("issue39")
