@@ -1,9 +1,10 @@
 """The pre-registered analyses (docs/experiments.md): endpoints, collapse, the primary tests with Holm, the
 manipulation check, and the secondary comparisons (``analysis_report.write_analysis`` writes them as
 ``analysis.json`` / ``analysis.md``). ``DESIGNS`` holds each registration's tests by name
-(``experiment.analysis``): ``issue20``, ``issue27`` (endpoint on the shortcut-free records, the tracking tests
-of the fixed budgets as a fixed sequence, and the adaptive arm's footprint rule, ``footprint_rule``) and ``issue39``
-(the tracking tests in the Holm family, naive at two budgets).
+(``experiment.analysis``), named after the study's config: ``cpu_claims`` (also ``weak_claims``'), ``adaptive_claims``
+(endpoint on the shortcut-free records, the tracking tests of the fixed budgets as a fixed sequence, and the adaptive
+arm's footprint rule, ``footprint_rule``) and ``lagchain_claims`` (the tracking tests in the Holm family, naive at two
+budgets). Saved configs and ``analysis.json`` files name them by their issues, ``RENAMED_DESIGNS``.
 
 Endpoint of a run in a mode: the mean of its last ``ENDPOINT_EVALS`` evaluations of greedy held-out accuracy
 (points). A paired difference takes, per seed, one arm's endpoint minus another's (the arms of a seed share
@@ -151,14 +152,14 @@ class Design:
 
 
 DESIGNS: Registry[Design] = Registry("experiment analysis design")
-DESIGNS.add("issue20", Design(TESTS, ("C1", "C2a", "C2b"), holm_note="Holm over C1, C2a, C2b, C3",
-                              study_tests=True))
-DESIGNS.add("issue27", Design(TESTS_ADAPTIVE, ("C1", "C2b", "G", "A", "T_high", "T_mid", "T_low"),
+DESIGNS.add("cpu_claims", Design(TESTS, ("C1", "C2a", "C2b"), holm_note="Holm over C1, C2a, C2b, C3",
+                                  study_tests=True))
+DESIGNS.add("adaptive_claims", Design(TESTS_ADAPTIVE, ("C1", "C2b", "G", "A", "T_high", "T_mid", "T_low"),
                               Footprint("A", "sparse_rl_adaptive", ("sparse_rl_low", "sparse_rl_mid", "sparse_rl_high"),
                                         ("T_low", "T_mid", "T_high")),
                               holm_note="Holm over C1, C2b, C3, G, A; T_high -> T_mid -> T_low a fixed sequence",
                               panels=CLAIM_PANELS_ADAPTIVE, smoothed=SMOOTHED_ADAPTIVE, mark_adaptive_target=True))
-DESIGNS.add("issue39", Design(TESTS_LAGCHAIN, ("C1", "C1m", "C2", "T_low", "T_mid", "A"),
+DESIGNS.add("lagchain_claims", Design(TESTS_LAGCHAIN, ("C1", "C1m", "C2", "T_low", "T_mid", "A"),
                               Footprint("A", "sparse_rl_adaptive", ("sparse_rl_low", "sparse_rl_mid"),
                                         ("T_low", "T_mid")),
                               holm_note="Holm over C1, C1m, C2, T_low, T_mid, C3, A",
@@ -322,3 +323,12 @@ def footprint_rule(table: dict, results: dict, rule: Footprint) -> None:
         r["verdict"] = "supported" if small else "not supported (tracks dense, but a larger KV footprint than " \
                                                  f"{reference})"
     r["tracking_verdict"] = tracks
+
+RENAMED_DESIGNS: dict[str, str] = {"issue20": "cpu_claims", "issue27": "adaptive_claims", "issue39": "lagchain_claims"}
+"""The designs' names before they were named after their studies (saved experiment configs and ``analysis.json``
+files hold them): read as the new names."""
+
+
+def design_name(name: str) -> str:
+    """``name``, or its current name if it is a design's earlier one (``RENAMED_DESIGNS``)."""
+    return RENAMED_DESIGNS.get(name, name)

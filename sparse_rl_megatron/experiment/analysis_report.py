@@ -6,7 +6,7 @@ import json
 import math
 from pathlib import Path
 
-from sparse_rl_megatron.experiment.analysis import ANALYSIS_JSON, ANALYSIS_MD, DESIGNS, arm_table, decide
+from sparse_rl_megatron.experiment.analysis import ANALYSIS_JSON, ANALYSIS_MD, DESIGNS, arm_table, decide, design_name as current_name
 from sparse_rl_megatron.experiment.arm_dirs import seed_dir
 from sparse_rl_megatron.experiment.stats import paired_summary
 from sparse_rl_megatron.experiment.study import CACHES_FILE, STUDY_DIR, mismatch_file
@@ -203,18 +203,18 @@ def analysis_markdown(result: dict) -> str:
                  compounding_markdown(result["compounding"]),
                  "\n## Final models under other caches (greedy accuracy, points)\n", caches_markdown(result["caches"]),
                  "\n## Study tests (secondary, unadjusted)\n",
-                 study_tests_markdown(result.get("study_tests", {})) if DESIGNS.get(result["design"]).study_tests
+                 study_tests_markdown(result.get("study_tests", {})) if DESIGNS.get(current_name(result["design"])).study_tests
                  else "(none registered for this design: its checkpoint study is descriptive)\n"]
     return "".join(text)
 
 
 def write_analysis(out: Path, records: dict[str, dict[int, list[dict]]], extra: dict | None = None,
-                   design_name: str = "issue20") -> Path:
+                   design_name: str = "cpu_claims") -> Path:
     """``analysis.json`` and ``analysis.md`` of ``records`` (``{arm: {seed: metrics records}}``)."""
     table = arm_table(records)
-    design = DESIGNS.get(design_name)
-    result = {"arms": table, "tests": decide(table, design=design), "design": design_name,
-              "holm_note": design.holm_note, **(extra or {})}
+    registered = DESIGNS.get(current_name(design_name))
+    result = {"arms": table, "tests": decide(table, design=registered), "design": current_name(design_name),
+              "holm_note": registered.holm_note, **(extra or {})}
     (out / ANALYSIS_JSON).write_text(json.dumps(result, indent=1, default=str) + "\n")
     (out / ANALYSIS_MD).write_text(analysis_markdown(result))
     return out / ANALYSIS_MD

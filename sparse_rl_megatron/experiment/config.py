@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from sparse_rl_megatron.compression.config import CompressionConfig
-from sparse_rl_megatron.experiment.analysis import DESIGNS
+from sparse_rl_megatron.experiment.analysis import DESIGNS, design_name
 from sparse_rl_megatron.experiment.arms import ARMS
 from sparse_rl_megatron.tasks import is_task_ref
 from sparse_rl_megatron.trainer.config import TrainConfig
@@ -134,8 +134,9 @@ class ExperimentSection:
     level_budgets: dict[str, int] = field(default_factory=dict)
     """KV budget of each budget level (the arms with a ``level``, e.g. ``sparse_rl_low``); with
     ``budgets_from_rule``: the rule's."""
-    analysis: str = "issue20"
-    """The pre-registered tests ``--stage report`` decides (``analysis.DESIGNS``: ``issue20``, ``issue27``)."""
+    analysis: str = "cpu_claims"
+    """The pre-registered tests ``--stage report`` decides, a name in ``analysis.DESIGNS`` (an earlier name in
+    ``analysis.RENAMED_DESIGNS`` is read as its current one)."""
     budget_rule: BudgetRuleConfig = field(default_factory=BudgetRuleConfig)
     """How ``--stage budgets`` chooses B* and B_h."""
     study: StudyConfig = field(default_factory=StudyConfig)
@@ -161,7 +162,7 @@ class ExperimentSection:
         if any(b < 1 for b in self.level_budgets.values()):
             raise ValueError(f"experiment.level_budgets must be positive KV budgets, got {self.level_budgets}")
 
-        DESIGNS.check(self.analysis, "experiment.analysis")
+        self.analysis = DESIGNS.check(design_name(self.analysis), "experiment.analysis")
         supervised = [a for a in self.arms if ARMS.get(a).supervised]
         if supervised and self.control.steps is None:
             ref = self.control.reference_arm

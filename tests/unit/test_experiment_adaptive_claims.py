@@ -116,7 +116,7 @@ def _study(gaps: dict[str, float], kv_adaptive: float, seeds: int = 8) -> dict:
 
 
 def test_the_adaptive_claims_analysis_decides_by_its_registered_rules(tmp_path):
-    design = DESIGNS.get("issue27")
+    design = DESIGNS.get("adaptive_claims")
     gaps = {"naive_low": 0.30, "sparse_rl_low": 0.12, "sparse_rl_mid": 0.02, "sparse_rl_high": 0.01,
             "sparse_rl_adaptive": 0.02}
     table = arm_table(_study(gaps, kv_adaptive=18.0))

@@ -46,6 +46,15 @@ def test_arms_override_one_base_recipe_and_share_the_warm_start_and_the_sparse_e
         assert c.eval.compression.describe() == "rkv B=8 alpha=2 W=4 scope=response"
 
 
+@pytest.mark.parametrize("old, new", [("issue20", "cpu_claims"), ("issue27", "adaptive_claims"),
+                                      ("issue39", "lagchain_claims")])
+def test_a_saved_config_naming_a_design_by_its_issue_reads_as_the_designs_name(old, new, tmp_path):
+    cfg = load_config(ExperimentConfig, RECIPE, [f"experiment.analysis={old}"])
+    assert cfg.experiment.analysis == new
+    with pytest.raises(ConfigError, match=r"experiment\.analysis.*valid names: adaptive_claims, cpu_claims"):
+        load_config(ExperimentConfig, RECIPE, ["experiment.analysis=issue40"])
+
+
 @pytest.mark.parametrize("override, field", [
     ("experiment.arms=[dense, sparse]", "experiment.arms"),
     ("experiment.arms=[sft, sparse_rl]", "reference_arm"),

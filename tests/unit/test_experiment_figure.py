@@ -117,7 +117,7 @@ def test_run_maxima_is_each_runs_largest_step_value():
 def test_lagchain_claims_figure_names_budgets_scales_kv_to_the_compressed_arms_and_draws_grad_norm_linear(
         tmp_path, monkeypatch):
     closed = _capture_figures(monkeypatch)
-    design = DESIGNS.get("issue39")
+    design = DESIGNS.get("lagchain_claims")
     records = _study_39()
     draw_figure(records, tmp_path / "claims.png", "arms", design.panels, {}, design.smoothed, arm_labels(records),
                 design.offscale)
@@ -141,7 +141,7 @@ def test_lagchain_claims_figure_names_budgets_scales_kv_to_the_compressed_arms_a
 def test_tests_figure_shows_the_analysis_differences_mean_ci_margin_and_verdict(tmp_path, monkeypatch):
     closed = _capture_figures(monkeypatch)
     records = _study_39()
-    tests = json.loads(json.dumps(decide(arm_table(records), design=DESIGNS.get("issue39"))))  # as analysis.json
+    tests = json.loads(json.dumps(decide(arm_table(records), design=DESIGNS.get("lagchain_claims"))))  # as analysis.json
     out = draw_tests_figure(tests, tmp_path / "tests.png", run_maxima(records), arm_labels(records))
     assert out.is_file()
     fig = closed[0]
@@ -169,7 +169,7 @@ def test_tests_figure_shows_the_analysis_differences_mean_ci_margin_and_verdict(
 
 def test_the_tests_figure_is_drawn_from_a_saved_analysis(tmp_path, monkeypatch):
     closed = _capture_figures(monkeypatch)
-    tests = decide(arm_table(_study_39()), design=DESIGNS.get("issue39"))
+    tests = decide(arm_table(_study_39()), design=DESIGNS.get("lagchain_claims"))
     (tmp_path / "analysis.json").write_text(json.dumps({"tests": tests}, default=str))
     out = figure_main([str(tmp_path / "analysis.json"), str(tmp_path / "t.png")])
     assert out.is_file() and len([ax for ax in closed[0].axes if ax.get_title()]) == len(tests)
@@ -202,7 +202,7 @@ def test_the_docs_tests_figure_data_is_the_docs_table():
     section = doc[doc.index("## Issue 39: results"):doc.index("## Issue 27: pre-registration")]
     table = section[section.index("### The pre-registered tests"):].split("\n\n")[1].splitlines()[2:]
     rows = {line.split("|")[1].split()[0].rstrip(":"): [c.strip() for c in line.split("|")[2:-1]] for line in table}
-    assert sorted(rows) == sorted(saved) == sorted(t.name for t in DESIGNS.get("issue39").tests)
+    assert sorted(rows) == sorted(saved) == sorted(t.name for t in DESIGNS.get("lagchain_claims").tests)
     for name, r in saved.items():
         d_s, mean, ci, bound, margin = rows[name][:5]
         assert [float(x) for x in d_s.split(", ")] == r["diffs"] and len(r["diffs"]) == len(r["seeds"]) == 8
@@ -211,4 +211,4 @@ def test_the_docs_tests_figure_data_is_the_docs_table():
         again = paired_summary(r["diffs"], "greater", r["margin"])  # from the rounded d_s: within the rounding
         assert abs(again.mean - r["mean"]) <= 0.06 and abs(again.ci_low - r["ci_low"]) <= 0.1
         assert abs(again.ci_high - r["ci_high"]) <= 0.1
-        assert r["test"]["claim"] == next(t.claim for t in DESIGNS.get("issue39").tests if t.name == name)
+        assert r["test"]["claim"] == next(t.claim for t in DESIGNS.get("lagchain_claims").tests if t.name == name)

@@ -60,7 +60,7 @@ def _study(gaps: dict[str, float], kv_adaptive: float) -> dict:
 
 
 def test_the_lagchain_claims_analysis_decides_the_papers_comparison():
-    design = DESIGNS.get("issue39")
+    design = DESIGNS.get("lagchain_claims")
     gaps = {"naive_low": 0.30, "sparse_rl_low": 0.12, "naive_mid": 0.15, "sparse_rl_mid": 0.02,
             "sparse_rl_adaptive": 0.02}
     res = decide(arm_table(_study(gaps, kv_adaptive=22.0)), design=design)
