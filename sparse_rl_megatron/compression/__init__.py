@@ -34,17 +34,27 @@ is appended: compress once the candidate count reaches B + W (decode), or more t
 ``compress_prefill``. The result keeps B candidates per layer and KV head; logical positions (RoPE) never
 change, only the physical cache shrinks.
 """
-from sparse_rl_megatron.compression.attention import attention_mass, window_importance
-from sparse_rl_megatron.compression.compress import choose_kept
-from sparse_rl_megatron.compression.config import DENSE_METHOD, CompressionConfig
-from sparse_rl_megatron.compression.digest import KeptDigest
-from sparse_rl_megatron.compression.redundancy import key_redundancy
-from sparse_rl_megatron.compression.schedule import CompressionSchedule
-from sparse_rl_megatron.compression.scorers import SCORERS, ScoreInputs, Scorer, get_scorer
-from sparse_rl_megatron.compression.selector import gather_kept, select_kept
-from sparse_rl_megatron.compression.triattention import (
-    center_sums, triattention_logits, triattention_scores, unrotate,
-)
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_HOMES = {
+    "attention_mass": "attention", "window_importance": "attention", "choose_kept": "compress",
+    "DENSE_METHOD": "config", "CompressionConfig": "config", "KeptDigest": "digest", "key_redundancy": "redundancy",
+    "CompressionSchedule": "schedule", "SCORERS": "scorers", "ScoreInputs": "scorers", "Scorer": "scorers",
+    "get_scorer": "scorers", "gather_kept": "selector", "select_kept": "selector", "center_sums": "triattention",
+    "triattention_logits": "triattention", "triattention_scores": "triattention", "unrotate": "triattention",
+}
+"""Where each exported name lives: loaded on first use, so that reading the registry of methods (a CLI's help)
+does not import torch."""
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+
 
 __all__ = [
     "DENSE_METHOD",

@@ -10,14 +10,12 @@ Formulas: ``docs/algorithm.md`` (section "KV compression: the operators and thei
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
-import torch
-
-from sparse_rl_megatron.compression.attention import window_importance
-from sparse_rl_megatron.compression.redundancy import key_redundancy
-from sparse_rl_megatron.compression.triattention import triattention_scores
 from sparse_rl_megatron.utils.registry import Registry
+
+if TYPE_CHECKING:  # torch and the scoring modules load with the first score, so a CLI's --help can list the
+    import torch   # registered methods without importing torch (tests/e2e/test_cli_startup.py)
 
 
 class ScorerSettings(Protocol):
@@ -138,6 +136,8 @@ def register_scorer(scorer: Scorer) -> Scorer:
 
 
 def _importance(inputs: ScoreInputs, config: ScorerSettings) -> torch.Tensor:
+    from sparse_rl_megatron.compression.attention import window_importance
+
     return window_importance(
         inputs.queries, inputs.keys, window=config.window, pool_kernel=config.pool_kernel,
         gqa_pooling=config.gqa_pooling, scaling=inputs.scaling,
@@ -146,6 +146,8 @@ def _importance(inputs: ScoreInputs, config: ScorerSettings) -> torch.Tensor:
 
 def _rkv(inputs: ScoreInputs, config: ScorerSettings) -> torch.Tensor:
     """R-KV: ``lambda * importance - (1 - lambda) * redundancy`` (redundancy computed over all N keys)."""
+    from sparse_rl_megatron.compression.redundancy import key_redundancy
+
     redundancy = key_redundancy(inputs.keys, threshold=config.similarity_threshold)
     past = inputs.num_candidates - config.window
     return config.rkv_lambda * _importance(inputs, config) - (1.0 - config.rkv_lambda) * redundancy[..., :past]
@@ -158,6 +160,8 @@ def _snapkv(inputs: ScoreInputs, config: ScorerSettings) -> torch.Tensor:
 
 def _streamingllm(inputs: ScoreInputs, config: ScorerSettings) -> torch.Tensor:
     """StreamingLLM: the first ``sink_tokens`` candidates always win, then recency (newer = higher)."""
+    import torch
+
     n, hkv, length, _ = inputs.keys.shape
     past = length - config.window
     scores = torch.arange(past, dtype=torch.float32, device=inputs.keys.device).expand(n, hkv, past).clone()
@@ -174,6 +178,8 @@ def _h2o(inputs: ScoreInputs, config: ScorerSettings) -> torch.Tensor:
 def _triattention(inputs: ScoreInputs, config: ScorerSettings) -> torch.Tensor:
     """TriAttention: trigonometric series of the query centers plus the norm term (``triattention.py``);
     standardised over all N candidates, the window's included, as the authors standardise every evictable token."""
+    from sparse_rl_megatron.compression.triattention import triattention_scores
+
     past = inputs.num_candidates - config.window
     scores = triattention_scores(
         inputs.keys, inputs.query_center, inputs.query_abs_center, inputs.query_position, inputs.rope_inv_freq,
