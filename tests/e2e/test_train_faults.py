@@ -95,7 +95,7 @@ def test_a_checkpoint_of_another_model_is_named_and_the_next_older_one_is_resume
     assert convert.returncode == 0, convert.stderr[-3000:]
     shutil.copytree(foreign, ckpts / "step_4")
     state = json.loads((ckpts / "step_3" / STATE_FILE).read_text())
-    state.update(step=4, files=file_sizes(ckpts / "step_4"))
+    state.update(step=4, weight_version=4, files=file_sizes(ckpts / "step_4"))  # a consistent state: only loading finds out
     (ckpts / "step_4" / STATE_FILE).write_text(json.dumps(state))
     out = _ok(_run(run_dir, base[1], "steps=4"))
     assert (f"checkpoint {ckpts / 'step_4'} cannot be used: it does not load into this run's model (ValueError: "
