@@ -42,10 +42,16 @@ def run_maxima(records: dict[str, dict[int, list[dict]]], name: str = "grad_norm
     out: dict[str, dict[int, float]] = {}
     for arm, by_seed in records.items():
         for seed, recs in by_seed.items():
-            vals = _values(recs, STEP_MAX[name])
-            if vals:
-                out.setdefault(arm, {})[seed] = max(vals)
+            largest = _step_extreme(recs, STEP_MAX[name], max)
+            if largest is not None:
+                out.setdefault(arm, {})[seed] = largest
     return out
+
+
+def _step_extreme(records: list[dict], key: str, fn) -> float | None:
+    """``fn`` (max or min) of ``key`` over a run's rollout steps; None when no step logged it."""
+    vals = _values(records, key)
+    return fn(vals) if vals else None
 
 
 def arm_records(cfg: ExperimentConfig) -> dict[str, dict[int, list[dict]]]:
@@ -85,8 +91,7 @@ def seed_summary(records: list[dict], done: dict) -> dict[str, float | None]:
         row[name] = sum(vals) / len(vals) if vals else None
     for table, fn in ((STEP_MAX, max), (STEP_MIN, min)):
         for name, key in table.items():
-            vals = _values(records, key)
-            row[name] = fn(vals) if vals else None
+            row[name] = _step_extreme(records, key, fn)
     row["cpu_seconds"] = done.get("cpu_seconds")
     row["sft_steps"] = done.get("sft_steps")
     return row
