@@ -300,7 +300,12 @@ def main(argv: Sequence[str] | None = None) -> Path | None:
     parser.add_argument("analysis", help="analysis.json (its 'tests')")
     parser.add_argument("out", help="the PNG to write")
     args = parser.parse_args(argv)
-    saved = json.loads(Path(args.analysis).read_text())
+    try:
+        saved = json.loads(Path(args.analysis).read_text())
+    except (OSError, ValueError) as err:
+        parser.error(f"analysis: cannot read {args.analysis} as JSON ({type(err).__name__}: {err})")
+    if not isinstance(saved, dict) or not isinstance(saved.get("tests"), dict):
+        parser.error(f"analysis: {args.analysis} has no 'tests' object (an analysis.json of --stage report)")
     run_max = {arm: {int(s): v for s, v in by_seed.items()} for arm, by_seed in saved.get("run_max", {}).items()}
     return draw_tests_figure(saved["tests"], args.out, run_max or None, what=saved.get("what", ""))
 

@@ -212,3 +212,13 @@ def test_the_docs_tests_figure_data_is_the_docs_table():
         assert abs(again.mean - r["mean"]) <= 0.06 and abs(again.ci_low - r["ci_low"]) <= 0.1
         assert abs(again.ci_high - r["ci_high"]) <= 0.1
         assert r["test"]["claim"] == next(t.claim for t in DESIGNS.get("lagchain_claims").tests if t.name == name)
+
+
+def test_the_tests_figure_command_refuses_a_missing_or_foreign_file_in_one_line(tmp_path, capsys):
+    foreign = tmp_path / "results.json"
+    foreign.write_text('{"arms": {}}')
+    for path, why in ((tmp_path / "missing.json", "cannot read"), (foreign, "has no 'tests' object")):
+        with pytest.raises(SystemExit) as exit_info:
+            figure_main([str(path), str(tmp_path / "out.png")])
+        assert exit_info.value.code == 2 and why in capsys.readouterr().err
+    assert not (tmp_path / "out.png").exists()
