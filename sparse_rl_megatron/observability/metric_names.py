@@ -44,6 +44,30 @@ def control_key(sft_key: str) -> str:
 # ---------------------------------------------------------------- rollout/
 # A step's rollouts (``trainer/engine_pool/pool.py``, the adaptive budget ``compression/budget_controller.py``, the
 # loop).
+PARTIAL_SEGMENTS = "rollout/partial/segments"
+PARTIAL_NEW_GROUPS = "rollout/partial/new_groups"
+PARTIAL_DROPPED_GROUPS = "rollout/partial/dropped_groups"
+PARTIAL_DROPPED_SAMPLES = "rollout/partial/dropped_samples"
+PARTIAL_CARRIED_REQUESTS = "rollout/partial/carried_requests"
+PARTIAL_WAITING_GROUPS = "rollout/partial/waiting_groups"
+PARTIAL_CONTINUED_FRAC = "rollout/partial/continued_frac"
+PARTIAL_STALENESS_MEAN = "rollout/partial/staleness_mean"
+PARTIAL_STALENESS_MAX = "rollout/partial/staleness_max"
+"""Partial rollouts (``trainer/partial_rollouts.py``): engine calls this step, groups started, groups (and their
+samples) dropped for staleness, requests still running at the step's end, finished groups waiting for a later step,
+the batch's samples continued across calls, and the batch tokens' lag in weight versions."""
+
+
+def partial_lag_share(lag: int, or_more: bool = False) -> str:
+    """The share of the batch's response tokens sampled ``lag`` versions before the learner's (``or_more``: at least)."""
+    return f"rollout/partial/lag_{lag}{'plus' if or_more else ''}_frac"
+
+
+def partial_abs_log_rho(tokens: str, stat: str) -> str:
+    """``stat`` (mean, p99) of |log rho| over the tokens of one lag class (``lag0``: the learner's version; ``lagged``)."""
+    return f"sparse/partial/abs_log_rho_{tokens}_{stat}"
+
+
 ROLLOUT_BUDGET = "rollout/budget"
 ROLLOUT_BUDGET_SAMPLED_MEAN = "rollout/budget_sampled_mean"
 ROLLOUT_BUDGET_SIGNAL = "rollout/budget_signal"

@@ -22,6 +22,29 @@ if TYPE_CHECKING:
 
 
 @dataclass
+class PartialRolloutConfig:
+    """Partial rollouts (``rollout.partial``): a step trains on the first ``prompts_per_step`` whole GRPO groups that
+    finish; unfinished responses are carried into the next step and continued under the new weights
+    (``trainer/partial_rollouts.py``, ``docs/algorithm.md`` "Partial rollouts")."""
+
+    enabled: bool = False
+    """Off: every step samples its groups to the end (synchronous rollouts)."""
+    extra_groups: int = 4
+    """Groups in flight beyond ``prompts_per_step`` (over-provisioning: the slow groups of a step wait for the next)."""
+    segment_tokens: int = 32
+    """Most tokens a response gains per engine call; a step runs calls until enough whole groups have finished, and a
+    response still running at the step's end is carried (continued by re-prefilling prompt + response so far)."""
+    max_staleness: int = 1
+    """Largest lag, in weight versions, of a token at training time (a group holding an older token is dropped and
+    counted: ``rollout/partial/dropped_groups``)."""
+
+    def __post_init__(self) -> None:
+        for name, low in (("extra_groups", 0), ("segment_tokens", 1), ("max_staleness", 0)):
+            if getattr(self, name) < low:
+                raise ValueError(f"RolloutConfig.partial.{name} must be >= {low}, got {getattr(self, name)}")
+
+
+@dataclass
 class RolloutConfig:
     """How responses are sampled (the sparse sampler pi_sparse)."""
 
@@ -50,6 +73,8 @@ class RolloutConfig:
     """Options of the ``sglang`` engine (servers or in-process, KV pool, weight sync, ...); only with that engine."""
     engine_options: dict[str, Any] = field(default_factory=dict)
     """Options of an engine registered by a plugin; the built-in engines take none."""
+    partial: PartialRolloutConfig = field(default_factory=PartialRolloutConfig)
+    """Partial rollouts across weight versions (off by default): the long tail no longer sets the step time."""
 
     def __post_init__(self) -> None:
         for name in ("prompts_per_step", "samples_per_prompt", "max_batch_size", "gpus_per_engine"):
@@ -58,6 +83,11 @@ class RolloutConfig:
         if self.dtype not in ENGINE_DTYPES:
             raise ValueError(f"RolloutConfig.dtype must be one of {', '.join(ENGINE_DTYPES)}, got '{self.dtype}'")
         self._check_adaptive_budget()
+        if self.partial.enabled and self.engine == "sglang" and not self.compression.is_dense \
+                and self.compression.scope == "response":
+            raise ValueError("rollout.partial.enabled with engine sglang needs compression.scope: all (a carried "
+                             "response is re-prefilled, and the plugin counts re-prefilled tokens as prompt); "
+                             "valid: scope all, or engine hf")
         if self.engine == "sglang":  # the plugin's limits on the compression (method, scope, ...) checked now
             check_plugin_compression(self.server_compression())
         elif self.sglang != SGLangOptions():

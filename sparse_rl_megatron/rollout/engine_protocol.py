@@ -57,6 +57,16 @@ def encode_prompt(prompt: str | Sequence[int], index: int, tokenizer=None, vocab
     return ids
 
 
+def check_prefixes(prefixes: Sequence[Sequence[int]] | None, prompts: int) -> list[list[int]] | None:
+    """``generate``'s ``prefixes`` as lists of ints, one per prompt (None: no prompt is continued)."""
+    if prefixes is None:
+        return None
+    out = [[int(t) for t in p] for p in prefixes]
+    if len(out) != prompts:
+        raise ValueError(f"generate: prefixes must hold one token list per prompt ({prompts}); got {len(out)}")
+    return out
+
+
 def check_group_ids(group_ids: Sequence[int] | None, prompts: int) -> list[int]:
     """The GRPO group id of each of ``prompts`` prompts: ``group_ids`` (one distinct int per prompt), else
     0, 1, ...; refuses a wrong count or repeated ids."""
@@ -98,13 +108,17 @@ class RolloutEngine(Protocol):
     def generate(
         self, prompts: Sequence[str | list[int]], n: int, sampling: SamplingParams, *,
         group_ids: Sequence[int] | None = None, compression: "CompressionConfig | None" = None,
-        budgets: Sequence[int] | None = None,
+        budgets: Sequence[int] | None = None, prefixes: Sequence[Sequence[int]] | None = None,
     ) -> list[Sample]:
         """Sample ``n`` responses per prompt; returns ``len(prompts) * n`` samples, group-major
         (all samples of prompt 0 first), with ``group_id`` = ``group_ids[p]`` (default: the prompt index p).
         A sample's randomness comes from ``(sampling.seed, group_id, index_in_group)``, so one shard of a batch
         sampled with its global group ids is the same shard of the batch sampled whole. ``compression`` replaces
-        the engine's KV compression for this call (the adaptive budget); ``budgets[p]`` is prompt p's own budget."""
+        the engine's KV compression for this call (the adaptive budget); ``budgets[p]`` is prompt p's own budget.
+        ``prefixes[p]``: response tokens already sampled for prompt p (a carried partial rollout, continued): they are
+        prefilled after the prompt as response tokens (under ``scope: response`` they are budget candidates), stop
+        strings are matched on prefix + new tokens, ``sampling.max_new_tokens`` bounds the new ones, and the samples
+        hold only the new tokens (``prompt_ids`` the prompt alone)."""
         ...
 
     def dense_logprobs(self, prompts: Sequence[Sequence[int]],

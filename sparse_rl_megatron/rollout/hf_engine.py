@@ -16,7 +16,7 @@ import torch
 
 from sparse_rl_megatron.compression import CompressionConfig, CompressionSchedule
 from sparse_rl_megatron.rollout.engine_protocol import (
-    ENGINE_MEMORY_PARTS, SamplingParams, check_group_ids, check_memory_parts, encode_prompt,
+    ENGINE_MEMORY_PARTS, SamplingParams, check_group_ids, check_memory_parts, check_prefixes, encode_prompt,
 )
 from sparse_rl_megatron.rollout.hf_forward import HFDecoder
 from sparse_rl_megatron.rollout.centers import load_centers
@@ -118,7 +118,8 @@ class HFRolloutEngine:
     # ------------------------------------------------------------------------------------------ generate
     def generate(self, prompts: Sequence[str | list[int]], n: int, sampling: SamplingParams, *,
                  group_ids: Sequence[int] | None = None, compression: CompressionConfig | None = None,
-                 budgets: Sequence[int] | None = None) -> list[Sample]:
+                 budgets: Sequence[int] | None = None, prefixes: Sequence[Sequence[int]] | None = None
+                 ) -> list[Sample]:
         """``n`` samples per prompt, group-major (all samples of prompt 0 first). ``group_ids[p]`` is prompt p's
         GRPO group id (default: p), stamped on its samples and seeding them: a shard of a batch sampled with its
         global ids draws the same uniforms as the whole batch, so it gives the same samples up to float rounding (a row
@@ -127,7 +128,11 @@ batched with other rows may get other BLAS kernels; see ``kv_cache.KEY_ALIGN``).
         ``compression`` replaces the engine's KV compression for this call (no rebuild: the adaptive budget changes
         it between steps); ``budgets[p]`` is prompt p's own budget B (the rest of the compression as for the call).
         Rows of one budget are decoded together, each budget in its own chunks; every sample's
-        ``compression.budget`` is the budget it was sampled with."""
+        ``compression.budget`` is the budget it was sampled with.
+
+        ``prefixes[p]`` continues prompt p's response (a carried partial rollout): prompt + prefix are prefilled
+        together, the prefix's tokens are response tokens for the budget's scope (``CompressedKVCache.set_response_start``),
+        stop strings may span it, and the samples hold the new tokens only."""
         self._check_resumed("generate")
         if n < 1:
             raise ValueError(f"generate: n must be >= 1; got {n}")
@@ -135,6 +140,9 @@ batched with other rows may get other BLAS kernels; see ``kv_cache.KEY_ALIGN``).
         configs = self._prompt_configs(compression if compression is not None else self.compression, budgets,
                                        len(prompts))
         prompt_ids = [self._encode(p, i) for i, p in enumerate(prompts)]
+        continued = check_prefixes(prefixes, len(prompts))
+        if continued is not None:
+            prompt_ids = [ids + pre for ids, pre in zip(prompt_ids, continued)]
         seed = sampling.seed if sampling.seed is not None else int(torch.randint(_SEED_RANGE, ()).item())
         stopper = StopChecker(eos_ids=self._eos_ids(), stop=sampling.stop, ignore_eos=sampling.ignore_eos,
                               max_new_tokens=sampling.max_new_tokens, tokenizer=self.tokenizer)
@@ -144,8 +152,10 @@ batched with other rows may get other BLAS kernels; see ``kv_cache.KEY_ALIGN``).
             rows = [(p, i) for p in range(len(prompt_ids)) if configs[p] == config for i in range(n)]
             for start in range(0, len(rows), self.max_batch_size):
                 chunk = rows[start:start + self.max_batch_size]
-                picker = _Sampler(sampling, seed, [(gids[p], i) for p, i in chunk], stopper)
-                samples.extend(self._run_chunk(prompt_ids, prompts, chunk, sampling.max_new_tokens, picker, config))
+                picker = _Sampler(sampling, seed, [(gids[p], i) for p, i in chunk], stopper,
+                                  None if continued is None else [continued[p] for p, _ in chunk])
+                samples.extend(self._run_chunk(prompt_ids, prompts, chunk, sampling.max_new_tokens, picker, config,
+                                               None if continued is None else [len(c) for c in continued]))
         samples.sort(key=lambda s: (s.group_id, s.index_in_group))
         for s in samples:
             s.group_id = gids[s.group_id]
@@ -296,10 +306,11 @@ batched with other rows may get other BLAS kernels; see ``kv_cache.KEY_ALIGN``).
             scaling=d.scaling, device=self.device, rope_inv_freq=d.inv_freq,
             centers=load_centers(config.triattention_centers_path) if config.uses_center_file else None)
 
-    def _run_chunk(self, prompt_ids, prompts, chunk, max_new: int, picker, config: CompressionConfig
-                   ) -> list[Sample]:
+    def _run_chunk(self, prompt_ids, prompts, chunk, max_new: int, picker, config: CompressionConfig,
+                   prefix_lens: list[int] | None = None) -> list[Sample]:
         """Prefill the chunk's distinct prompts once, expand to its rows, then decode in lockstep with the KV
-        compression ``config``; ``picker`` chooses each row's next token (sampled or forced) and when the row stops."""
+        compression ``config``; ``picker`` chooses each row's next token (sampled or forced) and when the row stops.
+        ``prefix_lens[g]``: the last tokens of ``prompt_ids[g]`` that are a continued response's (``generate``)."""
         device = self.device
         schedule = CompressionSchedule(config)
         groups = sorted({g for g, _ in chunk})
@@ -317,6 +328,8 @@ batched with other rows may get other BLAS kernels; see ``kv_cache.KEY_ALIGN``).
 
         cache = self._new_cache(len(groups), capacity, config)
         logits = self.decoder.prefill(padded, lens, cache)
+        if prefix_lens is not None:
+            cache.set_response_start(lens - torch.tensor([prefix_lens[g] for g in groups], device=device))
         record = self.decoder.moe and (self.record_routing or isinstance(picker, _Forced))
         prompt_routes = self.decoder.prefill_routing.to("cpu", ROUTE_DTYPE) if record else None  # [G, P, L, k]
         cache.maybe_compress_after_prefill()
@@ -368,7 +381,9 @@ batched with other rows may get other BLAS kernels; see ``kv_cache.KEY_ALIGN``).
                 cache.maybe_compress_after_decode(None if newline is None else newline[tok])
                 if self.show_progress:
                     bar.set_postfix(running=len(active) - sum(finished), kv=int(cache.lens.max()))
-        samples = [self._make_sample(prompt_ids[g], prompts[g], g, i, tokens[c], lp[c], lp_scaled[c], reasons[c],
+        prompt_of = (lambda g: prompt_ids[g]) if prefix_lens is None else \
+            (lambda g: prompt_ids[g][:len(prompt_ids[g]) - prefix_lens[g]])
+        samples = [self._make_sample(prompt_of(g), prompts[g], g, i, tokens[c], lp[c], lp_scaled[c], reasons[c],
                                      stats[c], config) for c, (g, i) in enumerate(chunk)]
         if record:
             for c, (g, _) in enumerate(chunk):
@@ -419,9 +434,11 @@ class _Sampler:
     """``generate``'s token choice: draw from the sampling distribution (per-sample uniforms); stop on
     EOS, a stop string or the length limit."""
 
-    def __init__(self, sampling: SamplingParams, seed: int, chunk, stopper: StopChecker):
+    def __init__(self, sampling: SamplingParams, seed: int, chunk, stopper: StopChecker,
+                 prefixes: list[list[int]] | None = None):
         self.sampling = sampling
         self.stopper = stopper
+        self.prefixes = prefixes
         self.uniforms = torch.stack([draw_uniforms(seed, g, i, sampling.max_new_tokens) for g, i in chunk])
 
     def pick(self, logits: torch.Tensor, active: list[int], step: int):
@@ -429,7 +446,7 @@ class _Sampler:
         return sample_tokens(logits, self.uniforms[active, step], self.sampling)
 
     def check(self, c: int, tokens: list[int]) -> str | None:
-        return self.stopper.check(tokens)
+        return self.stopper.check(tokens, () if self.prefixes is None else self.prefixes[c])
 
     def forced_routing(self, active: list[int], step: int) -> None:
         """Sampling routes every token by the router's choice."""

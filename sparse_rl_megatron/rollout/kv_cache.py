@@ -129,6 +129,11 @@ class CompressedKVCache:
         self.cand_start.copy_(self.schedule.candidate_start(prompt_lens))
         self.qptr = 0
 
+    def set_response_start(self, prompt_lens: torch.Tensor) -> None:
+        """After ``finish_prefill`` of prompts that end in a continued response's tokens: ``prompt_lens`` [R] is
+        where each row's response starts (the budget's scope counts the prefilled response tokens as response)."""
+        self.cand_start.copy_(self.schedule.candidate_start(prompt_lens))
+
     # ------------------------------------------------------------------------------------------ decode
     def decode_mask(self) -> torch.Tensor:
         """[R, 1, 1, L] bool: which slots the new token attends (its own slot included); L = max(lens) + 1

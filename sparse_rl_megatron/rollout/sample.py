@@ -77,7 +77,14 @@ class Sample:
     it (the prompt's P tokens at prefill, then the first R - 1 response tokens at decode, under the sampler's
     compressed cache); slime's ``rollout_routed_experts``. None otherwise."""
 
+    token_versions: list[int] | None = None
+    """[R] the weight version each response token was sampled under, when they differ (a partial rollout continued
+    across weight syncs: ``trainer/partial_rollouts.py``); None: every token's is ``weight_version``."""
+
     def __post_init__(self) -> None:
+        if self.token_versions is not None and len(self.token_versions) != len(self.response_ids):
+            raise ValueError(f"Sample.token_versions has {len(self.token_versions)} entries but response_ids has "
+                             f"{len(self.response_ids)}; one version per response token")
         if len(self.sampler_logprobs) != len(self.response_ids):
             raise ValueError(
                 f"Sample.sampler_logprobs has {len(self.sampler_logprobs)} entries but response_ids has "
@@ -91,6 +98,12 @@ class Sample:
     @property
     def response_length(self) -> int:
         return len(self.response_ids)
+
+    def versions(self) -> list[int]:
+        """[R] the weight version of every response token."""
+        if self.token_versions is not None:
+            return list(self.token_versions)
+        return [self.weight_version] * len(self.response_ids)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form (tensors become lists)."""

@@ -50,7 +50,7 @@ import torch
 
 from sparse_rl_megatron.compression import CompressionConfig
 from sparse_rl_megatron.rollout.engine_protocol import (
-    ENGINE_MEMORY_PARTS, SamplingParams, check_group_ids, check_memory_parts, encode_prompt,
+    ENGINE_MEMORY_PARTS, SamplingParams, check_group_ids, check_memory_parts, check_prefixes, encode_prompt,
 )
 from sparse_rl_megatron.rollout.sample import CompressionInfo, Sample
 from sparse_rl_megatron.rollout.sampling import sample_seed
@@ -147,11 +147,15 @@ class SGLangRolloutEngine:
     # ----------------------------------------------------------------------------------------- generate
     def generate(self, prompts: Sequence[str | list[int]], n: int, sampling: SamplingParams, *,
                  compression: CompressionConfig | None = None, group_ids: Sequence[int] | None = None,
-                 budgets: Sequence[int] | None = None) -> list[Sample]:
+                 budgets: Sequence[int] | None = None, prefixes: Sequence[Sequence[int]] | None = None
+                 ) -> list[Sample]:
         """``n`` samples per prompt, group-major, ``group_id`` = ``group_ids[p]`` (default: the prompt index),
         which also picks each request's sampling seed. ``compression`` overrides the engine's for these requests
         (within the server's window and B + W); ``budgets[p]`` is prompt p's own budget B (its requests decode
-        beside the others, and the plugin admits each by its own B + W + 1 future tokens)."""
+        beside the others, and the plugin admits each by its own B + W + 1 future tokens). ``prefixes[p]`` continues
+        prompt p's response (a carried partial rollout): prompt + prefix is the request's input (a plain prefill, so
+        only ``scope: all`` budgets it as the reference engine does; stop strings are refused, SGLang matches them
+        on the new text only)."""
         self._check_resumed("generate")
         if n < 1:
             raise ValueError(f"generate: n must be >= 1; got {n}")
@@ -162,11 +166,13 @@ class SGLangRolloutEngine:
         prompt_ids = dict(zip(gids, (encode_prompt(p, i, self.tokenizer) for i, p in enumerate(prompts))))
         texts = dict(zip(gids, prompts))
         overrides = compression if compression is not None else self._per_request
+        inputs = self._continued(prompt_ids, gids, check_prefixes(prefixes, len(prompts)), sampling,
+                                 compression or self.config.compression)
         per_group = self._budget_overrides(compression or self.config.compression, budgets, gids, overrides)
         todo = [(g, i) for g in gids for i in range(n)]
         done: dict[tuple[int, int], Sample] = {}
         for attempt in range(self.config.max_resubmits + 1):
-            outs = self.client.generate([prompt_ids[g] for g, _ in todo],
+            outs = self.client.generate([inputs[g] for g, _ in todo],
                                         [self._sampling(sampling, g, i, attempt, per_group[g]) for g, i in todo],
                                         groups=[g for g, _ in todo])
             retry = []
@@ -184,6 +190,20 @@ class SGLangRolloutEngine:
             raise RuntimeError(f"{len(todo)} request(s) were refused after retractions {self.config.max_resubmits + 1} "
                                "times; enlarge the KV pool or lower max_running_requests")
         return [done[(g, i)] for g in gids for i in range(n)]
+
+    @staticmethod
+    def _continued(prompt_ids: dict[int, list[int]], gids: list[int], prefixes: list[list[int]] | None,
+                   sampling: SamplingParams, compression: CompressionConfig) -> dict[int, list[int]]:
+        """Each group's request input: its prompt, followed by its ``prefixes`` entry when a response is continued."""
+        if prefixes is None:
+            return prompt_ids
+        if sampling.stop:
+            raise ValueError("generate: prefixes (a continued response) with SamplingParams.stop on the sglang engine: "
+                             "SGLang matches stop strings on the new text only; valid: no stop strings, or engine hf")
+        if not compression.is_dense and compression.scope == "response":
+            raise ValueError("generate: prefixes (a continued response) need compression.scope: all on the sglang "
+                             "engine (the plugin counts a prefilled response as prompt); valid: scope all, or engine hf")
+        return {g: prompt_ids[g] + pre for g, pre in zip(gids, prefixes)}
 
     def _budget_overrides(self, base: CompressionConfig, budgets: Sequence[int] | None, gids: list[int],
                           overrides: CompressionConfig | None) -> dict[int, CompressionConfig | None]:
@@ -406,10 +426,11 @@ class CompressionView:
 
     def generate(self, prompts: Sequence[str | list[int]], n: int, sampling: SamplingParams, *,
                  group_ids: Sequence[int] | None = None, compression: CompressionConfig | None = None,
-                 budgets: Sequence[int] | None = None) -> list[Sample]:
+                 budgets: Sequence[int] | None = None, prefixes: Sequence[Sequence[int]] | None = None
+                 ) -> list[Sample]:
         """The engine's ``generate`` with this view's compression (``compression``, when given, replaces it)."""
         return self.engine.generate(prompts, n, sampling, compression=compression or self.compression,
-                                    group_ids=group_ids, budgets=budgets)
+                                    group_ids=group_ids, budgets=budgets, prefixes=prefixes)
 
     def dense_logprobs(self, prompts: Sequence[Sequence[int]],
                        responses: Sequence[Sequence[int]]) -> list[torch.Tensor]:

@@ -21,12 +21,16 @@ class StopChecker:
         self.tokenizer = tokenizer
         self.tail = _TOKENS_PER_CHAR * max((len(s) for s in self.stop), default=0) + 1
 
-    def check(self, response_ids: list[int]) -> str | None:
-        """Reason the sample must stop after its last token, or None."""
+    def check(self, response_ids: list[int], prefix: Sequence[int] = ()) -> str | None:
+        """Reason the sample must stop after its last token, or None. ``prefix``: the response's tokens sampled by
+        earlier calls (a continued rollout): stop strings may span it; the token limit counts this call's tokens."""
         if response_ids[-1] in self.eos_ids:
             return "eos"
         if self.stop:
-            text = self.tokenizer.decode(response_ids[-self.tail:], skip_special_tokens=False)
+            tail = response_ids[-self.tail:]
+            if len(tail) < self.tail and prefix:
+                tail = [*prefix[len(tail) - self.tail:], *tail]
+            text = self.tokenizer.decode(tail, skip_special_tokens=False)
             if any(s in text for s in self.stop):
                 return "stop"
         if len(response_ids) >= self.max_new_tokens:

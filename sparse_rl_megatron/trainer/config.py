@@ -309,6 +309,9 @@ class TrainConfig:
                 f"rollout.prompts_per_step x rollout.samples_per_prompt = {rollout_batch}")
         self.learner.optim.for_run(self.total_optimizer_steps)  # a decay shorter than the run: one line
         self._check_eval_modes()
+        if self.learner.moe.routing_replay and self.rollout.partial.enabled:
+            raise ValueError("learner.moe.routing_replay=true with rollout.partial.enabled: a continued response's "
+                             "routes are not recorded across its re-prefill; valid: one of the two")
         if self.learner.moe.routing_replay and self.rollout.engine != "hf":
             raise ValueError(
                 f"learner.moe.routing_replay=true with rollout.engine='{self.rollout.engine}': only the hf engine "

@@ -53,10 +53,9 @@ def _loop(cfg: TrainConfig, run: Run) -> dict[str, float]:
     for step in range(run.step + 1, cfg.steps + 1):
         # 1. rollout + reward (every engine, its share) -> dense recompute (+ reference) -> correction, whole batch
         hb.phase(step, "rollout")
-        records = run.prompts.take(cfg.rollout.prompts_per_step) if main else None
         controller = run.budget_controller
         budget = controller.budget if controller is not None else None  # the adaptive budget of this step
-        batch = run.rollout(step, records, budget)
+        batch = run.rollout(step, budget)  # the step's prompts (rollout.partial: the first whole groups to finish)
         if controller is not None:  # the next step's budget, from this step's mismatch (same on every rank)
             batch.metrics.update(controller.metrics())
             controller.update_from_metrics(batch.metrics)

@@ -31,6 +31,7 @@ from sparse_rl_megatron.trainer.engine_pool.pool import EnginePool
 from sparse_rl_megatron.trainer.engine_pool.weight_probe import probe_sequence, probe_tolerance
 from sparse_rl_megatron.trainer.evaluation import EVAL_DIR, evaluate_pool
 from sparse_rl_megatron.trainer.optimize import optimizer_steps
+from sparse_rl_megatron.trainer.partial_rollouts import PartialRollouts, lag_split_metrics
 from sparse_rl_megatron.trainer.run_plan import RunPlan, preflight
 from sparse_rl_megatron.trainer.runtime.device_turns import DeviceTurns
 from sparse_rl_megatron.trainer.runtime import distributed as D
@@ -87,6 +88,8 @@ class Run:
     """The training prompts' order (rank 0)."""
     budget_controller: "BudgetController | None"
     """The adaptive KV budget's ``BudgetController`` (``rollout.adaptive_budget.enabled``), else None."""
+    partial: "PartialRollouts | None" = None
+    """The partial rollouts' groups in flight (``rollout.partial.enabled``), else None."""
     writer: "MetricsWriter | None" = None
     """``metrics.jsonl`` and TensorBoard (rank 0; opened once the resume step is known)."""
     step: int = 0
@@ -106,16 +109,28 @@ class Run:
             self.writer.write(step, metrics)
 
     # ------------------------------------------------------------------------------------------- rollout
-    def rollout(self, step: int, records: "list[MathRecord] | None", budget: int | None) -> RolloutBatch:
-        """Rollout and reward on every engine (the engines' turn), then the dense recompute (+ reference) and the
-        correction on the whole batch (the recompute turn: the learners' weights). ``records``: rank 0's prompts;
-        ``budget``: this step's KV budget (the adaptive budget's; None: the engines' own)."""
+    def take_prompts(self, count: int) -> "list[MathRecord] | None":
+        """Rank 0's next ``count`` training problems (None on the other ranks)."""
+        return self.prompts.take(count) if D.is_main() else None
+
+    def rollout(self, step: int, budget: int | None) -> RolloutBatch:
+        """Rollout and reward on every engine (the engines' turn): the step's groups sampled whole, or with
+        ``rollout.partial`` the first groups to finish (``partial_rollouts.py``); then the dense recompute (+ reference)
+        and the correction on the whole batch (the recompute turn: the learners' weights). ``budget``: this step's KV
+        budget (the adaptive budget's; None: the engines' own)."""
         cfg = self.cfg
         self.turns.enter("engines")
-        samples, metrics = rollout_samples(self.pool, records, self.plan.template, cfg.rollout.samples_per_prompt,
-                                           cfg.rollout.sampling, cfg.seed, step, budget)
+        if self.partial is None:
+            samples, metrics = rollout_samples(self.pool, self.take_prompts(cfg.rollout.prompts_per_step),
+                                               self.plan.template, cfg.rollout.samples_per_prompt,
+                                               cfg.rollout.sampling, cfg.seed, step, budget)
+        else:
+            samples, metrics = self.partial.step(self.pool, self.take_prompts, self.plan.template,
+                                                 cfg.rollout.sampling, cfg.seed, step, budget)
         self.turns.enter("recompute")
         batch = prepare_batch(self.learner, samples, cfg.correction, self.ref_learner)
+        if self.partial is not None:
+            metrics.update(lag_split_metrics(batch.prepared, samples, step - 1))
         batch.metrics = {**metrics, **batch.metrics}
         return batch
 
@@ -273,7 +288,9 @@ def start_run(cfg: TrainConfig):
                   ref_learner=models.ref_learner, pool=models.pool, probe=models.probe, turns=models.turns,
                   start_probe=models.start_probe, heartbeat=heartbeat, stop=stop,
                   prompts=PromptOrder(plan.train_data.records, cfg.seed, cfg.data.shuffle) if D.is_main() else None,
-                  budget_controller=budget_controller)
+                  budget_controller=budget_controller,
+                  partial=PartialRollouts(cfg.rollout.partial, cfg.rollout.prompts_per_step,
+                                          cfg.rollout.samples_per_prompt) if cfg.rollout.partial.enabled else None)
         if resume is not None:  # an older intact checkpoint if this one does not load (resume.py)
             from sparse_rl_megatron.trainer.checkpointing.resume import load as load_checkpoint
 

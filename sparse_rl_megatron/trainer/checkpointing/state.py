@@ -3,7 +3,7 @@ into one here.
 
 Everything of a run's progress a checkpoint keeps besides the learner's own files and the RNG streams: the
 rollout step, the weight version the engines serve, the learner's optimizer-step count, the seed, the position in
-the prompt order, the adaptive budget controller's state, and what the save recorded about itself (the world size,
+the prompt order, the adaptive budget controller's state, the partial rollouts' samples in flight, and what the save recorded about itself (the world size,
 every file's size for the integrity check, the format version). Adding a field is an edit of this file: the field,
 a line in ``capture`` and one in ``restore``.
 """
@@ -18,6 +18,7 @@ from sparse_rl_megatron.trainer.checkpointing.integrity import STATE_FILE
 
 if TYPE_CHECKING:
     from sparse_rl_megatron.compression.budget_controller import BudgetController
+    from sparse_rl_megatron.trainer.partial_rollouts import PartialRollouts
     from sparse_rl_megatron.trainer.runtime.prompts import PromptOrder
 
 FORMAT_VERSION = 1
@@ -38,6 +39,8 @@ class CheckpointedRun(Protocol):
     """The prompt order (rank 0 only)."""
     budget_controller: "BudgetController | None"
     """The adaptive budget's controller (None when off)."""
+    partial: "PartialRollouts | None"
+    """The partial rollouts' groups in flight (None when ``rollout.partial`` is off)."""
 
 
 @dataclass
@@ -58,6 +61,8 @@ class TrainerState:
     """The prompt order's position (``PromptOrder.state_dict``)."""
     budget_controller: dict[str, Any] | None = None
     """The adaptive budget controller's state (``BudgetController.state_dict``); None when it is off."""
+    partial: dict[str, Any] | None = None
+    """The partial rollouts' samples in flight and next group id (``PartialRollouts.state_dict``); None when off."""
     world_size: int = 1
     """Ranks that wrote the checkpoint (RNG states exist for each)."""
     files: dict[str, int] = field(default_factory=dict)
@@ -69,7 +74,8 @@ class TrainerState:
         """Rank 0: the state of ``run`` after ``step`` (``world_size`` and ``files`` are the save's)."""
         return cls(step=step, weight_version=step, learner_steps=run.learner.steps, seed=seed,
                    data=run.prompts.state_dict(),
-                   budget_controller=None if run.budget_controller is None else run.budget_controller.state_dict())
+                   budget_controller=None if run.budget_controller is None else run.budget_controller.state_dict(),
+                   partial=None if run.partial is None else run.partial.state_dict())
 
     def restore(self, run: CheckpointedRun, world_size: int) -> list[str]:
         """Into ``run`` (every rank reads the same file; the prompt order lives on rank 0 only): its step, the
@@ -82,6 +88,14 @@ class TrainerState:
             else:
                 warnings.append(f"the checkpoint has no adaptive budget state: the budget restarts at "
                                 f"{run.budget_controller.budget}")
+        if run.partial is not None:
+            if self.partial is not None:
+                run.partial.load_state_dict(self.partial)
+            else:
+                warnings.append("the checkpoint was saved with rollout.partial off: no samples in flight to continue")
+        elif self.partial is not None and self.partial["in_flight"]:
+            warnings.append(f"rollout.partial is off now: the checkpoint's {len(self.partial['in_flight'])} samples in "
+                            "flight are dropped")
         if run.prompts is not None:
             warnings += run.prompts.load_state_dict(self.data)
             if self.world_size != world_size:

@@ -19,6 +19,7 @@ Engine calls run on the engine's own thread (``worker.py``) and are waited for u
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Sequence
@@ -256,6 +257,65 @@ class EnginePool:
                         MN.THROUGHPUT_ROLLOUT_TOKENS_PER_S: sum(s.response_length for s in samples) / max(max(gen_s),
                                                                                                        1e-9)})
         return samples, metrics
+
+    def generate_segment(self, records: "list[MathRecord] | None", group_ids: Sequence[int],
+                         carried: Sequence["Sample"], template: str, n: int, sampling: "SamplingParams",
+                         segment_tokens: int, seeds: tuple[int, int], step: int, budget: int | None = None
+                         ) -> tuple[list["Sample"], dict[str, float]]:
+        """One engine call of a partial rollout (``trainer/partial_rollouts.py``): ``n`` samples for each of rank 0's
+        ``records`` (None elsewhere) under ``group_ids``, and every ``carried`` sample (the same list on every rank)
+        continued; each response gains at most ``segment_tokens`` tokens, and at most ``sampling.max_new_tokens`` in
+        all. Returns every sample (new, and carried ones extended: ``continuation.extend``), those finished scored
+        where they were sampled, on every rank in (group, index) order, and the phase's times. ``seeds``: the sampler
+        seeds of the new groups and of the continued requests (which are seeded by ``group_id * n + index``).
+        Collective."""
+        from sparse_rl_megatron.rollout.continuation import extend, is_finished
+
+        t0 = time.perf_counter()
+        limit = sampling.max_new_tokens
+        plan = None
+        if D.is_main():
+            tokenizer = self.local[0].engine.tokenizer
+            prompts = [render_prompt(template, r.prompt, tokenizer) for r in records]
+            lengths = [len(tokenizer(p, add_special_tokens=False)["input_ids"]) if tokenizer is not None else len(p)
+                       for p in prompts]
+            costs = [group_cost(x, n, min(segment_tokens, limit)) for x in lengths]
+            costs += [group_cost(len(c.prompt_ids) + c.response_length, 1, segment_tokens) for c in carried]
+            plan = (records, prompts, split_groups(costs, self.layout.num_engines))
+        records, prompts, shares = D.broadcast_from_main(plan)
+        fresh = len(prompts)
+
+        def work(engine, slot):
+            share = shares[slot.index]
+            t_gen, out = time.perf_counter(), []
+            new = [j for j in share if j < fresh]
+            if new:
+                got = engine.generate([prompts[j] for j in new], n, dataclasses.replace(
+                    sampling, seed=seeds[0], max_new_tokens=min(segment_tokens, limit)),
+                    group_ids=[group_ids[j] for j in new], budgets=None if budget is None else [budget] * len(new))
+                for sample, j in zip(got, (j for j in new for _ in range(n))):
+                    sample.metadata.update(records[j].metadata())
+                out += got
+            olds = [carried[j - fresh] for j in share if j >= fresh]
+            for cap in sorted({min(segment_tokens, limit - c.response_length) for c in olds}):
+                batch = [c for c in olds if min(segment_tokens, limit - c.response_length) == cap]
+                got = engine.generate([c.prompt_ids for c in batch], 1, dataclasses.replace(
+                    sampling, seed=seeds[1], max_new_tokens=cap),
+                    group_ids=[c.group_id * n + c.index_in_group for c in batch],
+                    budgets=None if budget is None else [budget] * len(batch),
+                    prefixes=[c.response_ids for c in batch])
+                out += [extend(c, part, engine.tokenizer) for c, part in zip(batch, got)]
+            t_reward = time.perf_counter()
+            finished = [s for s in out if is_finished(s, limit)]
+            if finished:
+                self.reward.score_samples(finished)
+            return out, t_reward - t_gen, time.perf_counter() - t_reward
+
+        shards = self.on_engines(work, f"generating step {step} (a partial-rollout segment)")
+        samples = sorted((s for part, _, _ in shards for s in part), key=lambda s: (s.group_id, s.index_in_group))
+        gen_s = [g for part, g, _ in shards if part] or [0.0]
+        return samples, {MN.TIME_ROLLOUT_S: max(gen_s), MN.TIME_REWARD_S: max(r for _, _, r in shards),
+                         MN.TIME_ROLLOUT_PHASE_S: time.perf_counter() - t0}
 
     # ------------------------------------------------------------------------------------- weight sync
     def sync(self, learner: "Learner", version: int, bucket_mb: int) -> dict[str, float]:
