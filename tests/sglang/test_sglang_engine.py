@@ -287,3 +287,25 @@ def test_a_weight_update_waits_for_the_engine_to_go_idle_before_it_flushes(engin
 
 FAULT_BOUND_S_ENGINE = 120.0
 """Bound on waiting for the aborted held request's answer (it comes within a scheduler step)."""
+
+
+def test_a_continued_response_matches_the_reference_given_the_same_prefix(engine, hf_model):
+    """``rollout.partial``'s continuation on the plugin (scope all): prompt + the response so far is prefilled, then
+    decoded under compression, as the reference engine's replay of prompt + prefix: the same log-probs, events, peak
+    and kept sets; the samples hold the new tokens and the prompt alone. ``scope: response`` is refused in one line."""
+    import dataclasses
+
+    from sglang_helpers import assert_matches_reference
+
+    config = CompressionConfig(method="rkv", budget=12, window=3, buffer=4, scope="all")
+    head = engine.generate(PROMPTS, 2, SamplingParams(max_new_tokens=10, seed=2, ignore_eos=True), compression=config)
+    tail = engine.generate([s.prompt_ids for s in head], 1, SamplingParams(max_new_tokens=14, seed=3, ignore_eos=True),
+                           compression=config, group_ids=list(range(len(head))),
+                           prefixes=[s.response_ids for s in head])
+    assert all(t.prompt_ids == h.prompt_ids and t.response_length == 14 for t, h in zip(tail, head))
+    assert min(t.compression.events for t in tail) >= 2
+    as_prompts = [dataclasses.replace(t, prompt_ids=h.prompt_ids + h.response_ids) for t, h in zip(tail, head)]
+    assert_matches_reference(as_prompts, teacher_forced(hf_model, config, as_prompts), hf_model)
+    with pytest.raises(ValueError, match=r"prefixes .* need compression.scope: all on the sglang engine"):
+        engine.generate([head[0].prompt_ids], 1, SamplingParams(max_new_tokens=4), prefixes=[head[0].response_ids],
+                        compression=dataclasses.replace(config, scope="response"))
