@@ -1,0 +1,138 @@
+"""Synchronous vs partial rollouts (``rollout.partial``, issue 54) on the reference engine, side by side in one run.
+
+Each mode samples the same steps (``--prompts`` GRPO groups of ``--n`` samples per step) on the same engine and
+weights (no learning between steps: the weight version is stamped, as a weight sync would, so staleness counts are
+real), dense and compressed, and prints per mode the mean step makespan (wall seconds of the step's rollout: what a
+training step waits for), rollout tokens per second (tokens sampled in the step / makespan) and the ratios of partial
+against synchronous measured in the same run; also the partial mode's groups dropped for staleness, and the mean and
+99th percentile of |log rho| (full attention over the sampler, same weights): what compression, and the re-prefill of a
+continued response, changed in what the sampler saw.
+
+Workloads:
+  geometric (default): a tiny random Qwen2 whose EOS set is ``--eos-tokens`` tokens of its near-uniform vocabulary,
+      so response lengths are geometric (mean ~ vocab / eos tokens), cut at ``--max-new``: the long tail of a
+      reasoning workload, where a few responses run many times the median;
+  --model DIR: an HF model directory (e.g. SmolLM2-135M-Instruct converted by ``sparse-rl convert gguf-to-hf``) on
+      GSM8K test prompts from ``../shared/data`` (its chat template), EOS as the model's.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_partial.py                 # geometric, 4 measured steps
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_partial.py --model .pytest_cache/d/realmodel/smollm2-135m-instruct
+
+Not a test: timings are wall clock on a shared machine; compare ratios within one run.
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from sparse_rl_megatron.compression import CompressionConfig
+from sparse_rl_megatron.data.record import MathRecord
+from sparse_rl_megatron.observability import metric_names as MN
+from sparse_rl_megatron.rewards.exact import ExactReward
+from sparse_rl_megatron.rollout.config import PartialRolloutConfig
+from sparse_rl_megatron.rollout.engine_protocol import SamplingParams
+from sparse_rl_megatron.rollout.hf_engine import HFRolloutEngine
+from sparse_rl_megatron.trainer.engine_pool.pool import EnginePool
+from sparse_rl_megatron.trainer.partial_rollouts import PartialRollouts
+from sparse_rl_megatron.trainer.step import rollout_samples
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _geometric(args) -> tuple[HFRolloutEngine, list[MathRecord], str]:
+    from sparse_rl_megatron.models.tiny import build_tiny_model, build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model("qwen2", init_std=0.002, seed=0)
+    vocab = model.config.vocab_size
+    model.generation_config.eos_token_id = list(range(vocab - args.eos_tokens, vocab))
+    records = [MathRecord(prompt=f"Problem {i}: add {i} and {2 * i}.", answer=str(3 * i), source_id=f"L{i}",
+                          dataset="geometric") for i in range(4096)]
+    return HFRolloutEngine(model, tok, show_progress=False, max_batch_size=1024), records, "raw"
+
+
+def _real(args) -> tuple[HFRolloutEngine, list[MathRecord], str]:
+    from sparse_rl_megatron.data.sets import load_dataset
+
+    records = list(load_dataset("gsm8k"))
+    return HFRolloutEngine(args.model, show_progress=False, max_batch_size=1024), records, "tokenizer"
+
+
+def _run(engine, records, template, compression, partial: bool, args) -> dict[str, float]:
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=args.max_new)
+    dense = engine
+    engine = engine.with_compression(compression)
+    order = list(records)
+    take = lambda k: [order.pop(0) for _ in range(k)]  # noqa: E731
+    state = PartialRollouts(PartialRolloutConfig(enabled=True, extra_groups=args.extra, segment_tokens=args.segment,
+                                                 max_staleness=args.staleness), args.prompts, args.n)
+    spans, tokens, lengths, carried, dropped, gaps = [], [], [], [], [], []
+    with EnginePool.single(engine, ExactReward(), "hf") as pool:
+        for step in range(1, args.steps + 2):     # step 1 warms up (and fills the partial pipeline)
+            engine.weight_version = step - 1
+            t0 = time.perf_counter()
+            if partial:
+                batch, m = state.step(pool, take, template, sampling, seed=args.seed, step=step)
+                sampled = m[MN.THROUGHPUT_ROLLOUT_TOKENS_PER_S] * m[MN.TIME_ROLLOUT_S]
+                carried.append(m[MN.PARTIAL_CARRIED_REQUESTS])
+                dropped.append(m[MN.PARTIAL_DROPPED_GROUPS])
+            else:
+                batch, m = rollout_samples(pool, take(args.prompts), template, args.n, sampling, args.seed, step)
+                sampled = sum(s.response_length for s in batch)
+            span = time.perf_counter() - t0
+            if step > 1:
+                spans.append(span)
+                tokens.append(sampled)
+                lengths += [s.response_length for s in batch]
+                # what the sampler saw against full attention (same weights): log pi_dense - log pi_sampler per token
+                ref = dense.dense_logprobs([s.prompt_ids for s in batch], [s.response_ids for s in batch])
+                gaps += [float(x) for s, r in zip(batch, ref) for x in (r - s.sampler_logprobs).abs()]
+    lengths.sort()
+    return {"makespan_s": statistics.mean(spans), "tok_per_s": sum(tokens) / sum(spans),
+            "p50": lengths[len(lengths) // 2], "p90": lengths[int(0.9 * len(lengths))], "max": lengths[-1],
+            "carried": statistics.mean(carried) if carried else 0.0, "dropped": sum(dropped),
+            "gap": statistics.mean(gaps), "gap_p99": sorted(gaps)[int(0.99 * len(gaps))]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="an HF model directory (default: the geometric tiny workload)")
+    ap.add_argument("--prompts", type=int, default=8, help="GRPO groups per step")
+    ap.add_argument("--n", type=int, default=8, help="samples per group")
+    ap.add_argument("--max-new", type=int, default=256)
+    ap.add_argument("--eos-tokens", type=int, default=6, help="geometric workload: EOS set size")
+    ap.add_argument("--segment", type=int, default=48, help="rollout.partial.segment_tokens")
+    ap.add_argument("--extra", type=int, default=4, help="rollout.partial.extra_groups")
+    ap.add_argument("--staleness", type=int, default=4, help="rollout.partial.max_staleness")
+    ap.add_argument("--steps", type=int, default=4, help="measured steps (after one warm-up step)")
+    ap.add_argument("--budget", type=int, default=32, help="compressed mode: R-KV budget B (window 4, buffer 8)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    engine, records, template = _real(args) if args.model else _geometric(args)
+    workload = Path(args.model).name if args.model else f"geometric (EOS {args.eos_tokens} tokens)"
+    print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, 1 thread; workload {workload}; "
+          f"{args.prompts} groups x {args.n}, max_new {args.max_new}; partial: segment {args.segment}, "
+          f"extra {args.extra}, max staleness {args.staleness}; {args.steps} measured steps")
+    print("| KV | mode | p50 / p90 / max len | step makespan s | rollout tok/s | carried | dropped groups | "
+          "mean / p99 abs log rho | makespan x | tok/s x |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |")
+    for kv, compression in (("dense", CompressionConfig()),
+                            (f"rkv B={args.budget}", CompressionConfig(method="rkv", budget=args.budget, window=4,
+                                                                       buffer=8))):
+        sync = _run(engine, records, template, compression, False, args)
+        part = _run(engine, records, template, compression, True, args)
+        for mode, r in (("sync", sync), ("partial", part)):
+            print(f"| {kv} | {mode} | {r['p50']} / {r['p90']} / {r['max']} | {r['makespan_s']:.2f} | "
+                  f"{r['tok_per_s']:.0f} | {r['carried']:.1f} | {r['dropped']} | {r['gap']:.4f} / {r['gap_p99']:.3f} | "
+                  f"{sync['makespan_s'] / r['makespan_s']:.2f} | "
+                  f"{r['tok_per_s'] / sync['tok_per_s']:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
