@@ -9,6 +9,7 @@ import pytest
 
 from sparse_rl_megatron.compression.budget_controller import AdaptiveBudgetConfig, BudgetController
 from sparse_rl_megatron.trainer.checkpointing.state import FORMAT_VERSION, TrainerState
+from sparse_rl_megatron.trainer.partial_rollouts import PartialRollouts
 from sparse_rl_megatron.trainer.runtime.prompts import PromptOrder
 
 
@@ -25,6 +26,7 @@ class _Run:
     learner: _Learner
     prompts: PromptOrder | None
     budget_controller: BudgetController | None
+    partial: PartialRollouts | None = None
 
 
 def _budget() -> BudgetController:
@@ -58,6 +60,32 @@ def test_restore_warns_what_it_cannot_restore_and_ranks_without_prompts_skip_the
     assert warnings[2] == "the checkpoint was written by 2 ranks, this run has 1: RNG states are not all restored"
     other_rank = _Run(step=0, learner=_Learner(0), prompts=None, budget_controller=None)
     assert state.restore(other_rank, world_size=1) == [] and other_rank.step == 2
+
+
+def test_the_partial_rollouts_in_flight_are_kept_or_their_loss_is_said():
+    """With ``rollout.partial`` the samples in flight are captured and restored; switched off on resume, dropped with
+    a warning; a checkpoint saved with it off restores none into a run with it on, and says so."""
+    import torch
+
+    from sparse_rl_megatron.rollout.config import PartialRolloutConfig
+    from sparse_rl_megatron.rollout.sample import Sample
+
+    partial = PartialRollouts(PartialRolloutConfig(enabled=True), prompts_per_step=1, n=1, next_group=7)
+    partial.in_flight = [Sample(prompt_ids=[1, 2], response_ids=[3, 4], sampler_logprobs=torch.tensor([-0.5, -0.25]),
+                                group_id=6, weight_version=3, token_versions=[2, 3])]
+    run = _Run(step=4, learner=_Learner(8), prompts=PromptOrder([1, 2], seed=0), budget_controller=None,
+               partial=partial)
+    state = TrainerState.from_json(json.loads(json.dumps(TrainerState.capture(run, step=4, seed=0).to_json())))
+    fresh = PartialRollouts(PartialRolloutConfig(enabled=True), prompts_per_step=1, n=1)
+    assert state.restore(_Run(0, _Learner(0), PromptOrder([1, 2], seed=0), None, fresh), world_size=1) == []
+    assert fresh.next_group == 7 and [s.to_dict() for s in fresh.in_flight] == [s.to_dict() for s in partial.in_flight]
+    off = _Run(0, _Learner(0), PromptOrder([1, 2], seed=0), None, None)
+    assert state.restore(off, world_size=1) == ["rollout.partial is off now: the checkpoint's 1 samples in flight are "
+                                                 "dropped"]
+    without = TrainerState(step=1, weight_version=1, learner_steps=2, seed=0, data=PromptOrder([1, 2], seed=0).state_dict())
+    on = _Run(0, _Learner(0), PromptOrder([1, 2], seed=0), None, PartialRollouts(PartialRolloutConfig(enabled=True), 1, 1))
+    assert without.restore(on, world_size=1) == ["the checkpoint was saved with rollout.partial off: no samples in flight "
+                                                 "to continue"]
 
 
 def test_a_state_file_of_another_shape_is_named():

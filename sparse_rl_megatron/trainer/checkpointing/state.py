@@ -18,7 +18,6 @@ from sparse_rl_megatron.trainer.checkpointing.integrity import STATE_FILE
 
 if TYPE_CHECKING:
     from sparse_rl_megatron.compression.budget_controller import BudgetController
-    from sparse_rl_megatron.trainer.partial_rollouts import PartialRollouts
     from sparse_rl_megatron.trainer.runtime.prompts import PromptOrder
 
 FORMAT_VERSION = 1
@@ -30,6 +29,14 @@ class LearnerSteps(Protocol):
     """Optimizer steps taken."""
 
 
+class InFlight(Protocol):
+    """The partial rollouts' samples in flight (``trainer/partial_rollouts.py``'s ``PartialRollouts``)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
 class CheckpointedRun(Protocol):
     """What of a run its trainer state is captured from and restored into (``trainer/run.py``'s ``Run``)."""
 
@@ -39,7 +46,7 @@ class CheckpointedRun(Protocol):
     """The prompt order (rank 0 only)."""
     budget_controller: "BudgetController | None"
     """The adaptive budget's controller (None when off)."""
-    partial: "PartialRollouts | None"
+    partial: InFlight | None
     """The partial rollouts' groups in flight (None when ``rollout.partial`` is off)."""
 
 
