@@ -6,7 +6,8 @@ is the plugin's physical table (``row_state``) and whose ``kv_index_translator``
 forward hands it a ``ForwardBatch`` copy with physical lengths (``forward_plan``). The model, RoPE positions and SGLang's scheduler keep the logical lengths.
 
 Around that, per forward: ``init_forward_metadata`` updates the tables; each layer's ``forward_*`` stores
-the post-RoPE queries the scorers need (a ring of the last alpha per row and layer); after the forward
+the post-RoPE queries the scorers need (a ring of the last alpha per row and layer; TriAttention's running
+query-center sums, ``query_centers``); after the forward
 (``after_forward``, hooked on ``ModelRunner.forward``, outside any graph) the rows that reached B + W are
 compressed and their evicted slots freed (``compaction``).
 """
@@ -23,6 +24,7 @@ from sglang_ext.config import BACKEND_NAME, REQUEST_KEY, ConfigError, PluginFaul
 from sglang_ext.forward_plan import (ForwardPlan, check_tables, follow_rewrite, plan_forward, sglang_host,
                                      written_positions)
 from sglang_ext.host_syncs import counted, not_counted
+from sglang_ext.query_centers import add_queries, rope_inv_freq
 from sglang_ext.refusals import refuse_at_model_load, routed_experts_message
 from sglang_ext.row_state import RowInfo, RowState
 from sglang_ext.runner_view import (RunnerView, kv_cache_region, physical_translator, query_groups,
@@ -85,7 +87,11 @@ class SparseKVBackend(AttentionBackend):
             rows=rtt.shape[0], width=rtt.shape[1], num_layers=len(self.layer_ids), num_kv_heads=pool.head_num,
             num_q_heads=num_q_heads, head_dim=pool.head_dim, window=c.window, max_candidates=c.max_candidates,
             ring_dtype=model_runner.dtype, device=rtt.device, keep_queries=not c.is_dense,
-            keep_positions=config.kept_digest and not c.is_dense, region=kv_cache_region(model_runner))
+            keep_positions=config.kept_digest and not c.is_dense, keep_centers=memory.keeps_centers(c),
+            region=kv_cache_region(model_runner))
+        self.inv_freq = (rope_inv_freq(mc.hf_config, pool.head_dim).to(rtt.device)
+                         if self.state.qsum is not None else None)
+        """[D / 2] the rotary frequencies the query centers are un-rotated with (``query_centers``)."""
         inner_name = config.resolved_inner_backend(str(self.device))
         self.runner_view = RunnerView(model_runner, self.state.table, physical_translator(model_runner,
                                                                                            self.state.table))
@@ -196,11 +202,16 @@ class SparseKVBackend(AttentionBackend):
     def _record_queries(self, q: torch.Tensor, layer) -> None:
         plan = self.plan
         self.scaling.setdefault(layer.layer_id, float(layer.scaling))
-        if plan is None or self.state.qwin is None or plan.ring_count == 0:
+        if plan is None or (plan.ring_count == 0 and plan.center_count == 0):
             return
         q = q.reshape(q.shape[0], layer.tp_q_head_num, layer.qk_head_dim)
-        ring = self.state.qwin[layer.layer_id - self.layer_ids[0]]
-        ring[plan.ring_rows, :, plan.ring_slots] = q[plan.ring_tokens].to(ring.dtype)
+        li = layer.layer_id - self.layer_ids[0]
+        if plan.ring_count:
+            ring = self.state.qwin[li]
+            ring[plan.ring_rows, :, plan.ring_slots] = q[plan.ring_tokens].to(ring.dtype)
+        if plan.center_count:
+            add_queries(self.state.qsum[li], self.state.qabs[li], q[plan.center_tokens], plan.center_rows,
+                        plan.center_positions, self.inv_freq)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         self._record_queries(q, layer)

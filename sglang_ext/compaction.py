@@ -33,7 +33,7 @@ from sglang_ext.host_syncs import not_counted, to_host
 from sglang_ext import score_chunks as chunking
 from sglang_ext.score_chunks import score_chunks
 from sparse_rl_megatron.compression import ScoreInputs, choose_kept, gather_kept, get_scorer
-from sparse_rl_megatron.compression.scorers import QUERY_WINDOW
+from sparse_rl_megatron.compression.scorers import QUERY_CENTERS, QUERY_WINDOW
 
 
 def compress_due_rows(backend, plan) -> None:
@@ -86,8 +86,9 @@ def compress_rows(backend, rows: list[int], n: int):
     own_from = _owned_from(backend, rows_np, n)
     order = (state.ring_ptr[rows_np][:, None] + np.arange(window)) % window
     zero_rows, zero_cols = _zero_range(backend, rows_np, n, own_from, budget)
-    rows_t, starts_t, order_t, first_t, zero_rows_t, zero_cols_t = _send(
-        [rows_np, starts, order.ravel(), first.astype(np.int64), zero_rows, zero_cols], device)
+    rows_t, starts_t, order_t, first_t, zero_rows_t, zero_cols_t, count_t, next_t = _send(
+        [rows_np, starts, order.ravel(), first.astype(np.int64), zero_rows, zero_cols, state.qcount[rows_np],
+         state.logical_len[rows_np]], device)
     order_t, first_t = order_t.view(len(rows), window), first_t.bool()
     cand = state.table[rows_t[:, None], starts_t[:, None] + torch.arange(n, device=device)].long()   # [m, n]
     dst, freed = _destinations(backend, rows, cand, own_from, budget)
@@ -109,7 +110,10 @@ def compress_rows(backend, rows: list[int], n: int):
                 ring = state.qwin[li][rows_t[rs]]                                       # [mc, Hq, a, D]
                 index = order_t[rs][:, None, :, None].expand(-1, ring.shape[1], -1, ring.shape[3])
                 queries = backend.query_groups.whole_group(torch.gather(ring, 2, index))
-            kept = _choose(cfg, keys, values, queries, backend.scaling.get(layer_id), head_slices)   # [mc, Hkv, B]
+            centers = (_centers(backend, li, rows_t[rs], count_t[rs], next_t[rs])
+                       if QUERY_CENTERS in scorer.needs else {})
+            kept = _choose(cfg, keys, values, queries, backend.scaling.get(layer_id), head_slices,
+                           centers)                                                      # [mc, Hkv, B]
             kbuf[dst[rs]] = gather_kept(keys, kept).permute(0, 2, 1, 3).to(kbuf.dtype)
             vbuf[dst[rs]] = gather_kept(values, kept).permute(0, 2, 1, 3).to(vbuf.dtype)
             if positions is not None:
@@ -128,16 +132,36 @@ def compress_rows(backend, rows: list[int], n: int):
     return rows, events, torch.stack(kept_positions)
 
 
-def _choose(cfg, keys, values, queries, scaling, head_slices: list[slice]) -> torch.Tensor:
+def _centers(backend, li: int, rows_t, count_t, next_t) -> dict:
+    """TriAttention's ``ScoreInputs`` fields of a row chunk in layer ``li``: the mean pre-RoPE query and pair modulus
+    of each query head (the KV head's whole group with TP replicas, ``tp_heads``), the next position, the rotary."""
+    count = count_t.clamp_min(1).to(torch.float32)[:, None, None]
+    groups = backend.query_groups
+    center = groups.whole_group((backend.state.qsum[li][rows_t] / count).unsqueeze(-2)).squeeze(-2)
+    abs_center = groups.whole_group((backend.state.qabs[li][rows_t] / count).unsqueeze(-2)).squeeze(-2)
+    return dict(query_center=center, query_abs_center=abs_center, query_position=next_t,
+                rope_inv_freq=backend.inv_freq)
+
+
+_PER_QUERY_HEAD = ("queries", "query_center", "query_abs_center")
+"""``ScoreInputs`` fields with one entry per query head (dim 1), sliced with their KV heads."""
+
+
+def _choose(cfg, keys, values, queries, scaling, head_slices: list[slice], centers: dict) -> torch.Tensor:
     """``choose_kept`` of a row chunk, KV heads a slice at a time (each with its query heads); [mc, Hkv, B]."""
     if len(head_slices) == 1:
-        return choose_kept(cfg, ScoreInputs(keys=keys, values=values, queries=queries, scaling=scaling))
+        return choose_kept(cfg, ScoreInputs(keys=keys, values=values, queries=queries, scaling=scaling, **centers))
     kept = torch.empty(keys.shape[0], keys.shape[1], cfg.budget, dtype=torch.int64, device=keys.device)
-    group = None if queries is None else queries.shape[1] // keys.shape[1]
+    per_head = {name: x for name, x in (("queries", queries), *centers.items())
+                if name in _PER_QUERY_HEAD and x is not None}
+    rest = {name: x for name, x in centers.items() if name not in _PER_QUERY_HEAD}
     for hs in head_slices:
-        q = None if queries is None else queries[:, hs.start * group:hs.stop * group]
-        kept[:, hs] = choose_kept(cfg, ScoreInputs(keys=keys[:, hs], values=values[:, hs], queries=q,
-                                                   scaling=scaling))
+        sliced = {}
+        for name, x in per_head.items():
+            group = x.shape[1] // keys.shape[1]
+            sliced[name] = x[:, hs.start * group:hs.stop * group]
+        kept[:, hs] = choose_kept(cfg, ScoreInputs(keys=keys[:, hs], values=values[:, hs], scaling=scaling,
+                                                   **{"queries": None, **sliced}, **rest))
     return kept
 
 

@@ -58,12 +58,11 @@ class PluginFaults:
         fault = os.environ.get(FAULT_ENV, "")
         return cls(**{fault: True}) if fault in PLUGIN_FAULTS else cls()
 
-PLUGIN_PROVIDES = frozenset({QUERY_WINDOW})
-"""The scorer inputs (``scorers.INPUT_FIELDS``) the plugin keeps: the ring of the last alpha queries per row."""
+PLUGIN_PROVIDES = frozenset({QUERY_WINDOW, QUERY_CENTERS})
+"""The scorer inputs (``scorers.INPUT_FIELDS``) the plugin keeps: the ring of the last alpha queries per row, and
+(servers started with a scorer that needs them) the running sums of each row's pre-RoPE queries (``query_centers``)."""
 PLUGIN_LACKS = {
     ACCUMULATED_ATTENTION: "per-step attention mass, which the kernels do not return",
-    QUERY_CENTERS: "running sums of each request's pre-RoPE queries (online query centers), which the "
-                   "plugin's hooks do not keep yet",
 }
 """Why the plugin does not provide each other input a scorer may need."""
 
@@ -112,6 +111,9 @@ class SparseKVConfig:
             raise ValueError(
                 f"compression.method '{c.method}' is not supported by the SGLang plugin (it needs "
                 f"{_plugin_lacks(c.method)}); valid: {', '.join(supported_methods())}")
+        if c.uses_center_file:
+            raise ValueError("compression.triattention_centers=file is not supported by the SGLang plugin (it keeps "
+                             "online centers only); set it to online")
         if c.compress_prefill:
             raise ValueError("compression.compress_prefill is not supported by the SGLang plugin (Sparse-RL "
                              "compresses during decode only); set it to false")
@@ -199,6 +201,9 @@ def request_compression(base: CompressionConfig, overrides: Any) -> CompressionC
         raise ConfigError(f"custom_params.{REQUEST_KEY}: {err}") from None
     if config.is_dense:  # nothing is compressed: no query ring, no position buffer
         return config
+    if QUERY_CENTERS in config.scorer.needs and QUERY_CENTERS not in base.scorer.needs:
+        raise ConfigError(f"custom_params.{REQUEST_KEY}.method '{config.method}' needs query centers, which a server "
+                          f"keeps only when started with such a method (it was started with '{base.method}')")
     if config.window > base.window:
         raise ConfigError(f"custom_params.{REQUEST_KEY}.window ({config.window}) exceeds the server's window "
                           f"({base.window}), which sizes the query ring")

@@ -46,6 +46,14 @@ class ForwardPlan:
     """[T'] its slot in that row's ring."""
     ring_count: int = 0
     """T' (host)."""
+    center_tokens: torch.Tensor | None = None
+    """[T''] index of every query summed into its row's query centers (every token of a row that keeps them)."""
+    center_rows: torch.Tensor | None = None
+    """[T''] its request row."""
+    center_positions: torch.Tensor | None = None
+    """[T''] its logical (RoPE) position."""
+    center_count: int = 0
+    """T'' (host)."""
     rows_from_host: bool = False
     """The batch's rows came from the host (recorded when SGLang built it), not read from the device."""
 
@@ -108,7 +116,9 @@ def plan_forward(state: RowState, fb, *, req_to_token: torch.Tensor, req_generat
         pos_vals = app_cols[sel] - start[which][sel] + (seq - ext)[which][sel]
     ring = _ring_writes(state, rows, ext, tok_start) if state.qwin is not None else None
     parts = [phys, app_rows, app_cols, app_toks, mir_rows, mir_cols, pos_rows, pos_cols, pos_vals, phys - ext]
-    staged = _send(parts + (list(ring) if ring is not None else []), req_to_token.device)
+    centers = _center_writes(state, rows, seq, ext, tok_start) if state.qsum is not None else None
+    staged = _send(parts + (list(ring) if ring is not None else []) + (list(centers) if centers is not None else []),
+                   req_to_token.device)
     phys_t, app_rows_t, app_cols_t, app_toks_t, mir_rows_t, mir_cols_t, pos_rows_t, pos_cols_t, pos_vals_t = staged[:9]
     if len(mir_rows):
         state.table[mir_rows_t, mir_cols_t] = req_to_token[mir_rows_t, mir_cols_t].to(state.table.dtype)
@@ -133,6 +143,9 @@ def plan_forward(state: RowState, fb, *, req_to_token: torch.Tensor, req_generat
     if ring is not None:
         plan.ring_tokens, plan.ring_rows, plan.ring_slots = staged[10:13]
         plan.ring_count = len(ring[0])
+    if centers is not None:
+        plan.center_tokens, plan.center_rows, plan.center_positions = staged[-3:]
+        plan.center_count = len(centers[0])
     return plan
 
 
@@ -238,3 +251,12 @@ def _ring_writes(state: RowState, rows: np.ndarray, ext: np.ndarray, tok_start: 
     state.ring_ptr[rows] = np.where(alpha > 0, (state.ring_ptr[rows] + ext) % np.maximum(alpha, 1),
                                     state.ring_ptr[rows])
     return tokens, rows[which], slots
+
+
+def _center_writes(state: RowState, rows: np.ndarray, seq: np.ndarray, ext: np.ndarray, tok_start: np.ndarray):
+    """(tokens, rows, positions): every query of the rows that keep query centers is summed; their counts grow."""
+    take = np.where(state.centers[rows], ext, 0)
+    state.qcount[rows] += take
+    which = np.repeat(np.arange(len(rows)), take)
+    j = np.arange(int(take.sum())) - np.repeat(np.cumsum(take) - take, take)
+    return tok_start[which] + j, rows[which], (seq - ext)[which] + j

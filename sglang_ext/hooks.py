@@ -153,6 +153,8 @@ def _max_prefix_len(original, req, input_len):
     backend = active_backend()
     if backend is None or backend.state.qwin is None:
         return limit
+    if backend.state.qsum is not None:
+        return 0   # query centers sum the queries of every token, prompt included: KV from the tree has none
     # The scorers need the post-RoPE queries of the last alpha tokens; KV from the radix tree has none. A re-prefill
     # (retraction) matches its prompt at most: a compression reads only the prompt as the tree's (``_owned_from``).
     return max(min(limit, input_len - backend.config.compression.window, len(req.origin_input_ids)), 0)

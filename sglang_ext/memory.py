@@ -5,7 +5,9 @@ Per request row of SGLang's ``req_to_token`` pool (``max_running_requests`` + 1 
 
 - the physical table, ``width`` int32 (the row width of ``req_to_token``: the context length + SGLang's extra);
 - the query rings, ``layers x Hq x alpha x head_dim`` in the model dtype (compressing servers);
-- the kept positions, ``layers x Hkv x (B + W)`` int32 (with ``kept_digest``).
+- the kept positions, ``layers x Hkv x (B + W)`` int32 (with ``kept_digest``);
+- the query-center sums, ``layers x Hq x 3 head_dim / 2`` float32 (servers started with ``triattention``,
+  ``query_centers``).
 
 SGLang sizes its KV pool from ``mem_fraction_static`` before any attention backend exists; the plugin takes its
 bytes out of that budget first (hook on ``KVCacheConfigurator._profile_available_bytes``, for the most rows
@@ -26,7 +28,7 @@ SGLANG_MAX_DEFAULT_ROWS = 4096
 SGLANG_ROW_EXTRA = 4
 """``req_to_token`` row width beyond the context length without speculative decoding
 (``allocation_sizing.get_req_to_token_extra_context_len``)."""
-TABLE_BYTES, POSITION_BYTES = 4, 4   # int32 table entries and kept positions
+TABLE_BYTES, POSITION_BYTES, CENTER_BYTES = 4, 4, 4   # int32 table entries and kept positions, float32 sums
 
 
 @dataclass(frozen=True)
@@ -37,27 +39,32 @@ class PluginMemory:
     table: int
     queries: int
     positions: int
+    centers: int = 0
+    """The query-center sums (``query_centers``)."""
     transient: int = SCORE_CHUNK_BYTES
     """At most this much more while a step compresses."""
 
     @property
     def total(self) -> int:
-        return self.table + self.queries + self.positions
+        return self.table + self.queries + self.positions + self.centers
 
     def describe(self) -> str:
         gib = lambda x: f"{x / 2 ** 30:.2f} GiB"  # noqa: E731
         return (f"sparse_kv: {gib(self.total)} for {self.rows} rows (table {gib(self.table)}, query rings "
-                f"{gib(self.queries)}, kept positions {gib(self.positions)}) + at most "
+                f"{gib(self.queries)}, kept positions {gib(self.positions)}"
+                + (f", query centers {gib(self.centers)}" if self.centers else "") + ") + at most "
                 f"{self.transient / 2 ** 20:.0f} MiB while compressing")
 
 
 def plugin_memory(*, rows: int, width: int, layers: int, q_heads: int, kv_heads: int, head_dim: int, window: int,
-                  max_candidates: int, ring_itemsize: int, keep_queries: bool, keep_positions: bool) -> PluginMemory:
+                  max_candidates: int, ring_itemsize: int, keep_queries: bool, keep_positions: bool,
+                  keep_centers: bool = False) -> PluginMemory:
     """The formula ``RowState`` allocates by (heads per TP rank)."""
     return PluginMemory(
         rows=rows, table=rows * width * TABLE_BYTES,
         queries=layers * rows * q_heads * window * head_dim * ring_itemsize if keep_queries else 0,
-        positions=layers * rows * kv_heads * max_candidates * POSITION_BYTES if keep_positions else 0)
+        positions=layers * rows * kv_heads * max_candidates * POSITION_BYTES if keep_positions else 0,
+        centers=layers * rows * q_heads * (head_dim + head_dim // 2) * CENTER_BYTES if keep_centers else 0)
 
 
 def for_config(config, *, rows: int, width: int, layers: int, q_heads: int, kv_heads: int, head_dim: int,
@@ -67,7 +74,14 @@ def for_config(config, *, rows: int, width: int, layers: int, q_heads: int, kv_h
     return plugin_memory(rows=rows, width=width, layers=layers, q_heads=q_heads, kv_heads=kv_heads,
                          head_dim=head_dim, window=c.window, max_candidates=c.max_candidates,
                          ring_itemsize=ring_itemsize, keep_queries=not c.is_dense,
-                         keep_positions=config.kept_digest and not c.is_dense)
+                         keep_positions=config.kept_digest and not c.is_dense, keep_centers=keeps_centers(c))
+
+
+def keeps_centers(compression) -> bool:
+    """A server with this compression keeps query-center sums: its scorer needs them (``query_centers``)."""
+    from sparse_rl_megatron.compression.scorers import QUERY_CENTERS
+
+    return QUERY_CENTERS in compression.scorer.needs
 
 
 _RESERVED: PluginMemory | None = None

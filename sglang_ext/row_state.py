@@ -13,6 +13,8 @@ It keeps a second, *physical* table next to it:
   freed): one contiguous range. The first compression frees the owned candidates past the B kept ones, SGLang
   positions ``[min(start + B, T1), T1)``; every later one frees the tokens appended since the previous, positions
   ``[T_prev, T)``; so what a row still owns is known on the host (``accounting``).
+- ``qsum``, ``qabs``, ``qcount``: TriAttention's running sums of the row's pre-RoPE queries (``query_centers``), for
+  servers started with a scorer that needs them.
 - ``extras[row]``: slots taken for the first compression of a scope-all request whose prompt the radix tree
   shares (they hold kept prompt tokens, in table positions every later compression keeps, until release).
 
@@ -30,6 +32,7 @@ import numpy as np
 import torch
 
 from sparse_rl_megatron.compression import CompressionConfig, KeptDigest
+from sparse_rl_megatron.compression.scorers import QUERY_CENTERS
 
 
 @dataclass
@@ -54,7 +57,8 @@ class RowState:
 
     def __init__(self, *, rows: int, width: int, num_layers: int, num_kv_heads: int, num_q_heads: int,
                  head_dim: int, window: int, max_candidates: int, ring_dtype: torch.dtype,
-                 device: torch.device | str, keep_queries: bool, keep_positions: bool, region=None):
+                 device: torch.device | str, keep_queries: bool, keep_positions: bool, keep_centers: bool = False,
+                 region=None):
         self.device = torch.device(device)
         with region if region is not None else contextlib.nullcontext():
             self.table = torch.zeros(rows, width, dtype=torch.int32, device=device)
@@ -64,6 +68,14 @@ class RowState:
             self.pos = (torch.zeros(num_layers, rows, num_kv_heads, max_candidates, dtype=torch.int32,
                                     device=device) if keep_positions else None)
             """[L, rows, Hkv, B + W] logical position of every candidate slot of a compressed row (digests)."""
+            self.qsum = (torch.zeros(num_layers, rows, num_q_heads, head_dim, dtype=torch.float32, device=device)
+                         if keep_centers else None)
+            """[L, rows, Hq, D] sum of each row's pre-RoPE queries (``query_centers``)."""
+            self.qabs = (torch.zeros(num_layers, rows, num_q_heads, head_dim // 2, dtype=torch.float32,
+                                     device=device) if keep_centers else None)
+            """[L, rows, Hq, D / 2] sum of the moduli of each row's pre-RoPE query pairs (``query_centers``)."""
+        self.qcount = np.zeros(rows, dtype=np.int64)
+        """Tokens summed into ``qsum`` / ``qabs`` per row (host)."""
         self.generation = np.full(rows, -1, dtype=np.int64)
         """``req_to_token_pool.req_generation`` when the row was last (re)initialised: a change = new request."""
         zeros = lambda dtype=np.int64: np.zeros(rows, dtype=dtype)  # noqa: E731
@@ -76,6 +88,8 @@ class RowState:
         # Each bound row's RowInfo facts as arrays (``set_info``), so a forward's decisions are numpy over the batch:
         self.bound = zeros(bool)
         self.dense = zeros(bool)
+        self.centers = zeros(bool)
+        """The row's scorer needs query centers (its queries are summed)."""
         self.alpha = zeros()
         """The row's query-ring width (its window alpha; 0 for dense rows, which are never scored)."""
         self.prompt_len = zeros()
@@ -106,7 +120,8 @@ class RowState:
     @property
     def nbytes(self) -> int:
         """Device bytes of the per-row tensors."""
-        return sum(t.numel() * t.element_size() for t in (self.table, self.qwin, self.pos) if t is not None)
+        return sum(t.numel() * t.element_size() for t in (self.table, self.qwin, self.pos, self.qsum, self.qabs)
+                   if t is not None)
 
     def reset(self, row: int, generation: int, info: RowInfo | None) -> None:
         """Start a new request in ``row``."""
@@ -124,6 +139,10 @@ class RowState:
             raise RuntimeError(f"sparse_kv: row {row} was reused with {stale.numel()} reserved slots never freed")
         if self.qwin is not None:
             self.qwin[:, row].zero_()
+        self.qcount[row] = 0
+        if self.qsum is not None:
+            self.qsum[:, row].zero_()
+            self.qabs[:, row].zero_()
 
     def set_info(self, row: int, info: RowInfo | None) -> None:
         """Bind ``info`` to ``row`` (its facts copied into the per-row arrays)."""
@@ -137,6 +156,7 @@ class RowState:
         self.config_id[row] = self._intern_config(c)
         self.dense[row] = c.is_dense
         self.alpha[row] = 0 if c.is_dense else c.window
+        self.centers[row] = self.qsum is not None and not c.is_dense and QUERY_CENTERS in c.scorer.needs
         self.prompt_len[row] = info.prompt_len
         self.scope_response[row] = c.scope == "response"
         self.max_cand[row] = np.iinfo(np.int64).max if c.is_dense else c.max_candidates

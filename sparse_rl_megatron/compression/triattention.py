@@ -38,7 +38,8 @@ def future_offsets(max_offset: int, device=None) -> torch.Tensor:
     """[M] float64 ``1, 2, 4, ..., 2^m <= max_offset`` (the authors' geometric offsets; 17 for 65536)."""
     if max_offset < 1:
         raise ValueError(f"triattention max_offset must be >= 1; got {max_offset}")
-    return torch.tensor([float(2 ** i) for i in range(max_offset.bit_length())], dtype=torch.float64, device=device)
+    # 2.0 ** k computed where the offsets are used (exact for integer k): no host data copied to a device
+    return 2.0 ** torch.arange(max_offset.bit_length(), dtype=torch.float64, device=device)
 
 
 def unrotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
@@ -47,12 +48,12 @@ def unrotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -
     Args:
         x: [..., T, D] post-RoPE queries or keys.
         positions: [..., T] (broadcastable) logical positions they were rotated with.
-        inv_freq: [D / 2] the rotary's ``inv_freq`` (omega_f).
+        inv_freq: [D / 2] the rotary's ``inv_freq`` (omega_f), on the device of ``x`` (not moved: no copy per call).
     Returns:
         [..., T, D] float32.
     """
     half = x.shape[-1] // 2
-    angle = positions.to(torch.float64).unsqueeze(-1) * inv_freq.to(device=x.device, dtype=torch.float64)
+    angle = positions.to(torch.float64).unsqueeze(-1) * inv_freq.to(torch.float64)
     cos, sin = angle.cos().float(), angle.sin().float()
     re, im = x[..., :half].float(), x[..., half:].float()
     # z e^{-i angle}
@@ -100,7 +101,7 @@ def triattention_logits(
         query_center: [n, Hq, D] mean pre-RoPE query of each head (``E q``, rotate-half layout).
         query_abs_center: [n, Hq, D / 2] mean pair modulus ``E |q_f|``.
         query_position: [n] long, ``t``: the position of the next token (newest cached position + 1).
-        inv_freq: [D / 2] the rotary's ``inv_freq``.
+        inv_freq: [D / 2] the rotary's ``inv_freq``; it and ``query_position`` on the keys' device (not moved).
         max_offset: largest future offset (the offsets are the powers of two up to it).
     Returns:
         [n, Hkv, G, N] float32, G = Hq / Hkv (query head ``h`` is ``[h // G, h % G]``).
@@ -110,11 +111,11 @@ def triattention_logits(
     if hq % hkv:
         raise ValueError(f"query heads ({hq}) must be a multiple of KV heads ({hkv})")
     half = d // 2
-    omega = inv_freq.to(device=keys.device, dtype=torch.float64)                         # [F]
+    omega = inv_freq.to(torch.float64)                                                   # [F] (on the keys' device)
     mean_phase = torch.polar(torch.ones_like(omega), omega[None, :] * future_offsets(max_offset, keys.device)[:, None]
                              ).mean(dim=0)                                               # [F] mean_d e^{i w d}
     now = torch.polar(torch.ones(n, half, dtype=torch.float64, device=keys.device),
-                      query_position.to(device=keys.device, dtype=torch.float64)[:, None] * omega)  # [n, F]
+                      query_position.to(torch.float64)[:, None] * omega)                  # [n, F]
     center = torch.complex(query_center[..., :half].double(), query_center[..., half:].double())    # [n, Hq, F]
     virtual = (center * (now * mean_phase)[:, None, :]).to(torch.complex64)              # [n, Hq, F]
     v = torch.cat([virtual.real, virtual.imag], dim=-1)                                  # [n, Hq, D]

@@ -45,7 +45,9 @@ class RunnerAttributes:
             page_size=1, device="cpu")
         self.model_config = SimpleNamespace(get_num_attention_heads=lambda tp: Q_HEADS // tp, context_len=context,
                                             get_total_num_kv_heads=lambda: KV_HEADS, num_attention_heads=Q_HEADS,
-                                            is_encoder_decoder=False)
+                                            is_encoder_decoder=False,
+                                            hf_config=SimpleNamespace(rope_parameters={"rope_theta": 10000.0,
+                                                                                       "rope_type": "default"}))
         self.server_args = SimpleNamespace(tp_size=tp_size, disable_radix_cache=not radix)
         self.max_running_requests = max_running_requests or rows
 

@@ -55,7 +55,7 @@ def test_decode_steps_sync_a_constant_not_per_row_or_layer(digest):
 
 
 def test_dense_and_streaming_steps_too():
-    for method in ("none", "streamingllm", "snapkv"):
+    for method in ("none", "streamingllm", "snapkv", "triattention"):
         config = SparseKVConfig(compression=CompressionConfig(method=method, budget=6, window=2, buffer=2))
         steps, release = _steps(config, steps=8)
         assert max(s for s, _, _ in steps) == 0 and release == 0, method

@@ -47,9 +47,18 @@ def test_request_overrides_stay_within_the_server():
         request_compression(base, {"bugdet": 8})
     with pytest.raises(ConfigError, match="'h2o' is not supported by the SGLang plugin"):
         request_compression(base, {"method": "h2o"})
-    with pytest.raises(ConfigError, match="'triattention' is not supported by the SGLang plugin .it needs running "
-                                          "sums of each request's pre-RoPE queries.*valid: none, rkv, snapkv, streamingllm"):
+    with pytest.raises(ConfigError, match="'h2o' is not supported.*valid: none, rkv, snapkv, streamingllm, triattention"):
+        request_compression(base, {"method": "h2o"})
+    # query centers are summed only on a server started with a method that needs them (they are sized at start)
+    with pytest.raises(ConfigError, match="method 'triattention' needs query centers, which a server keeps only when "
+                                          "started with such a method .it was started with 'rkv'."):
         request_compression(base, {"method": "triattention"})
+    tri = CompressionConfig(method="triattention", budget=64, window=8, buffer=16)
+    assert request_compression(tri, {"method": "snapkv", "budget": 32}).method == "snapkv"
+    assert request_compression(tri, {"budget": 32}).budget == 32
+    with pytest.raises(ConfigError, match="compression.triattention_centers=file is not supported by the SGLang "
+                                          "plugin .it keeps online centers only.; set it to online"):
+        request_compression(tri, {"triattention_centers": "file", "triattention_centers_path": "c.pt"})
     # a dense request (the trainer's weight probe, dense evaluation) needs no query ring: any window goes
     assert request_compression(base, {"method": "none", "window": 32, "budget": 512}).is_dense
 

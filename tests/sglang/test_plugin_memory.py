@@ -24,9 +24,13 @@ def chunk_peak_bytes(rows: int, heads: int, *, pair_bytes: int, row_bytes: int,
 RKV = CompressionConfig(method="rkv", budget=6, window=2, buffer=2)
 
 
+TRI = CompressionConfig(method="triattention", budget=6, window=2, buffer=2)
+
+
 @pytest.mark.parametrize("config", [SparseKVConfig(compression=RKV, kept_digest=True),
-                                    SparseKVConfig(compression=RKV), SparseKVConfig()],
-                         ids=["rkv-digest", "rkv", "dense"])
+                                    SparseKVConfig(compression=RKV), SparseKVConfig(),
+                                    SparseKVConfig(compression=TRI, kept_digest=True)],
+                         ids=["rkv-digest", "rkv", "dense", "triattention-digest"])
 def test_allocation_is_the_formula(config):
     rig = PluginRig(config, rows=6, context=48)
     try:
@@ -34,13 +38,16 @@ def test_allocation_is_the_formula(config):
         c = config.compression
         want = plugin_memory(rows=rows, width=width, layers=LAYERS, q_heads=Q_HEADS, kv_heads=KV_HEADS,
                              head_dim=HEAD_DIM, window=c.window, max_candidates=c.max_candidates, ring_itemsize=4,
-                             keep_queries=not c.is_dense, keep_positions=config.kept_digest and not c.is_dense)
+                             keep_queries=not c.is_dense, keep_positions=config.kept_digest and not c.is_dense,
+                             keep_centers=c.method == "triattention")
         assert rig.backend.state.nbytes == want.total == rig.backend.memory.total
         # by hand: int32 table, float32 rings [L, rows, Hq, alpha, D], int32 positions [L, rows, Hkv, B + W]
         hand = rows * width * 4
         if not c.is_dense:
             hand += LAYERS * rows * Q_HEADS * c.window * HEAD_DIM * 4
             hand += LAYERS * rows * KV_HEADS * c.max_candidates * 4 if config.kept_digest else 0
+            # float32 query-center sums [L, rows, Hq, D] and [L, rows, Hq, D / 2] (triattention)
+            hand += LAYERS * rows * Q_HEADS * (HEAD_DIM + HEAD_DIM // 2) * 4 if c.method == "triattention" else 0
         assert want.total == hand
         assert f"for {rows} rows" in want.describe()
     finally:
@@ -104,7 +111,7 @@ def _run(config, chunk_bytes, monkeypatch):
         rig.close()
 
 
-@pytest.mark.parametrize("method", ["rkv", "snapkv"])
+@pytest.mark.parametrize("method", ["rkv", "snapkv", "triattention"])
 def test_chunked_compression_keeps_the_same_tokens(method, monkeypatch):
     config = SparseKVConfig(compression=CompressionConfig(method=method, budget=6, window=2, buffer=2),
                             kept_digest=True)

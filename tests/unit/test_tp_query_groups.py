@@ -94,3 +94,35 @@ def test_with_a_real_all_gather_over_gloo(tmp_path):
     unsharded = choose_kept(CONFIGS[0], ScoreInputs(keys=keys[:, :1], values=values[:, :1], queries=queries[:, :4]))
     for rank in range(2):
         assert torch.equal(torch.load(tmp_path / f"rank{rank}.pt"), unsharded), rank
+
+
+def test_triattention_replicas_score_with_the_whole_groups_centers():
+    """The plugin's query-center sums are sharded like the queries: a compression gathers the KV head's whole group
+    of centers (``compaction._centers``) and every replica keeps the unsharded TriAttention selection."""
+    from types import SimpleNamespace
+
+    from sglang_ext.compaction import _centers
+
+    config = CompressionConfig(method="triattention", budget=8, window=3, buffer=4)
+    g = torch.Generator().manual_seed(1)
+    keys, values = torch.randn(ROWS, HKV, N, D, generator=g), torch.randn(ROWS, HKV, N, D, generator=g)
+    qsum, qabs = torch.randn(ROWS, HQ, D, generator=g) * 5, torch.rand(ROWS, HQ, D // 2, generator=g) * 9
+    count, position, inv_freq = torch.tensor([3, 5, 7]), torch.tensor([30, 31, 40]), torch.rand(D // 2, generator=g)
+    unsharded = choose_kept(config, ScoreInputs(keys=keys, values=values, query_center=qsum / count[:, None, None],
+                                                query_abs_center=qabs / count[:, None, None],
+                                                query_position=position, rope_inv_freq=inv_freq))
+    q = HQ // TP
+
+    def all_gather(x):   # every rank's mean of the same sums, rank order
+        full = (qsum if x.shape[-1] == D else qabs) / count[:, None, None]
+        return torch.stack([full[:, r * q:(r + 1) * q].unsqueeze(-2) for r in range(TP)])
+
+    for rank in range(TP):
+        kv = rank // (TP // HKV)
+        shard = SimpleNamespace(qsum=[qsum[:, rank * q:(rank + 1) * q]], qabs=[qabs[:, rank * q:(rank + 1) * q]])
+        backend = SimpleNamespace(state=shard, inv_freq=inv_freq, query_groups=QueryGroups(
+            tp_rank=rank, tp_size=TP, total_kv_heads=HKV, all_gather=all_gather))
+        centers = _centers(backend, 0, torch.arange(ROWS), count, position)
+        assert centers["query_center"].shape == (ROWS, HQ // HKV, D)
+        kept = choose_kept(config, ScoreInputs(keys=keys[:, kv:kv + 1], values=values[:, kv:kv + 1], **centers))
+        assert torch.equal(kept, unsharded[:, kv:kv + 1]), rank
