@@ -214,6 +214,15 @@ class EnginePool:
                         f"taking its memory back ({', '.join(parts)})")
 
     # ---------------------------------------------------------------------------------------- generate
+    def _rendered(self, records: "list[MathRecord]", template: str) -> tuple[list[str], list[int]]:
+        """Rank 0: ``records``' prompts under ``template`` and their token counts (characters without a tokenizer),
+        what the groups are shared out by."""
+        tokenizer = self.local[0].engine.tokenizer
+        prompts = [render_prompt(template, r.prompt, tokenizer) for r in records]
+        lengths = [len(tokenizer(p, add_special_tokens=False)["input_ids"]) if tokenizer is not None else len(p)
+                   for p in prompts]
+        return prompts, lengths
+
     def generate(self, records: "list[MathRecord] | None", template: str, n: int, sampling: "SamplingParams",
                  step: int, budget: int | None = None) -> tuple[list["Sample"], dict[str, float]]:
         """``n`` scored samples per record of rank 0's ``records`` (None elsewhere), from every engine; the same
@@ -222,10 +231,7 @@ class EnginePool:
         t0 = time.perf_counter()
         plan = None
         if D.is_main():
-            tokenizer = self.local[0].engine.tokenizer
-            prompts = [render_prompt(template, r.prompt, tokenizer) for r in records]
-            lengths = [len(tokenizer(p, add_special_tokens=False)["input_ids"]) if tokenizer is not None else len(p)
-                       for p in prompts]
+            prompts, lengths = self._rendered(records, template)
             shares = split_groups([group_cost(x, n, sampling.max_new_tokens) for x in lengths], self.layout.num_engines)
             plan = (records, prompts, shares)
         records, prompts, shares = D.broadcast_from_main(plan)
@@ -275,10 +281,7 @@ class EnginePool:
         limit = sampling.max_new_tokens
         plan = None
         if D.is_main():
-            tokenizer = self.local[0].engine.tokenizer
-            prompts = [render_prompt(template, r.prompt, tokenizer) for r in records]
-            lengths = [len(tokenizer(p, add_special_tokens=False)["input_ids"]) if tokenizer is not None else len(p)
-                       for p in prompts]
+            prompts, lengths = self._rendered(records, template)
             costs = [group_cost(x, n, min(segment_tokens, limit)) for x in lengths]
             costs += [group_cost(len(c.prompt_ids) + c.response_length, 1, segment_tokens) for c in carried]
             plan = (records, prompts, split_groups(costs, self.layout.num_engines))
