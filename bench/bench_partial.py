@@ -1,4 +1,5 @@
-"""Synchronous vs partial rollouts (``rollout.partial``, issue 54) on the reference engine, side by side in one run.
+"""Synchronous vs partial rollouts (``rollout.partial``, issue 54), side by side in one run, on the reference engine or
+on SGLang's CPU engine with the sparse_kv plugin at a fixed KV pool (``--engine sglang --pool TOKENS``).
 
 Each mode samples the same steps (``--prompts`` GRPO groups of ``--n`` samples per step) on the same engine and
 weights (no learning between steps: the weight version is stamped, as a weight sync would, so staleness counts are
@@ -17,6 +18,11 @@ Workloads:
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_partial.py                 # geometric, 4 measured steps
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_partial.py --model .pytest_cache/d/realmodel/smollm2-135m-instruct
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_partial.py --engine sglang --pool 8192    # the plugin, fixed pool
+
+On ``--engine sglang`` both KV modes run on one server (its pool ``--pool`` tokens, its compression the R-KV one;
+the dense mode's requests carry ``method: none``, as ``CompressionView`` sends them), so at one pool the compressed
+mode admits more requests at once; |log rho| is then the server's own full-attention prefill against the sampler.
 
 Not a test: timings are wall clock on a shared machine; compare ratios within one run.
 """
@@ -25,6 +31,7 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -44,26 +51,53 @@ from sparse_rl_megatron.trainer.step import rollout_samples
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _geometric(args) -> tuple[HFRolloutEngine, list[MathRecord], str]:
+def _geometric_model(args, workdir: Path) -> Path:
+    """The geometric workload's tiny random Qwen2 as an HF directory, its last ``--eos-tokens`` ids all EOS."""
     from sparse_rl_megatron.models.tiny import build_tiny_model, build_tiny_tokenizer
 
-    tok = build_tiny_tokenizer()
-    model = build_tiny_model("qwen2", init_std=0.002, seed=0)
+    model = build_tiny_model("qwen2", init_std=0.002, seed=0, max_position_embeddings=args.max_new + 128)
     vocab = model.config.vocab_size
-    model.generation_config.eos_token_id = list(range(vocab - args.eos_tokens, vocab))
-    records = [MathRecord(prompt=f"Problem {i}: add {i} and {2 * i}.", answer=str(3 * i), source_id=f"L{i}",
-                          dataset="geometric") for i in range(4096)]
-    return HFRolloutEngine(model, tok, show_progress=False, max_batch_size=1024), records, "raw"
+    eos = list(range(vocab - args.eos_tokens, vocab))
+    model.config.eos_token_id = eos
+    model.generation_config.eos_token_id = eos
+    model.save_pretrained(workdir)
+    build_tiny_tokenizer(vocab).save_pretrained(workdir)
+    return workdir
 
 
-def _real(args) -> tuple[HFRolloutEngine, list[MathRecord], str]:
+def _engine(args, model_dir: Path, compression: CompressionConfig):
+    """The engine both modes sample on: the reference engine, or an in-process SGLang server with the plugin at
+    ``--pool`` tokens whose own compression is ``compression``."""
+    if args.engine == "hf":
+        return HFRolloutEngine(str(model_dir), show_progress=False, max_batch_size=1024)
+    from sparse_rl_megatron.rollout.sglang_config import SGLangEngineConfig
+    from sparse_rl_megatron.rollout.sglang_engine import SGLangRolloutEngine
+
+    return SGLangRolloutEngine(SGLangEngineConfig(model_path=str(model_dir), compression=compression, dtype="float32",
+                                                  max_total_tokens=args.pool, max_running_requests=args.max_running,
+                                                  random_seed=args.seed, log_level="error"))
+
+
+def _records(args) -> tuple[list[MathRecord], str]:
+    if args.model is None:
+        return [MathRecord(prompt=f"Problem {i}: add {i} and {2 * i}.", answer=str(3 * i), source_id=f"L{i}",
+                           dataset="geometric") for i in range(4096)], "raw"
     from sparse_rl_megatron.data.sets import load_dataset
 
-    records = list(load_dataset("gsm8k"))
-    return HFRolloutEngine(args.model, show_progress=False, max_batch_size=1024), records, "tokenizer"
+    return list(load_dataset("gsm8k")), "tokenizer"
 
 
-def _run(engine, records, template, compression, partial: bool, args) -> dict[str, float]:
+def _stamp(dense, engine, version: int, model_dir: Path, args) -> None:
+    """Weight version ``version`` (the same weights), as a step's weight sync would leave it: the reference engine's
+    stamp is set; the SGLang server reloads its weights from disk (flushing its caches) and stamps every token."""
+    if args.engine == "sglang":
+        if version != dense.weight_version:
+            dense.update_weights_from_disk(str(model_dir), version)
+    else:
+        engine.weight_version = version
+
+
+def _run(engine, records, template, compression, partial: bool, model_dir: Path, args) -> dict[str, float]:
     sampling = SamplingParams(temperature=1.0, max_new_tokens=args.max_new)
     dense = engine
     engine = engine.with_compression(compression)
@@ -72,17 +106,20 @@ def _run(engine, records, template, compression, partial: bool, args) -> dict[st
     state = PartialRollouts(PartialRolloutConfig(enabled=True, extra_groups=args.extra, segment_tokens=args.segment,
                                                  max_staleness=args.staleness), args.prompts, args.n)
     spans, tokens, lengths, carried, dropped, gaps = [], [], [], [], [], []
-    with EnginePool.single(engine, ExactReward(), "hf") as pool:
+    base = dense.weight_version
+    with EnginePool.single(engine, ExactReward(), args.engine) as pool:
         for step in range(1, args.steps + 2):     # step 1 warms up (and fills the partial pipeline)
-            engine.weight_version = step - 1
+            version = base + step - 1            # the SGLang server's versions only grow: this run's start at base
+            _stamp(dense, engine, version, model_dir, args)
             t0 = time.perf_counter()
             if partial:
-                batch, m = state.step(pool, take, template, sampling, seed=args.seed, step=step)
+                batch, m = state.step(pool, take, template, sampling, seed=args.seed, step=version + 1)
                 sampled = m[MN.THROUGHPUT_ROLLOUT_TOKENS_PER_S] * m[MN.TIME_ROLLOUT_S]
                 carried.append(m[MN.PARTIAL_CARRIED_REQUESTS])
                 dropped.append(m[MN.PARTIAL_DROPPED_GROUPS])
             else:
-                batch, m = rollout_samples(pool, take(args.prompts), template, args.n, sampling, args.seed, step)
+                batch, m = rollout_samples(pool, take(args.prompts), template, args.n, sampling, args.seed,
+                                           version + 1)
                 sampled = sum(s.response_length for s in batch)
             span = time.perf_counter() - t0
             if step > 1:
@@ -102,6 +139,10 @@ def _run(engine, records, template, compression, partial: bool, args) -> dict[st
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="an HF model directory (default: the geometric tiny workload)")
+    ap.add_argument("--engine", choices=("hf", "sglang"), default="hf",
+                    help="hf: the reference engine; sglang: SGLang's CPU engine with the plugin")
+    ap.add_argument("--pool", type=int, default=8192, help="sglang: the KV pool in tokens (both modes)")
+    ap.add_argument("--max-running", type=int, default=128, help="sglang: max_running_requests")
     ap.add_argument("--prompts", type=int, default=8, help="GRPO groups per step")
     ap.add_argument("--n", type=int, default=8, help="samples per group")
     ap.add_argument("--max-new", type=int, default=256)
@@ -114,24 +155,31 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    engine, records, template = _real(args) if args.model else _geometric(args)
-    workload = Path(args.model).name if args.model else f"geometric (EOS {args.eos_tokens} tokens)"
-    print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, 1 thread; workload {workload}; "
-          f"{args.prompts} groups x {args.n}, max_new {args.max_new}; partial: segment {args.segment}, "
+    records, template = _records(args)
+    workdir = Path(tempfile.mkdtemp(prefix="bench-partial-"))
+    model_dir = Path(args.model) if args.model else _geometric_model(args, workdir / "tiny")
+    workload = model_dir.name if args.model else f"geometric (EOS {args.eos_tokens} tokens)"
+    rkv = CompressionConfig(method="rkv", budget=args.budget, window=4, buffer=8)
+    where = f"sglang + plugin, pool {args.pool} tokens" if args.engine == "sglang" else "hf reference engine"
+    print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, 1 thread; {where}; workload "
+          f"{workload}; {args.prompts} groups x {args.n}, max_new {args.max_new}; partial: segment {args.segment}, "
           f"extra {args.extra}, max staleness {args.staleness}; {args.steps} measured steps")
+    engine = _engine(args, model_dir, rkv)
     print("| KV | mode | p50 / p90 / max len | step makespan s | rollout tok/s | carried | dropped groups | "
           "mean / p99 abs log rho | makespan x | tok/s x |")
     print("| --- | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |")
-    for kv, compression in (("dense", CompressionConfig()),
-                            (f"rkv B={args.budget}", CompressionConfig(method="rkv", budget=args.budget, window=4,
-                                                                       buffer=8))):
-        sync = _run(engine, records, template, compression, False, args)
-        part = _run(engine, records, template, compression, True, args)
-        for mode, r in (("sync", sync), ("partial", part)):
-            print(f"| {kv} | {mode} | {r['p50']} / {r['p90']} / {r['max']} | {r['makespan_s']:.2f} | "
-                  f"{r['tok_per_s']:.0f} | {r['carried']:.1f} | {r['dropped']} | {r['gap']:.4f} / {r['gap_p99']:.3f} | "
-                  f"{sync['makespan_s'] / r['makespan_s']:.2f} | "
-                  f"{r['tok_per_s'] / sync['tok_per_s']:.2f} |", flush=True)
+    try:
+        for kv, compression in (("dense", CompressionConfig()), (f"rkv B={args.budget}", rkv)):
+            sync = _run(engine, records, template, compression, False, model_dir, args)
+            part = _run(engine, records, template, compression, True, model_dir, args)
+            for mode, r in (("sync", sync), ("partial", part)):
+                print(f"| {kv} | {mode} | {r['p50']} / {r['p90']} / {r['max']} | {r['makespan_s']:.2f} | "
+                      f"{r['tok_per_s']:.0f} | {r['carried']:.1f} | {r['dropped']} | {r['gap']:.4f} / "
+                      f"{r['gap_p99']:.3f} | {sync['makespan_s'] / r['makespan_s']:.2f} | "
+                      f"{r['tok_per_s'] / sync['tok_per_s']:.2f} |", flush=True)
+    finally:
+        if args.engine == "sglang":
+            engine.shutdown()
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 from typing import Any, Iterable, Sequence
 
@@ -79,6 +80,25 @@ def _without_torchrun_env():
         os.environ.update(saved)
 
 
+def scored_ids_match(reported: Sequence[int], response: Sequence[int], vocab_size: int | None) -> bool:
+    """Whether SGLang's ``input_token_logprobs`` ids (``reported``) are ``response``'s. SGLang 0.5 reports every id
+    ``>= vocab_size - 1`` as 0 there (a clip meant for image-placeholder hashes, one id too wide: the values are the
+    scored token's), so such an id matches a reported 0; with ``vocab_size`` unknown any reported 0 does."""
+    if len(reported) != len(response):
+        return False
+    bound = -1 if vocab_size is None else vocab_size - 1
+    return all(r == t or (r == 0 and t >= bound) for r, t in zip(reported, response))
+
+
+def _config_vocab_size(model_path: str) -> int | None:
+    path = os.path.join(model_path or "", "config.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        config = json.load(f)
+    return config.get("vocab_size", config.get("text_config", {}).get("vocab_size"))
+
+
 class SGLangRolloutEngine:
     """A :class:`~sparse_rl_megatron.rollout.engine_protocol.RolloutEngine` on SGLang (see the module docstring).
 
@@ -89,6 +109,8 @@ class SGLangRolloutEngine:
         self.config = config
         self.weight_version = weight_version
         self.tokenizer = self._load_tokenizer()
+        self.vocab_size = _config_vocab_size(config.model_path)
+        """The model's vocabulary size from ``model_path``'s ``config.json`` (None without one)."""
         self._released: set[str] = set()  # ENGINE_MEMORY_PARTS not resumed since release_memory
         self._cache_stale = False
         """Weights changed and the radix caches were not flushed yet (``_weights_loaded``)."""
@@ -242,7 +264,7 @@ class SGLangRolloutEngine:
         for j, (out, response) in enumerate(zip(outs, responses)):
             self._check_version(out["meta_info"], j, 0)
             triples = out["meta_info"]["input_token_logprobs"][1:]  # the first is the last prompt token's: None
-            if [int(t) for _, t, _ in triples] != [int(t) for t in response]:
+            if not scored_ids_match([int(t) for _, t, _ in triples], [int(t) for t in response], self.vocab_size):
                 raise RuntimeError(f"dense_logprobs: SGLang scored other tokens than response {j}'s")
             result.append(torch.tensor([float(lp) for lp, _, _ in triples], dtype=torch.float32))
         return result

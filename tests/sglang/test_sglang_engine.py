@@ -50,6 +50,16 @@ def test_budget_at_least_length_matches_full_forward(engine, hf_model):
         assert_logprobs_match(s.sampler_logprobs, ref, hf_model, s.prompt_ids, s.response_ids, "no_event_vs_forward")
 
 
+def test_dense_logprobs_score_every_vocabulary_id_the_last_included(engine, hf_model):
+    # SGLang reports ids >= vocab - 1 as 0 in input_token_logprobs; the values are still those ids' (found when a
+    # geometric-workload benchmark sampled the tiny model's last id, which is one of its EOS ids there)
+    last = hf_model.config.vocab_size - 1
+    prompt, response = PROMPTS[1], [7, last, 19, last - 1, last]
+    got = engine.dense_logprobs([prompt], [response])[0]
+    ref = full_forward_logprobs(hf_model, prompt, response)
+    assert_logprobs_match(got, ref, hf_model, prompt, response, "dense_logprobs_last_id")
+
+
 @pytest.mark.parametrize("method", ["rkv", "snapkv", "streamingllm"])
 @pytest.mark.parametrize("scope", ["all", "response"])
 def test_small_budget_matches_teacher_forced_reference(engine, hf_model, method, scope):
