@@ -106,6 +106,36 @@ def test_train_with_two_sglang_engines_under_torchrun_and_the_adaptive_budget(tm
     assert len({r["rollout/budget"] for r in steps}) > 1, [r["rollout/budget"] for r in steps]
 
 
+PARTIAL = ["rollout.partial.enabled=true", "rollout.partial.segment_tokens=6", "rollout.partial.extra_groups=2",
+           "rollout.partial.max_staleness=2"]
+"""Partial rollouts: 16-token responses in calls of 6, two groups beyond the step's two in flight."""
+
+
+def test_partial_rollouts_on_two_sglang_engines_under_torchrun(tmp_path, shared_data):
+    # every engine call continues the responses carried on that engine's share; the weights change between calls
+    # of one response, and the probe still finds each engine serving the learner's weights after every sync
+    run_dir = tmp_path / "run"
+    tolerance = _probe_tolerance()
+    proc = _train(shared_data, f"run_dir={run_dir}", *TRAIN, *PARTIAL, f"sync.probe_tolerance={tolerance!r}",
+                  timeout=900, ranks=2)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert "rollout: 2 sglang engines x TP1 on ranks 0-1 (CPU)" in proc.stdout
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r["step"] >= 1 and "sync/buckets" in r]
+    assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
+    for r in steps:
+        assert r["sync/probe_max_abs_diff"] <= tolerance, (r, tolerance)
+        assert r["rollout/partial/segments"] >= (3 if r["step"] == 1 else 1)  # 16 tokens in calls of 6; then carried
+        assert r["rollout/compression_events_mean"] > 0
+        assert r["rollout/partial/staleness_max"] <= 2
+    assert max(r["rollout/partial/carried_requests"] for r in steps) > 0
+    assert max(r["rollout/partial/staleness_max"] for r in steps) >= 1   # tokens of an older version trained
+    assert max(r["rollout/partial/continued_frac"] for r in steps) > 0
+    assert any("sparse/partial/abs_log_rho_lagged_mean" in r for r in steps)
+    state = json.loads((run_dir / "checkpoints" / f"step_{STEPS}" / "trainer_state.json").read_text())
+    assert state["partial"]["in_flight"], "the last checkpoint holds no sample in flight"
+
+
 def test_bad_sglang_option_is_one_line_at_start(tmp_path, shared_data):
     proc = _train(shared_data, f"run_dir={tmp_path / 'run'}", *TRAIN, "rollout.sglang.weight_sync=nccl", timeout=300)
     assert proc.returncode != 0
