@@ -4,7 +4,8 @@ Per rollout step k (the engines serve weight version k - 1, the learner's curren
   1. groups holding a token more than ``max_staleness`` versions old are dropped (counted);
   2. new groups (``samples_per_prompt`` requests each) top the groups in flight up to ``prompts_per_step +
      extra_groups`` (over-provisioning);
-  3. engine calls of at most ``segment_tokens`` new tokens per response (``EnginePool.generate_segment``) run until
+  3. segments of at most ``segment_tokens`` new tokens per response (``EnginePool.generate_segment``: new and
+     continued requests in one engine call, decoded together) run until
      ``prompts_per_step`` groups have all their samples finished, or none runs; a call continues a carried response by
      re-prefilling prompt + response so far under the engine's current weights (``generate(..., prefixes=...)``);
   4. the oldest ``prompts_per_step`` finished groups are the step's batch; every other sample stays in flight
@@ -39,10 +40,10 @@ LAG_BUCKETS = 2
 """Token shares are reported for lag 0, 1, ..., ``LAG_BUCKETS - 1`` and ``LAG_BUCKETS`` or more."""
 
 
-def segment_seed(seed: int, step: int, segment: int, kind: str) -> int:
-    """The sampler seed of one engine call of a partial rollout (``kind``: ``new`` groups or ``continued``
-    requests): a pure function, so a resumed run draws what the uninterrupted run would."""
-    digest = hashlib.blake2b(f"partial/{seed}/{step}/{segment}/{kind}".encode(), digest_size=7).digest()
+def segment_seed(seed: int, step: int, segment: int) -> int:
+    """The sampler seed of one segment of a partial rollout (its requests are told apart by group and index): a pure
+    function, so a resumed run draws what the uninterrupted run would."""
+    digest = hashlib.blake2b(f"partial/{seed}/{step}/{segment}".encode(), digest_size=7).digest()
     return int.from_bytes(digest, "little")
 
 
@@ -84,9 +85,9 @@ class PartialRollouts:
             running = [s for s in self.in_flight if not is_finished(s, limit)]
             if not running and not gids:
                 break
-            seeds = (segment_seed(seed, step, segments, "new"), segment_seed(seed, step, segments, "continued"))
             got, seg_times = pool.generate_segment(records, gids, running, template, self.n, sampling,
-                                                   self.config.segment_tokens, seeds, step, budget)
+                                                   self.config.segment_tokens, segment_seed(seed, step, segments),
+                                                   step, budget)
             for key, value in seg_times.items():
                 times[key] = times.get(key, 0.0) + value
             done = [s for s in self.in_flight if is_finished(s, limit)]

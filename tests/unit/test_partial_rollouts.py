@@ -146,6 +146,40 @@ def test_a_response_spanning_versions_keeps_the_sampler_log_prob_of_each_token(m
         numerics.assert_logprobs_within(s.sampler_logprobs, dense, tol, "partial/spanning")
 
 
+class _CallLog(HFRolloutEngine):
+    """The reference engine, logging each ``generate`` call's (requests, continued requests)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls: list[tuple[int, int]] = []
+
+    def generate(self, prompts, n, sampling, **kwargs):
+        prefixes = kwargs.get("prefixes") or []
+        self.calls.append((len(prompts) * n, sum(1 for p in prefixes if len(p))))
+        return super().generate(prompts, n, sampling, **kwargs)
+
+
+def test_a_segment_decodes_new_and_continued_requests_in_one_engine_call(model, tok):
+    """12-token responses in 4-token segments (every cap 4): step 3 tops 2 running groups up with 2 new ones, and
+    its first segment is one call of 8 requests, 4 of them continued; every segment of the run is one call (an
+    engine decodes a segment's requests together, so no call waits for another's tail)."""
+    engine = _CallLog(model, tok, show_progress=False)
+    partial = PartialRollouts(PartialRolloutConfig(enabled=True, extra_groups=2, segment_tokens=4, max_staleness=2),
+                              prompts_per_step=2, n=2)
+    order = _records(40)
+    segments, firsts = 0, []
+    with EnginePool.single(engine, ExactReward(), "hf") as pool:
+        for step in (1, 2, 3):
+            engine.weight_version = step - 1
+            firsts.append(len(engine.calls))
+            batch, metrics = partial.step(pool, lambda k: [order.pop(0) for _ in range(k)], "raw",
+                                          SamplingParams(max_new_tokens=12, ignore_eos=True), seed=7, step=step)
+            segments += int(metrics[MN.PARTIAL_SEGMENTS])
+            assert len(batch) == 4 and all(s.response_length == 12 for s in batch)
+    assert len(engine.calls) == segments
+    assert engine.calls[firsts[2]] == (8, 4), engine.calls
+
+
 def test_groups_older_than_max_staleness_are_dropped_and_counted(model, tok):
     order = _records(40)
     partial = _partial(staleness=0)

@@ -78,6 +78,32 @@ class LocalEngine:
 
 
 @dataclass
+class _SegmentRequest:
+    """One request of a partial-rollout segment: a new sample (``record`` its problem) or the continuation of the
+    carried sample ``continues`` (its response so far the ``prefix``)."""
+
+    prompt: "str | list[int]"
+    prefix: list[int]
+    group_id: int
+    index: int
+    cap: int
+    """Most new tokens this call."""
+    record: "MathRecord | None" = None
+    continues: "Sample | None" = None
+
+    def joined(self, part: "Sample", tokenizer) -> "Sample":
+        """The sample this request's output ``part`` makes: the new sample under its group and index, or the carried
+        one extended by it."""
+        from sparse_rl_megatron.rollout.continuation import extend
+
+        if self.continues is not None:
+            return extend(self.continues, part, tokenizer)
+        part.group_id, part.index_in_group = self.group_id, self.index
+        part.metadata.update(self.record.metadata())
+        return part
+
+
+@dataclass
 class EnginePool:
     """This rank's engines and reward, and the collective phases over all engines (module docstring)."""
 
@@ -266,16 +292,19 @@ class EnginePool:
 
     def generate_segment(self, records: "list[MathRecord] | None", group_ids: Sequence[int],
                          carried: Sequence["Sample"], template: str, n: int, sampling: "SamplingParams",
-                         segment_tokens: int, seeds: tuple[int, int], step: int, budget: int | None = None
+                         segment_tokens: int, seed: int, step: int, budget: int | None = None
                          ) -> tuple[list["Sample"], dict[str, float]]:
-        """One engine call of a partial rollout (``trainer/partial_rollouts.py``): ``n`` samples for each of rank 0's
+        """One segment of a partial rollout (``trainer/partial_rollouts.py``): ``n`` samples for each of rank 0's
         ``records`` (None elsewhere) under ``group_ids``, and every ``carried`` sample (the same list on every rank)
         continued; each response gains at most ``segment_tokens`` tokens, and at most ``sampling.max_new_tokens`` in
         all. Returns every sample (new, and carried ones extended: ``continuation.extend``), those finished scored
-        where they were sampled, on every rank in (group, index) order, and the phase's times. ``seeds``: the sampler
-        seeds of the new groups and of the continued requests (which are seeded by ``group_id * n + index``).
-        Collective."""
-        from sparse_rl_megatron.rollout.continuation import extend, is_finished
+        where they were sampled, on every rank in (group, index) order, and the phase's times.
+
+        Each engine gets its share as one ``generate`` call of single requests (a new sample is a request with an
+        empty prefix, beside the continued ones), so the engine decodes them all together; a response near the
+        token limit, whose cap is smaller, goes in a call of its own cap. Every request is seeded by ``seed`` and
+        ``group_id * n + index``. Collective."""
+        from sparse_rl_megatron.rollout.continuation import is_finished
 
         t0 = time.perf_counter()
         limit = sampling.max_new_tokens
@@ -291,23 +320,17 @@ class EnginePool:
         def work(engine, slot):
             share = shares[slot.index]
             t_gen, out = time.perf_counter(), []
-            new = [j for j in share if j < fresh]
-            if new:
-                got = engine.generate([prompts[j] for j in new], n, dataclasses.replace(
-                    sampling, seed=seeds[0], max_new_tokens=min(segment_tokens, limit)),
-                    group_ids=[group_ids[j] for j in new], budgets=None if budget is None else [budget] * len(new))
-                for sample, j in zip(got, (j for j in new for _ in range(n))):
-                    sample.metadata.update(records[j].metadata())
-                out += got
-            olds = [carried[j - fresh] for j in share if j >= fresh]
-            for cap in sorted({min(segment_tokens, limit - c.response_length) for c in olds}):
-                batch = [c for c in olds if min(segment_tokens, limit - c.response_length) == cap]
-                got = engine.generate([c.prompt_ids for c in batch], 1, dataclasses.replace(
-                    sampling, seed=seeds[1], max_new_tokens=cap),
-                    group_ids=[c.group_id * n + c.index_in_group for c in batch],
-                    budgets=None if budget is None else [budget] * len(batch),
-                    prefixes=[c.response_ids for c in batch])
-                out += [extend(c, part, engine.tokenizer) for c, part in zip(batch, got)]
+            requests = [_SegmentRequest(prompts[j], [], group_ids[j], i, min(segment_tokens, limit), records[j])
+                        for j in share if j < fresh for i in range(n)]
+            requests += [_SegmentRequest(c.prompt_ids, c.response_ids, c.group_id, c.index_in_group,
+                                         min(segment_tokens, limit - c.response_length), continues=c)
+                         for c in (carried[j - fresh] for j in share if j >= fresh)]
+            for cap in sorted({r.cap for r in requests}):
+                batch = [r for r in requests if r.cap == cap]
+                got = engine.generate([r.prompt for r in batch], 1, dataclasses.replace(
+                    sampling, seed=seed, max_new_tokens=cap), group_ids=[r.group_id * n + r.index for r in batch],
+                    budgets=None if budget is None else [budget] * len(batch), prefixes=[r.prefix for r in batch])
+                out += [r.joined(part, engine.tokenizer) for r, part in zip(batch, got)]
             t_reward = time.perf_counter()
             finished = [s for s in out if is_finished(s, limit)]
             if finished:
