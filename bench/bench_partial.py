@@ -3,7 +3,7 @@ on SGLang's CPU engine with the sparse_kv plugin at a fixed KV pool (``--engine 
 
 Each mode samples the same steps (``--prompts`` GRPO groups of ``--n`` samples per step) on the same engine and
 weights (no learning between steps: the weight version is stamped, as a weight sync would, so staleness counts are
-real), dense and compressed, and prints per mode the mean step makespan (wall seconds of the step's rollout: what a
+real), dense and compressed, the two modes' steps interleaved (a drift in the machine's load reaches both alike), and prints per mode the mean step makespan (wall seconds of the step's rollout: what a
 training step waits for), rollout tokens per second (tokens sampled in the step / makespan) and the ratios of partial
 against synchronous measured in the same run; also the partial mode's groups dropped for staleness, and the mean and
 99th percentile of |log rho| (full attention over the sampler, same weights): what compression, and the re-prefill of a
@@ -49,6 +49,7 @@ from sparse_rl_megatron.trainer.partial_rollouts import PartialRollouts
 from sparse_rl_megatron.trainer.step import rollout_samples
 
 ROOT = Path(__file__).resolve().parents[1]
+MODES = ("sync", "partial")
 
 
 def _geometric_model(args, workdir: Path) -> Path:
@@ -97,43 +98,53 @@ def _stamp(dense, engine, version: int, model_dir: Path, args) -> None:
         engine.weight_version = version
 
 
-def _run(engine, records, template, compression, partial: bool, model_dir: Path, args) -> dict[str, float]:
+def _side_by_side(engine, records, template, compression, model_dir: Path, args) -> dict[str, dict[str, float]]:
+    """Synchronous and partial rollouts of one KV mode, their steps interleaved (sync step k, then partial step k,
+    at the same weight version) so a drift in the machine's load reaches both modes alike."""
     sampling = SamplingParams(temperature=1.0, max_new_tokens=args.max_new)
     dense = engine
     engine = engine.with_compression(compression)
-    order = list(records)
-    take = lambda k: [order.pop(0) for _ in range(k)]  # noqa: E731
     state = PartialRollouts(PartialRolloutConfig(enabled=True, extra_groups=args.extra, segment_tokens=args.segment,
                                                  max_staleness=args.staleness), args.prompts, args.n)
-    spans, tokens, lengths, carried, dropped, gaps = [], [], [], [], [], []
+    orders = {mode: list(records) for mode in MODES}   # each mode draws the same problems in the same order
+    rows = {mode: {"spans": [], "tokens": [], "lengths": [], "carried": [], "dropped": [], "gaps": []}
+            for mode in MODES}
     base = dense.weight_version
     with EnginePool.single(engine, ExactReward(), args.engine) as pool:
         for step in range(1, args.steps + 2):     # step 1 warms up (and fills the partial pipeline)
             version = base + step - 1            # the SGLang server's versions only grow: this run's start at base
             _stamp(dense, engine, version, model_dir, args)
-            t0 = time.perf_counter()
-            if partial:
-                batch, m = state.step(pool, take, template, sampling, seed=args.seed, step=version + 1)
-                sampled = m[MN.THROUGHPUT_ROLLOUT_TOKENS_PER_S] * m[MN.TIME_ROLLOUT_S]
-                carried.append(m[MN.PARTIAL_CARRIED_REQUESTS])
-                dropped.append(m[MN.PARTIAL_DROPPED_GROUPS])
-            else:
-                batch, m = rollout_samples(pool, take(args.prompts), template, args.n, sampling, args.seed,
-                                           version + 1)
-                sampled = sum(s.response_length for s in batch)
-            span = time.perf_counter() - t0
-            if step > 1:
-                spans.append(span)
-                tokens.append(sampled)
-                lengths += [s.response_length for s in batch]
+            for mode in MODES:
+                order, row = orders[mode], rows[mode]
+                take = lambda k, order=order: [order.pop(0) for _ in range(k)]  # noqa: E731
+                t0 = time.perf_counter()
+                if mode == "partial":
+                    batch, m = state.step(pool, take, template, sampling, seed=args.seed, step=version + 1)
+                    sampled = m[MN.THROUGHPUT_ROLLOUT_TOKENS_PER_S] * m[MN.TIME_ROLLOUT_S]
+                    row["carried"].append(m[MN.PARTIAL_CARRIED_REQUESTS])
+                    row["dropped"].append(m[MN.PARTIAL_DROPPED_GROUPS])
+                else:
+                    batch, m = rollout_samples(pool, take(args.prompts), template, args.n, sampling, args.seed,
+                                               version + 1)
+                    sampled = sum(s.response_length for s in batch)
+                span = time.perf_counter() - t0
+                if step == 1:
+                    continue
+                row["spans"].append(span)
+                row["tokens"].append(sampled)
+                row["lengths"] += [s.response_length for s in batch]
                 # what the sampler saw against full attention (same weights): log pi_dense - log pi_sampler per token
                 ref = dense.dense_logprobs([s.prompt_ids for s in batch], [s.response_ids for s in batch])
-                gaps += [float(x) for s, r in zip(batch, ref) for x in (r - s.sampler_logprobs).abs()]
-    lengths.sort()
-    return {"makespan_s": statistics.mean(spans), "tok_per_s": sum(tokens) / sum(spans),
+                row["gaps"] += [float(x) for s, r in zip(batch, ref) for x in (r - s.sampler_logprobs).abs()]
+    return {mode: _summary(row) for mode, row in rows.items()}
+
+
+def _summary(row: dict[str, list]) -> dict[str, float]:
+    lengths, gaps = sorted(row["lengths"]), sorted(row["gaps"])
+    return {"makespan_s": statistics.mean(row["spans"]), "tok_per_s": sum(row["tokens"]) / sum(row["spans"]),
             "p50": lengths[len(lengths) // 2], "p90": lengths[int(0.9 * len(lengths))], "max": lengths[-1],
-            "carried": statistics.mean(carried) if carried else 0.0, "dropped": sum(dropped),
-            "gap": statistics.mean(gaps), "gap_p99": sorted(gaps)[int(0.99 * len(gaps))]}
+            "carried": statistics.mean(row["carried"]) if row["carried"] else 0.0, "dropped": sum(row["dropped"]),
+            "gap": statistics.mean(gaps), "gap_p99": gaps[int(0.99 * len(gaps))]}
 
 
 def main() -> None:
@@ -170,9 +181,9 @@ def main() -> None:
     print("| --- | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |")
     try:
         for kv, compression in (("dense", CompressionConfig()), (f"rkv B={args.budget}", rkv)):
-            sync = _run(engine, records, template, compression, False, model_dir, args)
-            part = _run(engine, records, template, compression, True, model_dir, args)
-            for mode, r in (("sync", sync), ("partial", part)):
+            result = _side_by_side(engine, records, template, compression, model_dir, args)
+            sync = result["sync"]
+            for mode, r in result.items():
                 print(f"| {kv} | {mode} | {r['p50']} / {r['p90']} / {r['max']} | {r['makespan_s']:.2f} | "
                       f"{r['tok_per_s']:.0f} | {r['carried']:.1f} | {r['dropped']} | {r['gap']:.4f} / "
                       f"{r['gap_p99']:.3f} | {sync['makespan_s'] / r['makespan_s']:.2f} | "
