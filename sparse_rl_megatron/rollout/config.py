@@ -88,6 +88,10 @@ class RolloutConfig:
             raise ValueError("rollout.partial.enabled with engine sglang needs compression.scope: all (a carried "
                              "response is re-prefilled, and the plugin counts re-prefilled tokens as prompt); "
                              "valid: scope all, or engine hf")
+        if self.partial.enabled and self.engine == "sglang" and self.sampling.stop:
+            raise ValueError("rollout.partial.enabled with engine sglang needs rollout.sampling.stop empty (SGLang "
+                             "matches stop strings on a continued request's new text only); valid: no stop strings, "
+                             "or engine hf")
         if self.engine == "sglang":  # the plugin's limits on the compression (method, scope, ...) checked now
             check_plugin_compression(self.server_compression())
         elif self.sglang != SGLangOptions():

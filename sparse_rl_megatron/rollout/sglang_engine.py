@@ -90,13 +90,32 @@ def scored_ids_match(reported: Sequence[int], response: Sequence[int], vocab_siz
     return all(r == t or (r == 0 and t >= bound) for r, t in zip(reported, response))
 
 
+TEXT_CONFIG_KEYS = ("thinker_config", "llm_config", "language_config", "text_config")
+"""Where SGLang looks for a model's text config, first match wins (else the top level)."""
+
+
+def config_vocab_size(config: dict) -> int | None:
+    """The vocabulary size SGLang serves for an HF ``config.json``'s contents: its text config's (``TEXT_CONFIG_KEYS``,
+    a thinker's own ``text_config`` inside it), else the top level's; None when none is stated."""
+    text = config
+    for key in TEXT_CONFIG_KEYS:
+        if isinstance(config.get(key), dict):
+            text = config[key]
+            if key == "thinker_config" and isinstance(text.get("text_config"), dict):
+                text = text["text_config"]
+            break
+    size = text.get("vocab_size", config.get("vocab_size"))
+    return None if size is None else int(size)
+
+
 def _config_vocab_size(model_path: str) -> int | None:
-    path = os.path.join(model_path or "", "config.json")
+    if not model_path:   # HTTP servers given by urls alone
+        return None
+    path = os.path.join(model_path, "config.json")
     if not os.path.isfile(path):
         return None
     with open(path) as f:
-        config = json.load(f)
-    return config.get("vocab_size", config.get("text_config", {}).get("vocab_size"))
+        return config_vocab_size(json.load(f))
 
 
 class SGLangRolloutEngine:

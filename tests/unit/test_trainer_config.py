@@ -336,3 +336,17 @@ def test_routing_replay_is_refused_where_it_cannot_hold(data, message):
     with pytest.raises(ConfigError, match=message):
         from_dict(TrainConfig, data)
     from_dict(TrainConfig, {"learner": {"moe": {"routing_replay": True}}})  # the hf engine at PP 1: accepted
+
+
+@pytest.mark.parametrize("rollout,message", [
+    ({"compression": {"method": "rkv", "budget": 16, "scope": "response"}},
+     r"rollout.partial.enabled with engine sglang needs compression.scope: all .*valid: scope all, or engine hf"),
+    ({"sampling": {"stop": ["</answer>"]}},
+     r"rollout.partial.enabled with engine sglang needs rollout.sampling.stop empty .*valid: no stop strings, or "
+     r"engine hf"),
+])
+def test_partial_rollouts_on_sglang_refuse_what_a_continued_request_cannot_hold(rollout, message):
+    partial = {"partial": {"enabled": True}}
+    with pytest.raises(ConfigError, match=message):
+        from_dict(TrainConfig, {"rollout": {"engine": "sglang", **partial, **rollout}})
+    from_dict(TrainConfig, {"rollout": {"engine": "hf", **partial, **rollout}})   # the reference engine holds both

@@ -329,7 +329,8 @@ class EnginePool:
                 batch = [r for r in requests if r.cap == cap]
                 got = engine.generate([r.prompt for r in batch], 1, dataclasses.replace(
                     sampling, seed=seed, max_new_tokens=cap), group_ids=[r.group_id * n + r.index for r in batch],
-                    budgets=None if budget is None else [budget] * len(batch), prefixes=[r.prefix for r in batch])
+                    budgets=None if budget is None else [budget] * len(batch),
+                    prefixes=[r.prefix for r in batch] if any(r.prefix for r in batch) else None)
                 out += [r.joined(part, engine.tokenizer) for r, part in zip(batch, got)]
             t_reward = time.perf_counter()
             finished = [s for s in out if is_finished(s, limit)]
