@@ -53,9 +53,9 @@ PARTIAL_WAITING_GROUPS = "rollout/partial/waiting_groups"
 PARTIAL_CONTINUED_FRAC = "rollout/partial/continued_frac"
 PARTIAL_STALENESS_MEAN = "rollout/partial/staleness_mean"
 PARTIAL_STALENESS_MAX = "rollout/partial/staleness_max"
-"""Partial rollouts (``trainer/partial_rollouts.py``): segments this step (one engine call per engine each), groups started, groups (and their
-samples) dropped for staleness, requests still running at the step's end, finished groups waiting for a later step,
-the batch's samples continued across calls, and the batch tokens' lag in weight versions."""
+"""Partial rollouts (``trainer/partial_rollouts.py``): segments this step (one engine call per engine each), groups
+started, groups (and their samples) dropped for staleness, requests still running at the step's end, finished groups
+waiting for a later step, the batch's samples continued across calls, and the batch tokens' lag in weight versions."""
 
 
 def partial_lag_share(lag: int, or_more: bool = False) -> str:
