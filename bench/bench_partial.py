@@ -3,11 +3,12 @@ on SGLang's CPU engine with the sparse_kv plugin at a fixed KV pool (``--engine 
 
 Each mode samples the same steps (``--prompts`` GRPO groups of ``--n`` samples per step) on the same engine and
 weights (no learning between steps: the weight version is stamped, as a weight sync would, so staleness counts are
-real), dense and compressed, the two modes' steps interleaved (a drift in the machine's load reaches both alike), and prints per mode the mean step makespan (wall seconds of the step's rollout: what a
-training step waits for), rollout tokens per second (tokens sampled in the step / makespan) and the ratios of partial
-against synchronous measured in the same run; also the partial mode's groups dropped for staleness, and the mean and
-99th percentile of |log rho| (full attention over the sampler, same weights): what compression, and the re-prefill of a
-continued response, changed in what the sampler saw.
+real), dense and compressed, the two modes' steps interleaved (a drift in the machine's load reaches both alike), and
+prints per mode the mean step makespan (wall seconds of the step's rollout: what a training step waits for), rollout
+tokens per second (tokens sampled in the step / makespan) and the ratios of partial against synchronous measured in
+the same run; also the partial mode's groups dropped for staleness, and the mean and 99th percentile of |log rho|
+(full attention over the sampler, same weights): what compression, and the re-prefill of a continued response, changed
+in what the sampler saw.
 
 Workloads:
   geometric (default): a tiny random Qwen2 whose EOS set is ``--eos-tokens`` tokens of its near-uniform vocabulary,
