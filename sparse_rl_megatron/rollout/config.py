@@ -83,15 +83,15 @@ class RolloutConfig:
         if self.dtype not in ENGINE_DTYPES:
             raise ValueError(f"RolloutConfig.dtype must be one of {', '.join(ENGINE_DTYPES)}, got '{self.dtype}'")
         self._check_adaptive_budget()
-        if self.partial.enabled and self.engine == "sglang" and not self.compression.is_dense \
-                and self.compression.scope == "response":
-            raise ValueError("rollout.partial.enabled with engine sglang needs compression.scope: all (a carried "
-                             "response is re-prefilled, and the plugin counts re-prefilled tokens as prompt); "
-                             "valid: scope all, or engine hf")
-        if self.partial.enabled and self.engine == "sglang" and self.sampling.stop:
-            raise ValueError("rollout.partial.enabled with engine sglang needs rollout.sampling.stop empty (SGLang "
-                             "matches stop strings on a continued request's new text only); valid: no stop strings, "
-                             "or engine hf")
+        if self.partial.enabled and self.engine == "sglang":  # what a continued (re-prefilled) request cannot hold
+            if not self.compression.is_dense and self.compression.scope == "response":
+                raise ValueError("rollout.partial.enabled with engine sglang needs compression.scope: all (a carried "
+                                 "response is re-prefilled, and the plugin counts re-prefilled tokens as prompt); "
+                                 "valid: scope all, or engine hf")
+            if self.sampling.stop:
+                raise ValueError("rollout.partial.enabled with engine sglang needs rollout.sampling.stop empty "
+                                 "(SGLang matches stop strings on a continued request's new text only); valid: no "
+                                 "stop strings, or engine hf")
         if self.engine == "sglang":  # the plugin's limits on the compression (method, scope, ...) checked now
             check_plugin_compression(self.server_compression())
         elif self.sglang != SGLangOptions():
